@@ -1,0 +1,3 @@
+from slurmjob_operator.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The SlurmJob resource: spec and status models, site validation and the generated CRD."""

@@ -1,0 +1,342 @@
+"""The SlurmJob spec: the single source of truth for validation and for the CRD schema.
+
+Intrinsic rules (those that need no site catalog) live here as pydantic validators, so the
+same message reaches `kubectl apply` users (through CEL rules derived from the same facts, see
+`api.crd`) and the operator. Rules that need the site's catalogs (GPU series, runtime registry,
+storage root) live in `api.site`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?$")
+# Variables the rendered script and Slurm set themselves; a user value would silently lose.
+RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMJOB_")
+
+CUSTOM = "custom"
+CUSTOM_RUNTIME_PREFIX = "custom-"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class Framework(_Model):
+    """What runs: a framework kind/name and the runtime artifact that carries it."""
+
+    kind: str = Field(min_length=1, max_length=63, description="Framework kind, e.g. custom.")
+    name: str = Field(min_length=1, max_length=63, description="Framework name, e.g. custom.")
+    runtime_id: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Id of a runtime artifact (SQSH or SIF) in the site's runtime registry.",
+    )
+    image: str | None = Field(
+        default=None,
+        description=(
+            "Refused: this backend never materialises an OCI image implicitly. "
+            "Publish the image as a runtime artifact and set runtimeId."
+        ),
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _no_image(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "framework.image is not supported: the image comes from the runtime registry "
+                "by runtimeId (no implicit OCI image materialization)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _custom_runtime_prefix(self) -> Framework:
+        if self.kind == CUSTOM and not self.runtime_id.startswith(CUSTOM_RUNTIME_PREFIX):
+            raise ValueError(
+                f"runtimeId {self.runtime_id!r}: custom runtimes must have ids starting with "
+                f"{CUSTOM_RUNTIME_PREFIX!r}"
+            )
+        return self
+
+    @property
+    def is_custom(self) -> bool:
+        return self.kind == CUSTOM and self.name == CUSTOM
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the job's namespace.")
+    key: str = Field(min_length=1, max_length=253, description="Key within the Secret.")
+
+
+class EnvVarSource(_Model):
+    secret_key_ref: SecretKeyRef
+
+
+class EnvVar(_Model):
+    name: str = Field(pattern=ENV_NAME_RE, max_length=255, description="Variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Value read from a Secret; never written into the script."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value.startswith(RESERVED_ENV_PREFIXES):
+            raise ValueError(f"{value}: names starting with SLURM_ or SLURMJOB_ are reserved")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env {self.name}: set exactly one of value and valueFrom")
+        return self
+
+    @property
+    def is_secret(self) -> bool:
+        return self.value_from is not None
+
+
+class Mount(_Model):
+    source: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Path relative to the storage root (no '..', not absolute).",
+    )
+    target: str = Field(
+        min_length=2, max_length=4096, description="Absolute path inside the container."
+    )
+    read_only: bool = Field(default=False, description="Mount read-only.")
+
+    @field_validator("source")
+    @classmethod
+    def _relative_inside(cls, value: str) -> str:
+        if value.startswith("/"):
+            raise ValueError(
+                f"{value!r}: mount sources are paths relative to the storage root, "
+                "not absolute host paths"
+            )
+        parts = value.split("/")
+        if ".." in parts:
+            raise ValueError(f"{value!r}: '..' would leave the storage root")
+        if any(c in value for c in ("\0", "\n", ",", ":")):
+            raise ValueError(f"{value!r}: mount sources cannot contain NUL, newline, ',' or ':'")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _absolute_target(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r}: mount targets must be absolute paths")
+        if ".." in value.split("/"):
+            raise ValueError(f"{value!r}: mount targets cannot contain '..'")
+        if any(c in value for c in ("\0", "\n", ",", ":")):
+            raise ValueError(f"{value!r}: mount targets cannot contain NUL, newline, ',' or ':'")
+        return value
+
+
+class Pool(_Model):
+    """One homogeneous group of nodes: one Slurm job, or one component of a heterogeneous job."""
+
+    name: str = Field(pattern=DNS_LABEL_RE, max_length=63, description="Pool name.")
+    gpu_series: str | None = Field(
+        default=None,
+        max_length=63,
+        description="GPU series from the site's GPU series catalog; required when gpusPerNode > 0.",
+    )
+    nodes: int = Field(default=1, ge=1, le=4096, description="Number of nodes.")
+    gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs per node.")
+    cpus: int = Field(ge=1, le=4096, description="CPUs per node.")
+    memory_gb: int = Field(ge=1, le=65536, description="Memory per node in GiB.")
+    scratch_gb: int | None = Field(
+        default=None, description="Refused: node-local scratch is not supported on Slurm."
+    )
+
+    @field_validator("scratch_gb")
+    @classmethod
+    def _no_scratch(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("scratch requests are not supported by the Slurm backend")
+        return value
+
+    @model_validator(mode="after")
+    def _series_for_gpus(self) -> Pool:
+        if self.gpus_per_node > 0 and not self.gpu_series:
+            raise ValueError(f"pool {self.name}: gpusPerNode > 0 needs a gpuSeries")
+        return self
+
+
+class RetrySpec(_Model):
+    limit: int = Field(
+        default=0, ge=0, le=20, description="Retries of infrastructure failures (new attempts)."
+    )
+
+
+class DataSpec(_Model):
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Refused when non-empty: this backend cannot mount platform volumes.",
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _no_volumes(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if value:
+            raise ValueError(
+                "volume mounts are not supported on Slurm: the bind list of a SIF/SQSH image "
+                "is not under the platform's control; use spec.mounts under the storage root"
+            )
+        return value
+
+
+class Mode(StrEnum):
+    BATCH = "Batch"
+    PLAYGROUND = "Playground"
+    DEPLOYMENT = "Deployment"
+
+
+TimeLimit = Annotated[int | str, Field(description="Minutes, or a duration such as 90m, 4h, 1d")]
+
+
+def parse_time_limit(value: int | str) -> int:
+    """Minutes from an int or a duration string (`90`, `90m`, `4h`, `1d2h30m`)."""
+    if isinstance(value, bool):
+        raise ValueError("timeLimit must be minutes or a duration such as 90m, 4h")
+    if isinstance(value, int):
+        minutes = value
+    else:
+        text = value.strip()
+        if text.isdigit():
+            minutes = int(text)
+        else:
+            match = _DURATION_RE.fullmatch(text)
+            if not text or match is None:
+                raise ValueError(f"timeLimit {value!r}: use minutes or a duration such as 90m, 4h")
+            days, hours, mins = (int(g) if g else 0 for g in match.groups())
+            minutes = days * 1440 + hours * 60 + mins
+    if minutes < 1:
+        raise ValueError("timeLimit must be at least one minute")
+    if minutes > 365 * 1440:
+        raise ValueError("timeLimit cannot exceed 365 days")
+    return minutes
+
+
+class SlurmJobSpec(_Model):
+    """Desired state of a SlurmJob."""
+
+    framework: Framework
+    command: list[str] = Field(min_length=1, description="Command and arguments, run on the head.")
+    working_dir: str | None = Field(
+        default=None, description="Absolute working directory inside the container."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Environment variables.")
+    mounts: list[Mount] = Field(default_factory=list, description="Storage-root mounts.")
+    pools: list[Pool] = Field(
+        min_length=1, max_length=16, description="Node pools; several make a heterogeneous job."
+    )
+    partition: str | None = Field(
+        default=None, description="Slurm partition (default: SLURMJOB_SLURM_PARTITION)."
+    )
+    account: str | None = Field(default=None, description="Slurm account.")
+    qos: str | None = Field(default=None, description="Slurm QOS.")
+    time_limit: TimeLimit | None = None
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Platform data references.")
+    mode: Mode = Field(
+        default=Mode.BATCH, description="Only Batch: Playground and Deployment are refused."
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _no_nul(cls, value: list[str]) -> list[str]:
+        if any("\0" in arg for arg in value):
+            raise ValueError("command arguments cannot contain NUL bytes")
+        if not value[0]:
+            raise ValueError("command[0] cannot be empty")
+        return value
+
+    @field_validator("working_dir")
+    @classmethod
+    def _abs_workdir(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "\0" in value or "\n" in value):
+            raise ValueError(f"{value!r}: workingDir must be an absolute path without newlines")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _valid_time(cls, value: int | str | None) -> int | str | None:
+        if value is not None:
+            parse_time_limit(value)
+        return value
+
+    @field_validator("mode")
+    @classmethod
+    def _batch_only(cls, value: Mode) -> Mode:
+        if value is not Mode.BATCH:
+            raise ValueError(
+                f"{value.value} is not supported on Slurm: compute nodes usually have no "
+                "inbound network path"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> SlurmJobSpec:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("pool names must be unique")
+        env_names = [e.name for e in self.env]
+        if len(set(env_names)) != len(env_names):
+            raise ValueError("env names must be unique")
+        targets = [m.target for m in self.mounts]
+        if len(set(targets)) != len(targets):
+            raise ValueError("mount targets must be unique")
+        if self.is_cpu_only:
+            self._check_cpu_only()
+        elif any(p.gpus_per_node == 0 for p in self.pools):
+            bad = next(p.name for p in self.pools if p.gpus_per_node == 0)
+            raise ValueError(
+                f"pool {bad}: gpusPerNode is 0 in a GPU job; a CPU-only job is custom/custom "
+                "with exactly one pool"
+            )
+        return self
+
+    def _check_cpu_only(self) -> None:
+        if not self.framework.is_custom:
+            raise ValueError("a CPU-only job (gpusPerNode: 0) must use framework custom/custom")
+        if len(self.pools) != 1:
+            raise ValueError("a CPU-only job has exactly one pool")
+        if self.pools[0].nodes != 1:
+            raise ValueError("multi-node CPU jobs are not supported: set nodes: 1")
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return all(p.gpus_per_node == 0 for p in self.pools)
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        return len(self.pools) > 1
+
+    @property
+    def time_limit_minutes(self) -> int | None:
+        return None if self.time_limit is None else parse_time_limit(self.time_limit)
+
+    @property
+    def secret_env(self) -> list[EnvVar]:
+        return [e for e in self.env if e.is_secret]
+
+    @property
+    def plain_env(self) -> dict[str, str]:
+        return {e.name: e.value for e in self.env if e.value is not None}

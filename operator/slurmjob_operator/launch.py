@@ -1,0 +1,47 @@
+"""The version-neutral result of rendering: what one submission asks Slurm for.
+
+The slurmrestd dialects (`slurm.dialects`) turn a LaunchRequest into the exact JSON body of
+`POST /slurm/<version>/job/submit`; nothing else decides field names or shapes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobComponent(BaseModel):
+    """One Slurm job description: the whole job, or one heterogeneous component per pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pool: str
+    nodes: int = Field(ge=1)
+    tasks_per_node: int = Field(default=1, ge=1)
+    cpus_per_task: int = Field(ge=1)
+    memory_mb: int = Field(ge=1)
+    gpus_per_node: int = Field(default=0, ge=0)
+    constraints: str | None = None
+    exclusive: bool = False
+
+
+class LaunchRequest(BaseModel):
+    """Everything one attempt submits. Paths are as the cluster sees them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_name: str
+    comment: str
+    script: str
+    working_directory: str
+    standard_output: str
+    standard_error: str
+    environment: dict[str, str]
+    components: list[JobComponent] = Field(min_length=1)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit_minutes: int | None = None
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        return len(self.components) > 1

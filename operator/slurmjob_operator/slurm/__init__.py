@@ -1,0 +1,1 @@
+"""slurmrestd adapter: dialects per REST API version, one normalised job view, the client."""
