@@ -72,6 +72,14 @@ class Settings(BaseModel):
         default="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         description="PATH given to the batch script on the compute node.",
     )
+    staging_owner: str | None = Field(
+        default=None,
+        pattern=r"^\d+:\d+$",
+        description=(
+            "uid:gid that staging directories and files are handed to, when the operator runs "
+            "as another user than the Slurm job user (needs CAP_CHOWN)."
+        ),
+    )
     runtime_registry_file: Path | None = Field(
         default=None, description="YAML runtime registry: runtimes: [{id, format, path, sha256}]."
     )
