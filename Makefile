@@ -1,0 +1,42 @@
+# THE test command is `make test`: it installs what it needs (venv, Debian's Slurm on the host
+# and Slurm 26.05 in a cached chroot), then runs ruff, mypy (strict) and pytest.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+PYTEST_ARGS ?=
+
+.PHONY: test venv testbed lint unit pytest crd docs clean
+
+test: venv testbed lint pytest
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+testbed:
+	bash tests/testbed/install.sh
+
+lint: venv
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
+	$(BIN)/mypy
+
+# pytest's exit 5 (no tests collected) is a failure like any other non-zero exit.
+pytest: venv
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+crd: venv
+	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
