@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Install everything the integration-test clusters need (idempotent, fast when done):
+#   * host packages: Debian 12's Slurm 22.05 (+ JWT plugin, headers), munge, gcc, debootstrap;
+#   * users: slurmrest (runs slurmrestd) and slurmci (job owner, fixed uid/gid);
+#   * a debootstrap chroot with Slurm 26.05 from Debian testing, cached under
+#     /var/cache/slurmjob-testbed/<suite>-chroot and built only once.
+# Daemons are started by tests/testbed/slurm.py, not here.
+set -euo pipefail
+
+SUITE="${SLURMJOB_TESTBED_SUITE:-forky}"
+MIRROR="${SLURMJOB_TESTBED_MIRROR:-http://deb.debian.org/debian}"
+CACHE="/var/cache/slurmjob-testbed"
+CHROOT="$CACHE/$SUITE-chroot"
+MARKER="$CHROOT/.slurmjob-testbed-complete"
+CHROOT_VERSION=1 # bump to force a rebuild when the package list below changes
+CI_UID=2001
+CI_GID=2001
+TESTBED_ROOT=/srv/slurmjob-testbed
+
+HOST_PKGS=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge
+    libslurm-dev gcc libc6-dev debootstrap python3 util-linux)
+CHROOT_BASE_PKGS=slurmctld,slurmd,slurmrestd,slurm-client,munge,python3,procps,ca-certificates
+CHROOT_EXTRA_PKGS=(slurm-wlm-jwt-plugin libslurm-dev gcc libc6-dev)
+
+log() { printf '[testbed-install] %s\n' "$*"; }
+die() {
+    printf '[testbed-install] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (installs packages, creates users, builds a chroot)"
+export DEBIAN_FRONTEND=noninteractive
+
+# ---------------------------------------------------------------- host packages
+missing=()
+for p in "${HOST_PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    log "installing host packages: ${missing[*]}"
+    t0=$SECONDS
+    apt-get update -q || die "apt-get update failed"
+    apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        die "apt-get install failed for: ${missing[*]}"
+    log "host packages installed in $((SECONDS - t0)) s"
+else
+    log "host packages: all present"
+fi
+
+# ---------------------------------------------------------------- users and directories
+ensure_users() { # $1 = root dir ("" for the host)
+    local root=$1
+    local -a ch=()
+    [[ -n $root ]] && ch=(chroot "$root")
+    if ! "${ch[@]}" getent group slurmci >/dev/null; then
+        "${ch[@]}" groupadd --gid "$CI_GID" slurmci
+    fi
+    if ! "${ch[@]}" getent passwd slurmci >/dev/null; then
+        "${ch[@]}" useradd --uid "$CI_UID" --gid "$CI_GID" --no-create-home \
+            --home-dir "$TESTBED_ROOT/storage" --shell /bin/bash slurmci
+    fi
+    local uid gid
+    uid=$("${ch[@]}" id -u slurmci)
+    gid=$("${ch[@]}" id -g slurmci)
+    [[ $uid == "$CI_UID" && $gid == "$CI_GID" ]] ||
+        die "user slurmci in '${root:-/}' has uid:gid $uid:$gid, expected $CI_UID:$CI_GID"
+    if ! "${ch[@]}" getent passwd slurmrest >/dev/null; then
+        "${ch[@]}" useradd --system --no-create-home --user-group --shell /usr/sbin/nologin slurmrest
+    fi
+}
+ensure_users ""
+install -d -m 0755 "$TESTBED_ROOT"
+install -d -m 0755 -o "$CI_UID" -g "$CI_GID" "$TESTBED_ROOT/storage" "$TESTBED_ROOT/records"
+install -d -m 0755 "$TESTBED_ROOT/bin" "$CACHE"
+
+# ---------------------------------------------------------------- chroot with Slurm 26.05
+unmount_under() { # unmount everything mounted below $1 (deepest first)
+    local m
+    while read -r m; do
+        umount -l "$m" || true
+    done < <(awk -v p="$1/" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r)
+}
+
+if [[ -f $MARKER ]] && [[ $(cat "$MARKER") == "$CHROOT_VERSION" ]]; then
+    log "chroot $CHROOT: complete (marker present)"
+else
+    log "building chroot $CHROOT (suite $SUITE, mirror $MIRROR)"
+    t0=$SECONDS
+    if [[ -e $CHROOT ]]; then
+        log "removing incomplete chroot"
+        unmount_under "$CHROOT"
+        if awk -v p="$CHROOT/" 'index($2, p) == 1 { f = 1 } END { exit !f }' /proc/mounts; then
+            die "cannot unmount everything below $CHROOT; refusing to delete it"
+        fi
+        rm -rf --one-file-system "$CHROOT"
+    fi
+    script_args=()
+    if [[ ! -e /usr/share/debootstrap/scripts/$SUITE ]]; then
+        # Older debootstraps do not know the newest testing codename; its layout is sid's.
+        log "debootstrap has no script for $SUITE; using the sid script"
+        script_args=(/usr/share/debootstrap/scripts/sid)
+    fi
+    debootstrap --variant=minbase --include="$CHROOT_BASE_PKGS" \
+        "$SUITE" "$CHROOT" "$MIRROR" "${script_args[@]}" ||
+        die "debootstrap of $SUITE failed (see $CHROOT/debootstrap/debootstrap.log)"
+    log "debootstrap done after $((SECONDS - t0)) s"
+    printf '#!/bin/sh\nexit 101\n' >"$CHROOT/usr/sbin/policy-rc.d"
+    chmod 0755 "$CHROOT/usr/sbin/policy-rc.d"
+    cp /etc/resolv.conf /etc/hosts "$CHROOT/etc/"
+    mountpoint -q "$CHROOT/proc" || mount -t proc proc "$CHROOT/proc"
+    chroot "$CHROOT" apt-get install -y -q --no-install-recommends "${CHROOT_EXTRA_PKGS[@]}" ||
+        die "apt-get install in the chroot failed"
+    chroot "$CHROOT" apt-get clean
+    umount -l "$CHROOT/proc" || true
+    ensure_users "$CHROOT"
+    chroot "$CHROOT" test -f /usr/include/slurm/spank.h || die "spank.h missing in the chroot"
+    # shellcheck disable=SC2016 # dpkg-query format, not a shell expansion
+    ver=$(chroot "$CHROOT" dpkg-query -W -f='${Version}' slurmctld)
+    log "chroot has slurmctld $ver"
+    echo "$CHROOT_VERSION" >"$MARKER"
+    log "chroot built in $((SECONDS - t0)) s"
+fi
+ensure_users "$CHROOT"
+install -d -m 0755 "$CHROOT$TESTBED_ROOT"
+log "done"

@@ -1,0 +1,773 @@
+"""Start and stop the two local Slurm test clusters used by the integration tests.
+
+* ``22.05``: Debian 12's Slurm on the host, slurmrestd serving v0.0.38 on 127.0.0.1:6820.
+* ``26.05``: Slurm from Debian testing in a debootstrap chroot (built by install.sh),
+  slurmrestd serving v0.0.45 on 127.0.0.1:26820.
+
+Both have two slurmd nodes (n1: 2 fake h100, n2: 2 fake a100), JWT auth, a pyxis-like SPANK
+test double and stand-ins for apptainer and ray in ``/srv/slurmjob-testbed/bin``.
+Everything lives under ``/srv/slurmjob-testbed`` (bind-mounted at the same path into the
+chroot), compiled plugins are cached under ``/var/cache/slurmjob-testbed``.
+
+CLI (used by ``make dev-up``)::
+
+    python -m tests.testbed.slurm up [22.05] [26.05]    # start (or re-use) and print env values
+    python -m tests.testbed.slurm down [22.05] [26.05]
+    python -m tests.testbed.slurm status
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TESTBED_ROOT = Path("/srv/slurmjob-testbed")
+STORAGE_ROOT = TESTBED_ROOT / "storage"
+BIN_DIR = TESTBED_ROOT / "bin"
+RECORD_DIR = TESTBED_ROOT / "records"
+CACHE_DIR = Path("/var/cache/slurmjob-testbed")
+SUITE = os.environ.get("SLURMJOB_TESTBED_SUITE", "forky")
+CHROOT = CACHE_DIR / f"{SUITE}-chroot"
+CHROOT_MARKER = CHROOT / ".slurmjob-testbed-complete"
+JOB_USER = "slurmci"
+REST_USER = "slurmrest"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+JOB_PATH = f"{BIN_DIR}:{SYSTEM_PATH}"
+KEEP_ENV = "SLURMJOB_TESTBED_KEEP"
+
+NODES: dict[str, dict[str, Any]] = {
+    "n1": {"features": ["fast", "h100"], "gpus": 2, "gpu_type": "h100"},
+    "n2": {"features": ["slow", "a100"], "gpus": 2, "gpu_type": "a100"},
+}
+
+
+# slurmrestd does not daemonize; keep its Popen so it is neither garbage-collected while
+# running (ResourceWarning) nor left a zombie after stop_cluster().
+_REST_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
+
+
+class TestbedError(RuntimeError):
+    """A cluster could not be started or stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    ctld_port: int
+    slurmd_ports: dict[str, int]
+    rest_port: int
+    api_version: str
+    chroot: Path | None
+    rest_plugins: str | None
+
+    @property
+    def cluster_name(self) -> str:
+        return "tb" + self.name.replace(".", "")
+
+    @property
+    def base(self) -> Path:
+        return TESTBED_ROOT / self.name
+
+    @property
+    def conf(self) -> Path:
+        return self.base / "etc" / "slurm.conf"
+
+    @property
+    def key_file(self) -> Path:
+        return self.base / "etc" / "jwt_hs256.key"
+
+    @property
+    def rest_pid_file(self) -> Path:
+        return self.base / "run" / "slurmrestd.pid"
+
+
+SPECS: dict[str, ClusterSpec] = {
+    "22.05": ClusterSpec(
+        name="22.05",
+        ctld_port=16817,
+        slurmd_ports={"n1": 16818, "n2": 16819},
+        rest_port=6820,
+        api_version="v0.0.38",
+        chroot=None,
+        rest_plugins="openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38",
+    ),
+    "26.05": ClusterSpec(
+        name="26.05",
+        ctld_port=26817,
+        slurmd_ports={"n1": 26818, "n2": 26819},
+        rest_port=26820,
+        api_version="v0.0.45",
+        chroot=CHROOT,
+        rest_plugins="openapi/slurmctld",
+    ),
+}
+
+
+def mint_token(key: bytes, user: str, lifespan: int = 600) -> str:
+    """An HS256 JWT with the claims slurmctld's auth/jwt expects (exp, iat, sun)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+    now = int(time.time())
+    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    claims = {"exp": now + lifespan, "iat": now, "sun": user}
+    payload = b64(json.dumps(claims, separators=(",", ":")).encode())
+    signing_input = f"{header}.{payload}".encode("ascii")
+    sig = b64(hmac.new(key, signing_input, hashlib.sha256).digest())
+    return f"{header}.{payload}.{sig}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmTestbed:
+    """What a test needs to talk to one running test cluster."""
+
+    name: str
+    rest_url: str
+    api_version: str
+    user: str
+    uid: int
+    gid: int
+    jwt_key_file: Path
+    storage_root: Path
+    job_path: str
+    record_dir: Path
+    partition: str
+    nodes: dict[str, dict[str, Any]]
+    has_accounting: bool
+    slurm_conf: Path
+    chroot: Path | None
+    bin_dir: Path
+    cluster_name: str  # ClusterName= (SLURM_CLUSTER_NAME in jobs, "cluster" in records)
+
+    def token(self, lifespan: int = 600) -> str:
+        return mint_token(self.jwt_key_file.read_bytes(), self.user, lifespan)
+
+    def headers(self, lifespan: int = 600) -> dict[str, str]:
+        return {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self.token(lifespan)}
+
+    def scontrol(self, *args: str) -> str:
+        return _run(SPECS[self.name], ["scontrol", *args]).stdout
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (sinfo, squeue, ...) against this cluster."""
+        return _run(SPECS[self.name], list(argv), check=check)
+
+    def env(self) -> dict[str, str]:
+        """Environment values for a developer shell / the operator."""
+        tag = self.name.replace(".", "")
+        return {
+            f"SLURMJOB_TESTBED_{tag}_REST_URL": self.rest_url,
+            f"SLURMJOB_TESTBED_{tag}_API_VERSION": self.api_version,
+            f"SLURMJOB_TESTBED_{tag}_USER": self.user,
+            f"SLURMJOB_TESTBED_{tag}_JWT_KEY_FILE": str(self.jwt_key_file),
+            f"SLURMJOB_TESTBED_{tag}_SLURM_CONF": str(self.slurm_conf),
+            f"SLURMJOB_TESTBED_{tag}_CHROOT": str(self.chroot or ""),
+            "SLURMJOB_TESTBED_STORAGE_ROOT": str(self.storage_root),
+            "SLURMJOB_TESTBED_JOB_PATH": self.job_path,
+            "SLURMJOB_TESTBED_RECORD_DIR": str(self.record_dir),
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _log(msg: str) -> None:
+    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+
+
+def _client_argv(spec: ClusterSpec, argv: Sequence[str]) -> list[str]:
+    env = ["env", "-i", f"PATH={SYSTEM_PATH}", f"SLURM_CONF={spec.conf}"]
+    if spec.chroot is not None:
+        return ["chroot", str(spec.chroot), *env, *argv]
+    return [*env, *argv]
+
+
+def _run(
+    spec: ClusterSpec, argv: Sequence[str], check: bool = True, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    cmd = _client_argv(spec, argv)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise TestbedError(
+            f"{' '.join(argv)} failed on cluster {spec.name} (rc {proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+    return proc
+
+
+def _sh(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, **kw)
+    if proc.returncode != 0:
+        raise TestbedError(f"{' '.join(argv)} failed (rc {proc.returncode}): {proc.stderr}")
+    return proc
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+    return f"--- last {lines} lines of {path} ---\n" + "\n".join(text[-lines:])
+
+
+def _wait(
+    what: str, check: Callable[[], bool], timeout: float, logs: Sequence[Path], interval=0.1
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(_tail(p) for p in logs)
+            raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+        time.sleep(interval)
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, comm: str) -> bool:
+    """True if pid is a live (non-zombie) process whose command name starts with comm."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    name = stat_text[stat_text.find("(") + 1 : stat_text.rfind(")")]
+    state = stat_text[stat_text.rfind(")") + 2 :].split()[0]
+    return state not in ("Z", "X") and name.startswith(comm[:15])
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _daemons(spec: ClusterSpec) -> list[tuple[str, Path]]:
+    """(command name, pid file) of every daemon, in stop order."""
+    run = spec.base / "run"
+    return [
+        ("slurmrestd", spec.rest_pid_file),
+        *[("slurmd", run / f"slurmd-{n}.pid") for n in NODES],
+        ("slurmctld", run / "slurmctld.pid"),
+        ("munged", spec.base / "munge" / "munged.pid"),
+    ]
+
+
+def _stop_pid(comm: str, pid_file: Path, timeout: float = 10) -> None:
+    pid = _read_pid(pid_file)
+    if pid is not None and _pid_alive(pid, comm):
+        _log(f"stopping {comm} (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid, comm) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
+        if _pid_alive(pid, comm):
+            _log(f"{comm} (pid {pid}) ignored SIGTERM; sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            while _pid_alive(pid, comm):
+                _reap(pid)
+                time.sleep(0.05)
+        _reap(pid)
+    with contextlib.suppress(FileNotFoundError):
+        pid_file.unlink()
+
+
+def _rest_ping(spec: ClusterSpec, timeout: float = 3) -> tuple[bool, str]:
+    try:
+        key = spec.key_file.read_bytes()
+    except OSError as exc:
+        return False, str(exc)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{spec.rest_port}/slurm/{spec.api_version}/ping",
+        headers={"X-SLURM-USER-NAME": JOB_USER, "X-SLURM-USER-TOKEN": mint_token(key, JOB_USER)},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return False, f"HTTP {exc.code}: {exc.read()[:300]!r}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, str(exc)
+    pings = body.get("pings") or []
+    ok = resp.status == 200 and not body.get("errors") and bool(pings)
+    return ok, json.dumps(body)[:500]
+
+
+def _healthy(spec: ClusterSpec) -> bool:
+    for comm, pid_file in _daemons(spec):
+        pid = _read_pid(pid_file)
+        if pid is None or not _pid_alive(pid, comm):
+            return False
+    return _rest_ping(spec)[0]
+
+
+def _is_mountpoint(path: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
+
+
+def _ensure_chroot_mounts(root: Path) -> None:
+    if not CHROOT_MARKER.is_file():
+        raise TestbedError(
+            f"the Slurm 26.05 chroot {root} is missing or incomplete; "
+            "run `bash tests/testbed/install.sh` first"
+        )
+    mounts: list[tuple[Path, list[str], bool]] = [
+        (root / "proc", ["-t", "proc", "proc"], True),
+        (root / "dev", ["--bind", "/dev"], True),
+        (root / "sys", ["-t", "sysfs", "sysfs"], False),
+        (root / str(TESTBED_ROOT).lstrip("/"), ["--bind", str(TESTBED_ROOT)], True),
+    ]
+    for target, args, required in mounts:
+        target.mkdir(parents=True, exist_ok=True)
+        if _is_mountpoint(target):
+            continue
+        proc = subprocess.run(
+            ["mount", *args, str(target)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            if required:
+                raise TestbedError(f"mount {' '.join(args)} {target} failed: {proc.stderr}")
+            _log(f"optional mount {target} failed (ignored): {proc.stderr.strip()}")
+    for name in ("hosts", "resolv.conf"):
+        src = Path("/etc") / name
+        dst = root / "etc" / name
+        if src.exists() and (not dst.exists() or dst.read_bytes() != src.read_bytes()):
+            shutil.copyfile(src, dst)
+
+
+def _ensure_common_dirs() -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(JOB_USER)
+    except KeyError:
+        raise TestbedError(
+            f"user {JOB_USER} does not exist; run `bash tests/testbed/install.sh` first"
+        ) from None
+    for d in (TESTBED_ROOT, BIN_DIR):
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for d in (STORAGE_ROOT, RECORD_DIR):
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        d.chmod(0o755)
+    for rec in ("pyxis.jsonl", "apptainer.jsonl", "ray.jsonl"):
+        f = RECORD_DIR / rec
+        f.touch(exist_ok=True)
+        os.chown(f, pw.pw_uid, pw.pw_gid)
+        f.chmod(0o664)
+    for src in sorted((HERE / "standins").iterdir()):
+        dst = BIN_DIR / src.name
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            tmp = dst.with_suffix(".tmp")
+            shutil.copyfile(src, tmp)
+            tmp.chmod(0o755)
+            tmp.replace(dst)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _slurm_version(spec: ClusterSpec) -> str:
+    argv = ["dpkg-query", "-W", "-f=${Version}", "slurmctld"]
+    if spec.chroot is not None:
+        argv = ["chroot", str(spec.chroot), *argv]
+    return _sh(argv).stdout.strip()
+
+
+def _spank_plugin(spec: ClusterSpec) -> Path:
+    """Compile (or take from the cache) the pyxis test double for this Slurm version."""
+    src = HERE / "spank_pyxis_stub.c"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+    version = _slurm_version(spec)
+    cached = CACHE_DIR / "spank" / f"pyxis_stub-{version}-{digest}.so"
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        _log(f"compiling SPANK plugin for Slurm {version}")
+        flags = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror"]
+        if spec.chroot is None:
+            _sh([*flags, "-o", str(cached) + ".tmp", str(src)])
+            Path(str(cached) + ".tmp").replace(cached)
+        else:
+            work = spec.chroot / "tmp" / f"slurmjob-spank-{digest}"
+            work.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, work / "p.c")
+            inner = Path("/tmp") / work.name
+            _sh(["chroot", str(spec.chroot), *flags, "-o", str(inner / "p.so"), str(inner / "p.c")])
+            shutil.move(work / "p.so", str(cached))
+            shutil.rmtree(work, ignore_errors=True)
+    dst = spec.base / "lib" / "pyxis_stub.so"
+    if not dst.exists() or dst.read_bytes() != cached.read_bytes():
+        shutil.copyfile(cached, dst)
+        dst.chmod(0o755)
+    return dst
+
+
+def _user_ids(spec: ClusterSpec, user: str) -> tuple[int, int]:
+    if spec.chroot is None:
+        pw = pwd.getpwnam(user)
+        return pw.pw_uid, pw.pw_gid
+    for line in (spec.chroot / "etc" / "passwd").read_text().splitlines():
+        parts = line.split(":")
+        if parts[0] == user:
+            return int(parts[2]), int(parts[3])
+    raise TestbedError(f"user {user} missing in {spec.chroot}; run tests/testbed/install.sh")
+
+
+def _hardware() -> str:
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=False).stdout
+    fields = dict(
+        item.split("=", 1) for item in out.split() if "=" in item and not item.startswith("Node")
+    )
+    keep = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+    if not all(k in fields for k in keep):
+        return "CPUs=2 RealMemory=1000"
+    return " ".join(f"{k}={fields[k]}" for k in keep)
+
+
+def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    path.chmod(mode)
+
+
+def _write_config(spec: ClusterSpec) -> None:
+    b = spec.base
+    for sub in ("etc", "state/ctld", "run", "log", "munge", "dev", "lib"):
+        (b / sub).mkdir(parents=True, exist_ok=True)
+    for node in NODES:
+        (b / "state" / f"slurmd-{node}").mkdir(exist_ok=True)
+    # keys
+    if not spec.key_file.exists():
+        spec.key_file.write_bytes(os.urandom(32))
+    spec.key_file.chmod(0o600)
+    munge_uid, munge_gid = _user_ids(spec, "munge")
+    munge_dir = b / "munge"
+    os.chown(munge_dir, munge_uid, munge_gid)
+    munge_dir.chmod(0o755)
+    munge_key = munge_dir / "munge.key"
+    if not munge_key.exists():
+        munge_key.write_bytes(os.urandom(1024))
+    os.chown(munge_key, munge_uid, munge_gid)
+    munge_key.chmod(0o400)
+    # fake GPUs: character devices with /dev/null's numbers
+    for i in range(4):
+        dev = b / "dev" / f"gpu{i}"
+        if not dev.is_char_device():
+            with contextlib.suppress(FileNotFoundError):
+                dev.unlink()
+            os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    hw = _hardware()
+    modern = spec.chroot is not None
+    lines = [
+        f"ClusterName={spec.cluster_name}",
+        "SlurmctldHost=localhost",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"SlurmctldPort={spec.ctld_port}",
+        f"SlurmdPort={spec.slurmd_ports['n1']}",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={munge_dir}/munge.socket",
+        "CredType=cred/munge",
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={spec.key_file}",
+        f"StateSaveLocation={b}/state/ctld",
+        f"SlurmdSpoolDir={b}/state/slurmd-%n",
+        f"SlurmctldPidFile={b}/run/slurmctld.pid",
+        f"SlurmdPidFile={b}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={b}/log/slurmctld.log",
+        f"SlurmdLogFile={b}/log/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "MailProg=/bin/true",
+        "CommunicationParameters=NoInAddrAny",
+        "MpiDefault=none",
+        "ProctrackType=proctrack/linuxproc",
+        *([] if modern else ["TaskPlugin=task/none"]),
+        "JobAcctGatherType=jobacct_gather/none",
+        *([] if modern else ["AccountingStorageType=accounting_storage/none"]),
+        *([] if modern else ["JobCompType=jobcomp/none"]),
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
+        "ReturnToService=2",
+        "JobRequeue=0",
+        "MinJobAge=300",
+        "GresTypes=gpu",
+        f"PlugStackConfig={b}/etc/plugstack.conf",
+    ]
+    gres = ["AutoDetect=off"]
+    for i, (node, info) in enumerate(NODES.items()):
+        lines.append(
+            f"NodeName={node} NodeAddr=127.0.0.1 Port={spec.slurmd_ports[node]} {hw} "
+            f"Gres=gpu:{info['gpu_type']}:{info['gpus']} "
+            f"Features={','.join(info['features'])} State=UNKNOWN"
+        )
+        first = i * info["gpus"]
+        gres.append(
+            f"NodeName={node} Name=gpu Type={info['gpu_type']} "
+            f"File={b}/dev/gpu[{first}-{first + info['gpus'] - 1}]"
+        )
+    lines.append(
+        f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP"
+    )
+    _write_if_changed(spec.conf, "\n".join(lines) + "\n")
+    _write_if_changed(b / "etc" / "gres.conf", "\n".join(gres) + "\n")
+    cgroup_conf = b / "etc" / "cgroup.conf"
+    if modern:  # 26.05 has no task/none; 22.05 does not know CgroupPlugin=disabled
+        _write_if_changed(cgroup_conf, "CgroupPlugin=disabled\n")
+    else:
+        cgroup_conf.unlink(missing_ok=True)
+    plugin = _spank_plugin(spec)
+    _write_if_changed(b / "etc" / "plugstack.conf", f"required {plugin} record_dir={RECORD_DIR}\n")
+
+
+def _daemon_argv(spec: ClusterSpec, argv: Sequence[str], user: str | None = None) -> list[str]:
+    env = ["env", "-i", f"PATH={SYSTEM_PATH}", f"SLURM_CONF={spec.conf}"]
+    if spec.chroot is not None:
+        userspec = [f"--userspec={user}:{user}"] if user else []
+        return ["chroot", *userspec, str(spec.chroot), *env, *argv]
+    if user:
+        return ["runuser", "-u", user, "--", *env, *argv]
+    return [*env, *argv]
+
+
+def _start_daemons(spec: ClusterSpec) -> None:
+    b = spec.base
+    log = b / "log"
+    md = b / "munge"
+    t0 = time.monotonic()
+    munged = [
+        "munged",
+        f"--socket={md}/munge.socket",
+        f"--key-file={md}/munge.key",
+        f"--pid-file={md}/munged.pid",
+        f"--log-file={md}/munged.log",
+        f"--seed-file={md}/munged.seed",
+    ]
+    with contextlib.suppress(FileNotFoundError):
+        (md / "munge.socket").unlink()
+    proc = subprocess.run(
+        _daemon_argv(spec, munged, user="munge"), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"munged failed to start (rc {proc.returncode}): {proc.stderr}\n"
+            + _tail(md / "munged.log")
+        )
+    _wait("munge socket", (md / "munge.socket").exists, 10, [md / "munged.log"])
+
+    proc = subprocess.run(
+        _daemon_argv(spec, ["slurmctld", "-i"]), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"slurmctld failed (rc {proc.returncode}): {proc.stderr}\n"
+            + _tail(log / "slurmctld.log")
+        )
+    _wait(
+        f"slurmctld of {spec.name} to answer scontrol ping",
+        lambda: _run(spec, ["scontrol", "ping"], check=False).returncode == 0,
+        30,
+        [log / "slurmctld.log"],
+        interval=0.2,
+    )
+    for node in NODES:
+        proc = subprocess.run(
+            _daemon_argv(spec, ["slurmd", "-N", node]), capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise TestbedError(
+                f"slurmd {node} failed (rc {proc.returncode}): {proc.stderr}\n"
+                + _tail(log / f"slurmd-{node}.log")
+            )
+
+    def nodes_idle() -> bool:
+        out = _run(spec, ["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+        bad = {n: s for n, s in states.items() if s.rstrip("*~#$@").startswith(("inval", "fail"))}
+        if bad:
+            raise TestbedError(
+                f"nodes of {spec.name} are not usable: {bad}\n" + _tail(log / "slurmctld.log")
+            )
+        return sorted(states) == sorted(NODES) and set(states.values()) == {"idle"}
+
+    _wait(
+        f"nodes of {spec.name} to be idle",
+        nodes_idle,
+        30,
+        [log / "slurmctld.log", *(log / f"slurmd-{n}.log" for n in NODES)],
+        interval=0.2,
+    )
+
+    rest_log = log / "slurmrestd.log"
+    rest = ["slurmrestd", "-u", REST_USER, "-g", REST_USER, "-a", "rest_auth/jwt"]
+    if spec.rest_plugins:
+        rest += ["-s", spec.rest_plugins]
+    rest.append(f"127.0.0.1:{spec.rest_port}")
+    env_args = ["env", "-i", f"PATH={SYSTEM_PATH}", f"SLURM_CONF={spec.conf}", "SLURM_JWT=daemon"]
+    if spec.chroot is not None:
+        script = f"cd {b} && exec {' '.join([*env_args, *rest])}"
+        argv = ["chroot", str(spec.chroot), "/bin/sh", "-c", script]
+    else:
+        argv = [*env_args, *rest]
+    with rest_log.open("ab") as out:
+        rp = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=b, start_new_session=True
+        )
+    _REST_CHILDREN[spec.name] = rp
+    spec.rest_pid_file.write_text(f"{rp.pid}\n")
+    last: list[str] = [""]
+
+    def rest_ok() -> bool:
+        if rp.poll() is not None:
+            raise TestbedError(
+                f"slurmrestd of {spec.name} exited with rc {rp.returncode}\n" + _tail(rest_log)
+            )
+        ok, detail = _rest_ping(spec)
+        last[0] = detail
+        return ok
+
+    try:
+        _wait(f"authenticated REST ping on {spec.name}", rest_ok, 20, [rest_log])
+    except TestbedError as exc:
+        raise TestbedError(f"{exc}\nlast ping answer: {last[0]}") from None
+    _log(f"cluster {spec.name} up in {time.monotonic() - t0:.2f} s")
+
+
+def _testbed(spec: ClusterSpec) -> SlurmTestbed:
+    pw = pwd.getpwnam(JOB_USER)
+    return SlurmTestbed(
+        name=spec.name,
+        rest_url=f"http://127.0.0.1:{spec.rest_port}",
+        api_version=spec.api_version,
+        user=JOB_USER,
+        uid=pw.pw_uid,
+        gid=pw.pw_gid,
+        jwt_key_file=spec.key_file,
+        storage_root=STORAGE_ROOT,
+        job_path=JOB_PATH,
+        record_dir=RECORD_DIR,
+        partition="debug",
+        nodes={n: dict(v, features=list(v["features"])) for n, v in NODES.items()},
+        has_accounting=False,
+        slurm_conf=spec.conf,
+        chroot=spec.chroot,
+        bin_dir=BIN_DIR,
+        cluster_name=spec.cluster_name,
+    )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def keep_requested() -> bool:
+    return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
+
+
+def start_cluster(name: str, reuse: bool | None = None) -> SlurmTestbed:
+    """Start cluster ``name`` ("22.05" or "26.05") from clean state and wait until usable.
+
+    With ``reuse`` (default: $SLURMJOB_TESTBED_KEEP is set) an already running, healthy
+    cluster (live pids in its pid files and an authenticated REST ping) is used as is.
+    Stale daemons from earlier runs are stopped through their pid files first.
+    """
+    if name not in SPECS:
+        raise TestbedError(f"unknown cluster {name!r}; known: {', '.join(SPECS)}")
+    if os.geteuid() != 0:
+        raise TestbedError("the Slurm test bed must be started as root")
+    spec = SPECS[name]
+    if reuse is None:
+        reuse = keep_requested()
+    uid, gid = _ensure_common_dirs()
+    if (uid, gid) != (2001, 2001):
+        _log(f"note: {JOB_USER} has uid:gid {uid}:{gid}")
+    if spec.chroot is not None:
+        _ensure_chroot_mounts(spec.chroot)
+        if _user_ids(spec, JOB_USER) != (uid, gid):
+            raise TestbedError(f"{JOB_USER} has different ids on the host and in {spec.chroot}")
+    if reuse and _healthy(spec):
+        _log(f"re-using running cluster {name}")
+        return _testbed(spec)
+    stop_cluster(name)
+    for sub in ("state", "log"):
+        shutil.rmtree(spec.base / sub, ignore_errors=True)
+    _write_config(spec)
+    try:
+        _start_daemons(spec)
+    except BaseException:
+        stop_cluster(name)
+        raise
+    return _testbed(spec)
+
+
+def stop_cluster(name: str) -> None:
+    """Stop every daemon of cluster ``name`` recorded in its pid files (mounts are kept)."""
+    spec = SPECS[name]
+    for comm, pid_file in _daemons(spec):
+        _stop_pid(comm, pid_file)
+    child = _REST_CHILDREN.pop(name, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+
+
+def cluster_status(name: str) -> str:
+    spec = SPECS[name]
+    parts = []
+    for comm, pid_file in _daemons(spec):
+        pid = _read_pid(pid_file)
+        alive = pid is not None and _pid_alive(pid, comm)
+        parts.append(f"{comm}={'up' if alive else 'down'}")
+    ok, _ = _rest_ping(spec)
+    parts.append(f"rest={'ok' if ok else 'down'}")
+    return " ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in ("up", "down", "status"):
+        print("usage: python -m tests.testbed.slurm up|down|status [22.05] [26.05]")
+        return 2
+    cmd, names = args[0], args[1:] or list(SPECS)
+    try:
+        for name in names:
+            if cmd == "up":
+                tb = start_cluster(name, reuse=True)
+                for k, v in tb.env().items():
+                    print(f"{k}={v}")
+            elif cmd == "down":
+                stop_cluster(name)
+            else:
+                print(f"{name}: {cluster_status(name)}")
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
