@@ -1,0 +1,279 @@
+"""What every dialect shares: the envelope, result types, value coercions, the Dialect contract."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+from slurmjob_operator.launch import LaunchRequest
+from slurmjob_operator.slurm.errors import SlurmMessage, SlurmUnsupported
+from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView, normalise_state
+
+JsonObject = Mapping[str, Any]
+
+
+class Response(BaseModel):
+    """Base of the raw response models: servers add fields, so unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def no_val(value: Any) -> Any:
+    """Unwrap Slurm's `{set, infinite, number}` (and the `+complex` plain form) to a value.
+
+    Unset and infinite both become None: the operator never needs "unlimited" as a number.
+    """
+    if isinstance(value, Mapping):
+        if value.get("infinite") or not value.get("set", False):
+            return None
+        return value.get("number")
+    if isinstance(value, str) and value.strip().lower() in ("", "infinity", "infinite"):
+        return None
+    return value
+
+
+def _timestamp(value: Any) -> Any:
+    raw = no_val(value)
+    if raw is None or isinstance(raw, datetime):
+        return raw
+    seconds = int(raw)
+    # 0 is how every version says "not set" for a time.
+    return None if seconds <= 0 else datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _text(value: Any) -> Any:
+    return value if value not in ("", None) else None
+
+
+NoValInt = Annotated[int | None, BeforeValidator(no_val)]
+Timestamp = Annotated[datetime | None, BeforeValidator(_timestamp)]
+OptStr = Annotated[str | None, BeforeValidator(_text)]
+
+
+def zero_as_none(value: int | None) -> int | None:
+    return value if value else None
+
+
+def reason_text(value: str | None) -> str | None:
+    return None if value in (None, "", "None") else value
+
+
+class _RawMessage(Response):
+    # v0.0.38 errors: error, error_number (spec) or error_code (REST layer); v0.0.36: errno;
+    # v0.0.40+: description, error_number, error, source. Warnings: description, source.
+    error: OptStr = None
+    error_number: int | None = None
+    error_code: int | None = None
+    errno: int | None = None
+    description: OptStr = None
+    warning: OptStr = None
+    source: OptStr = None
+
+    def normalise(self) -> SlurmMessage:
+        number = next(
+            (n for n in (self.error_number, self.error_code, self.errno) if n is not None), None
+        )
+        return SlurmMessage(
+            error_number=number,
+            error=self.error,
+            description=self.description or self.warning,
+            source=self.source,
+        )
+
+
+class Envelope(BaseModel):
+    """`errors[]`, `warnings[]` and what `meta` says about the server."""
+
+    model_config = ConfigDict(frozen=True)
+
+    errors: tuple[SlurmMessage, ...] = ()
+    warnings: tuple[SlurmMessage, ...] = ()
+    release: str | None = None
+    cluster: str | None = None
+    data_parser: str | None = None
+
+
+def _messages(items: Any) -> tuple[SlurmMessage, ...]:
+    if not isinstance(items, list):
+        return ()
+    out: list[SlurmMessage] = []
+    for item in items:
+        if isinstance(item, Mapping):
+            out.append(_RawMessage.model_validate(item).normalise())
+        elif isinstance(item, str) and item:
+            out.append(SlurmMessage(description=item))
+    return tuple(out)
+
+
+def parse_envelope(payload: Any) -> Envelope:
+    """Read the envelope of any version's answer; a non-object payload has an empty envelope."""
+    if not isinstance(payload, Mapping):
+        return Envelope()
+    meta = payload.get("meta")
+    release = cluster = data_parser = None
+    if isinstance(meta, Mapping):
+        # v0.0.38/39 capitalise `Slurm`; v0.0.40+ use `slurm`.
+        slurm = meta.get("slurm") or meta.get("Slurm")
+        if isinstance(slurm, Mapping):
+            release = _text(slurm.get("release"))
+            cluster = _text(slurm.get("cluster"))
+        plugin = meta.get("plugin")
+        if isinstance(plugin, Mapping):
+            data_parser = _text(plugin.get("data_parser"))
+    return Envelope(
+        errors=_messages(payload.get("errors")),
+        warnings=_messages(payload.get("warnings")),
+        release=release,
+        cluster=cluster,
+        data_parser=data_parser,
+    )
+
+
+class SubmitReceipt(BaseModel):
+    """What a successful submit returned. `job_id` is the leader's id for a het job."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: int
+    step_id: str | None = None
+    user_message: str | None = None
+    warnings: tuple[SlurmMessage, ...] = ()
+
+
+class CancelResult(BaseModel):
+    """DELETE succeeded. `already_done` is True when Slurm said the job had already ended
+    (v0.0.38 cannot tell: it answers a plain success)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_ref: str
+    already_done: bool = False
+    warnings: tuple[SlurmMessage, ...] = ()
+
+
+class ControllerPing(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    hostname: str | None = None
+    responding: bool
+    status: str | None = None
+
+
+class PingResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    release: str | None = None
+    cluster: str | None = None
+    controllers: tuple[ControllerPing, ...] = ()
+
+    @property
+    def responding(self) -> bool:
+        return any(c.responding for c in self.controllers)
+
+
+_STATE_ID = re.compile(r"^(\d+)(?:\+(\d+))?(?:_(.+))?$")
+
+
+def parse_state_entry(raw_id: Any, raw_state: Any) -> JobStateEntry | None:
+    text = str(raw_id).strip()
+    match = _STATE_ID.match(text)
+    if match is None:
+        return None
+    states: tuple[str, ...]
+    if isinstance(raw_state, str):
+        states = (raw_state,)
+    elif isinstance(raw_state, list):
+        states = tuple(str(s) for s in raw_state)
+    else:
+        states = ()
+    base, flags = normalise_state(states)
+    return JobStateEntry(
+        raw_job_id=text,
+        job_id=int(match.group(1)),
+        het_job_offset=int(match.group(2)) if match.group(2) is not None else None,
+        array_task=match.group(3),
+        raw_state=states,
+        base_state=base,
+        flags=flags,
+    )
+
+
+def environment_entries(environment: Mapping[str, str]) -> dict[str, str]:
+    """Check the environment before Slurm does: it rejects a batch job without one (2127)."""
+    if not environment:
+        raise ValueError("environment must not be empty: Slurm rejects batch jobs without one")
+    for key in environment:
+        if not key or "=" in key:
+            raise ValueError(f"invalid environment variable name {key!r}")
+    return dict(environment)
+
+
+class Dialect(ABC):
+    """How one REST API version spells requests and responses. Pure: no I/O."""
+
+    version: str
+    #: `GET /slurm/V/jobs/state` exists.
+    supports_jobs_state: bool = False
+    #: `/slurm/V/job/{sluid}` paths are accepted (Slurm 26.05, v0.0.45).
+    supports_sluid_paths: bool = False
+    #: This dialect can read `/slurmdb/V/...` job records.
+    supports_accounting: bool = False
+
+    @abstractmethod
+    def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
+        """The exact JSON body for `POST /slurm/V/job/submit`."""
+
+    @abstractmethod
+    def parse_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+        """`GET /slurm/V/job/{id}` and `GET /slurm/V/jobs`."""
+
+    @abstractmethod
+    def parse_submit(self, payload: JsonObject) -> SubmitReceipt:
+        """A submit answer that carried no errors."""
+
+    @abstractmethod
+    def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
+        """A DELETE answer that carried no errors (may still raise for per-job failures)."""
+
+    @abstractmethod
+    def parse_ping(self, payload: JsonObject) -> PingResult:
+        """`GET /slurm/V/ping`."""
+
+    def parse_envelope(self, payload: Any) -> Envelope:
+        return parse_envelope(payload)
+
+    def parse_jobs_state(self, payload: JsonObject) -> list[JobStateEntry]:
+        """`GET /slurm/V/jobs/state` (v0.0.40+)."""
+        raise SlurmUnsupported(f"/jobs/state is not served by {self.version}")
+
+    def parse_accounting_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+        """`GET /slurmdb/V/job/{id}` and `GET /slurmdb/V/jobs`."""
+        raise SlurmUnsupported(f"accounting records are not read for {self.version}")
+
+    def job_ref_path(self, ref: int | str) -> str:
+        """Validate a job reference for a URL path: a number, "123+1", "123_4", or a SLUID."""
+        if isinstance(ref, bool):
+            raise TypeError("job reference must be an int or a str")
+        if isinstance(ref, int):
+            if ref <= 0:
+                raise ValueError(f"invalid job id {ref}")
+            return str(ref)
+        text = ref.strip()
+        if text.startswith("s"):
+            if not self.supports_sluid_paths:
+                raise SlurmUnsupported(f"SLUID job references are not accepted by {self.version}")
+            if not SLUID_PATTERN.match(text):
+                raise ValueError(f"invalid SLUID {ref!r}")
+            return text
+        if not _STATE_ID.match(text) or "[" in text:
+            raise ValueError(f"invalid job reference {ref!r}")
+        return text
+
+
+# "s" + 13 Crockford base32 digits; the path parser only recognises a lower-case "s".
+SLUID_PATTERN = re.compile(r"^s[0-9A-Za-z]{13}$")

@@ -1,0 +1,399 @@
+"""REST API v0.0.40 - v0.0.45 (data_parser versions; Slurm 23.11 - 26.05).
+
+Submit body, checked against the schemas served by Slurm 26.05 (v0.0.42 - v0.0.45) and, for
+v0.0.40/41 which no sample server serves, against the fact sheet:
+
+* `job` for one component, `jobs` for a het job; the script goes into `job.script` /
+  `jobs[0].script` (the schema: "only the first component in a HetJob is populated or
+  honored"); the top-level `script` was tagged deprecated in v0.0.41/42, so it is not used.
+* `environment` is a list of "K=V"; `current_working_directory` on *every* component (Slurm
+  26.05 refused a het job whose second component lacked it: error 2063); name, comment and
+  stdout/stderr on every component as well, so no component falls back to `slurm-%j.out`.
+* `nodes` is a string ("2"); `time_limit` and `memory_per_node` use the
+  `{set, infinite, number}` form the schemas declare (every data_parser version accepts it).
+* GPUs: `tres_per_node: "gres/gpu:N"` (the controller's internal TRES form since 23.11).
+* Exclusive nodes: `shared: ["none"]` (`exclusive` is gone from v0.0.42 and deprecated in
+  v0.0.41). Requeue: `requeue: false`. `partition`/`account`/`qos` only when set.
+
+Responses differ by version only in what is present: `stdout_expanded` from v0.0.43 (before
+that `standard_output` is already expanded), `step_id.sluid` in job info from v0.0.44,
+`sluid` on accounting records from v0.0.45. Parsing takes whatever is there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurmjob_operator.launch import JobComponent, LaunchRequest
+from slurmjob_operator.slurm.dialects.common import (
+    CancelResult,
+    ControllerPing,
+    Dialect,
+    JsonObject,
+    NoValInt,
+    OptStr,
+    PingResult,
+    Response,
+    SubmitReceipt,
+    Timestamp,
+    environment_entries,
+    no_val,
+    parse_envelope,
+    parse_state_entry,
+    reason_text,
+    zero_as_none,
+)
+from slurmjob_operator.slurm.errors import (
+    ALREADY_DONE,
+    INVALID_JOB_ID,
+    SlurmMessage,
+    SlurmNotFound,
+    SlurmRejected,
+)
+from slurmjob_operator.slurm.jobview import (
+    ACTIVE_STATES,
+    BaseState,
+    JobExit,
+    JobSource,
+    JobStateEntry,
+    SlurmJobView,
+    normalise_state,
+)
+from slurmjob_operator.slurm.versions import version_key
+
+VERSIONS: tuple[str, ...] = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
+
+
+def _set(number: int) -> dict[str, Any]:
+    return {"set": True, "infinite": False, "number": number}
+
+
+class _Signal(Response):
+    id: NoValInt = None
+    name: OptStr = None
+
+
+class _Exit(Response):
+    status: tuple[str, ...] = ()
+    return_code: NoValInt = None
+    signal: _Signal | None = None
+
+
+class _StepRef(Response):
+    sluid: OptStr = None
+
+
+class _JobInfo(Response):
+    job_id: int
+    name: str | None = None
+    comment: OptStr = None
+    user_name: OptStr = None
+    partition: OptStr = None
+    cluster: OptStr = None
+    job_state: list[str] | str | None = None
+    state_reason: OptStr = None
+    state_description: OptStr = None
+    exit_code: _Exit | None = None
+    het_job_id: NoValInt = None
+    het_job_offset: NoValInt = None
+    array_job_id: NoValInt = None
+    array_task_id: NoValInt = None
+    nodes: OptStr = None
+    node_count: NoValInt = None
+    submit_time: Timestamp = None
+    start_time: Timestamp = None
+    end_time: Timestamp = None
+    standard_output: OptStr = None
+    standard_error: OptStr = None
+    stdout_expanded: OptStr = None
+    stderr_expanded: OptStr = None
+    current_working_directory: OptStr = None
+    features: OptStr = None
+    step_id: _StepRef | None = None
+
+
+class _AcctComment(Response):
+    job: OptStr = None
+
+
+class _AcctState(Response):
+    current: list[str] | str | None = None
+    reason: OptStr = None
+
+
+class _AcctHet(Response):
+    job_id: NoValInt = None
+    job_offset: NoValInt = None
+
+
+class _AcctArray(Response):
+    job_id: NoValInt = None
+    task_id: NoValInt = None
+
+
+class _AcctTime(Response):
+    submission: Timestamp = None
+    start: Timestamp = None
+    end: Timestamp = None
+
+
+class _AcctJob(Response):
+    job_id: int
+    name: str | None = None
+    user: OptStr = None
+    partition: OptStr = None
+    cluster: OptStr = None
+    nodes: OptStr = None
+    constraints: OptStr = None
+    working_directory: OptStr = None
+    comment: _AcctComment | None = None
+    state: _AcctState | None = None
+    exit_code: _Exit | None = None
+    het: _AcctHet | None = None
+    array: _AcctArray | None = None
+    time: _AcctTime | None = None
+    stdout: OptStr = None
+    stderr: OptStr = None
+    stdout_expanded: OptStr = None
+    stderr_expanded: OptStr = None
+    sluid: OptStr = None
+
+
+class _Submit(Response):
+    job_id: int
+    step_id: str | int | None = None
+    job_submit_user_msg: OptStr = None
+
+
+class _KillError(Response):
+    string: OptStr = None
+    code: int | None = None
+    message: OptStr = None
+
+
+class _KillStatus(Response):
+    error: _KillError | None = None
+    step_id: OptStr = None
+    job_id: Any = None
+
+
+class _Ping(Response):
+    hostname: OptStr = None
+    responding: bool | None = None
+    pinged: OptStr = None
+    status: OptStr = None
+
+
+def exit_of(raw: _Exit | None, base: BaseState | None) -> JobExit:
+    """Exit details only for an ended job: a running job reports "SUCCESS, 0" meaning nothing."""
+    if raw is None or base is None or base in ACTIVE_STATES or "PENDING" in raw.status:
+        return JobExit()
+    signal = raw.signal.id if raw.signal is not None else None
+    return JobExit(return_code=raw.return_code, signal=signal or None)
+
+
+def _het(het_id: int | None, offset: int | None) -> tuple[int | None, int | None]:
+    het_id = zero_as_none(het_id)
+    return het_id, (offset if het_id is not None else None)
+
+
+def _states(raw: list[str] | str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    return (raw,) if isinstance(raw, str) else tuple(raw)
+
+
+def job_view(raw: _JobInfo) -> SlurmJobView:
+    states = _states(raw.job_state)
+    base, flags = normalise_state(states)
+    het_id, het_offset = _het(raw.het_job_id, raw.het_job_offset)
+    array_id = zero_as_none(raw.array_job_id)
+    stdout = raw.stdout_expanded or raw.standard_output
+    return SlurmJobView(
+        job_id=raw.job_id,
+        source=JobSource.CONTROLLER,
+        sluid=raw.step_id.sluid if raw.step_id is not None else None,
+        het_job_id=het_id,
+        het_job_offset=het_offset,
+        array_job_id=array_id,
+        array_task_id=raw.array_task_id if array_id is not None else None,
+        name=raw.name or "",
+        comment=raw.comment,
+        user=raw.user_name,
+        partition=raw.partition,
+        cluster=raw.cluster,
+        raw_state=states,
+        base_state=base,
+        flags=flags,
+        reason=reason_text(raw.state_reason),
+        description=raw.state_description,
+        exit=exit_of(raw.exit_code, base),
+        nodes=raw.nodes,
+        node_count=raw.node_count,
+        submit_time=raw.submit_time,
+        start_time=raw.start_time,
+        end_time=raw.end_time,
+        standard_output=stdout,
+        # 25.11+ leave stderr blank unless set: Slurm then writes it into the stdout file.
+        standard_error=raw.stderr_expanded or raw.standard_error or stdout,
+        working_directory=raw.current_working_directory,
+        constraints=raw.features,
+    )
+
+
+def accounting_view(raw: _AcctJob) -> SlurmJobView:
+    states = _states(raw.state.current if raw.state is not None else None)
+    base, flags = normalise_state(states)
+    het_id, het_offset = _het(
+        raw.het.job_id if raw.het else None, raw.het.job_offset if raw.het else None
+    )
+    array_id = zero_as_none(raw.array.job_id) if raw.array else None
+    stdout = raw.stdout_expanded or raw.stdout
+    nodes = raw.nodes if raw.nodes != "None assigned" else None
+    return SlurmJobView(
+        job_id=raw.job_id,
+        source=JobSource.ACCOUNTING,
+        sluid=raw.sluid,
+        het_job_id=het_id,
+        het_job_offset=het_offset,
+        array_job_id=array_id,
+        array_task_id=raw.array.task_id if raw.array and array_id is not None else None,
+        name=raw.name or "",
+        comment=raw.comment.job if raw.comment else None,
+        user=raw.user,
+        partition=raw.partition,
+        cluster=raw.cluster,
+        raw_state=states,
+        base_state=base,
+        flags=flags,
+        reason=reason_text(raw.state.reason if raw.state else None),
+        exit=exit_of(raw.exit_code, base),
+        nodes=nodes,
+        submit_time=raw.time.submission if raw.time else None,
+        start_time=raw.time.start if raw.time else None,
+        end_time=raw.time.end if raw.time else None,
+        standard_output=stdout,
+        standard_error=raw.stderr_expanded or raw.stderr or stdout,
+        working_directory=raw.working_directory,
+        constraints=raw.constraints,
+    )
+
+
+class Dialect4x(Dialect):
+    supports_jobs_state = True
+    supports_accounting = True
+
+    def __init__(self, version: str) -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"{version} is not a data_parser version this dialect speaks")
+        self.version = version
+        self.supports_sluid_paths = version_key(version) >= (0, 0, 45)
+
+    def _component(self, req: LaunchRequest, comp: JobComponent, first: bool) -> dict[str, Any]:
+        env = environment_entries(req.environment)
+        job: dict[str, Any] = {}
+        if first:
+            job["script"] = req.script
+        job.update(
+            {
+                "name": req.job_name,
+                "comment": req.comment,
+                "environment": [f"{k}={v}" for k, v in env.items()],
+                "current_working_directory": req.working_directory,
+                "standard_output": req.standard_output,
+                "standard_error": req.standard_error,
+                "nodes": str(comp.nodes),
+                "tasks": comp.nodes * comp.tasks_per_node,
+                "tasks_per_node": comp.tasks_per_node,
+                "cpus_per_task": comp.cpus_per_task,
+                "memory_per_node": _set(comp.memory_mb),
+                "requeue": False,
+            }
+        )
+        if req.partition:
+            job["partition"] = req.partition
+        if req.account:
+            job["account"] = req.account
+        if req.qos:
+            job["qos"] = req.qos
+        if req.time_limit_minutes is not None:
+            job["time_limit"] = _set(req.time_limit_minutes)
+        if comp.constraints:
+            job["constraints"] = comp.constraints
+        if comp.gpus_per_node:
+            job["tres_per_node"] = f"gres/gpu:{comp.gpus_per_node}"
+        if comp.exclusive:
+            job["shared"] = ["none"]
+        return job
+
+    def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
+        components = [self._component(req, c, i == 0) for i, c in enumerate(req.components)]
+        if req.is_heterogeneous:
+            return {"jobs": components}
+        return {"job": components[0]}
+
+    def parse_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+        return [job_view(_JobInfo.model_validate(j)) for j in payload.get("jobs") or []]
+
+    def parse_accounting_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+        return [accounting_view(_AcctJob.model_validate(j)) for j in payload.get("jobs") or []]
+
+    def parse_jobs_state(self, payload: JsonObject) -> list[JobStateEntry]:
+        out: list[JobStateEntry] = []
+        for item in payload.get("jobs") or []:
+            if not isinstance(item, dict):
+                continue
+            entry = parse_state_entry(item.get("job_id"), item.get("state"))
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    def parse_submit(self, payload: JsonObject) -> SubmitReceipt:
+        raw = _Submit.model_validate(payload)
+        return SubmitReceipt(
+            job_id=raw.job_id,
+            step_id=None if raw.step_id is None else str(raw.step_id),
+            user_message=raw.job_submit_user_msg,
+            warnings=parse_envelope(payload).warnings,
+        )
+
+    def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
+        env = parse_envelope(payload)
+        already_done = any("already" in (w.description or "").lower() for w in env.warnings)
+        statuses = (payload or {}).get("status") or []
+        for item in statuses if isinstance(statuses, list) else []:
+            status = _KillStatus.model_validate(item)
+            code = status.error.code if status.error else None
+            if not code:
+                continue
+            message = SlurmMessage(
+                error_number=code,
+                error=status.error.string if status.error else None,
+                description=status.error.message if status.error else None,
+                source=f"job {status.step_id or no_val(status.job_id) or job_ref}",
+            )
+            if code == ALREADY_DONE:
+                already_done = True
+            elif code == INVALID_JOB_ID:
+                raise SlurmNotFound("job not found", status=200, errors=(message,))
+            else:
+                raise SlurmRejected("signal refused", status=200, errors=(message,))
+        return CancelResult(job_ref=job_ref, already_done=already_done, warnings=env.warnings)
+
+    def parse_ping(self, payload: JsonObject) -> PingResult:
+        env = parse_envelope(payload)
+        pings = [_Ping.model_validate(p) for p in payload.get("pings") or []]
+        return PingResult(
+            release=env.release,
+            cluster=env.cluster,
+            controllers=tuple(
+                ControllerPing(
+                    hostname=p.hostname,
+                    responding=bool(p.responding)
+                    if p.responding is not None
+                    else (p.pinged or "").upper() == "UP",
+                    status=p.status or p.pinged,
+                )
+                for p in pings
+            ),
+        )

@@ -1,0 +1,191 @@
+"""One normalised view of a Slurm job, whatever the REST API version that described it.
+
+State normalisation rules (also used for `/jobs/state` entries and accounting records):
+
+* v0.0.40+ send `job_state` as a list: the base state first, then flags. The first entry that
+  is one of the twelve base states becomes `base_state`; every other entry becomes a flag.
+* v0.0.38 sends one string, and Slurm shows some flags *instead of* the base state. Those are
+  mapped to the base state the job must be in while the flag is shown, plus the flag:
+  COMPLETING, STAGE_OUT, CONFIGURING, SIGNALING, RESIZING -> RUNNING (the job still holds its
+  nodes; the real outcome is not visible yet, so the job must not look final);
+  REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD, SPECIAL_EXIT -> PENDING (a requeued or
+  held job goes back to the queue under the same id; SPECIAL_EXIT is a requeue-hold, so it is
+  not a final FAILED); STOPPED -> SUSPENDED; REVOKED -> CANCELLED (a federation sibling ran it).
+* Any other string is kept as a flag and `base_state` is None. A job whose base state is
+  unknown is never final, so an unexpected state cannot make the operator forget a live job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+
+class BaseState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+
+
+class JobSource(StrEnum):
+    CONTROLLER = "controller"
+    ACCOUNTING = "accounting"
+
+
+ACTIVE_STATES = frozenset({BaseState.PENDING, BaseState.RUNNING, BaseState.SUSPENDED})
+# While one of these is set the job still holds resources or its outcome may still change.
+NOT_FINAL_FLAGS = frozenset({"COMPLETING", "STAGE_OUT", "CONFIGURING"})
+
+FLAG_SHOWN_AS_STATE: dict[str, BaseState] = {
+    "COMPLETING": BaseState.RUNNING,
+    "STAGE_OUT": BaseState.RUNNING,
+    "CONFIGURING": BaseState.RUNNING,
+    "SIGNALING": BaseState.RUNNING,
+    "RESIZING": BaseState.RUNNING,
+    "REQUEUED": BaseState.PENDING,
+    "REQUEUE_HOLD": BaseState.PENDING,
+    "REQUEUE_FED": BaseState.PENDING,
+    "RESV_DEL_HOLD": BaseState.PENDING,
+    "SPECIAL_EXIT": BaseState.PENDING,
+    "STOPPED": BaseState.SUSPENDED,
+    "REVOKED": BaseState.CANCELLED,
+}
+
+_BASE_NAMES = frozenset(s.value for s in BaseState)
+
+
+def normalise_state(raw: str | Iterable[str] | None) -> tuple[BaseState | None, frozenset[str]]:
+    """Split a v0.0.38 state string or a v0.0.40+ state list into (base state, flags)."""
+    if raw is None:
+        return None, frozenset()
+    items = [raw] if isinstance(raw, str) else list(raw)
+    names = [s.strip().upper() for s in items if s and s.strip()]
+    base: BaseState | None = None
+    flags: set[str] = set()
+    for name in names:
+        if base is None and name in _BASE_NAMES:
+            base = BaseState(name)
+        else:
+            flags.add(name)
+    if base is None:
+        for name in names:
+            if name in FLAG_SHOWN_AS_STATE:
+                base = FLAG_SHOWN_AS_STATE[name]
+                break
+    return base, frozenset(flags)
+
+
+def state_is_final(base: BaseState | None, flags: frozenset[str]) -> bool:
+    return base is not None and base not in ACTIVE_STATES and not (flags & NOT_FINAL_FLAGS)
+
+
+def split_wait_status(status: int | None) -> tuple[int | None, int | None]:
+    """(return code, signal) from a raw wait(2) status as v0.0.38 reports `exit_code`.
+
+    A signalled process has no return code; a process that exited normally has no signal.
+    """
+    if status is None or status < 0:
+        return None, None
+    signal = status & 0x7F
+    if signal:
+        return None, signal
+    return (status >> 8) & 0xFF, None
+
+
+class JobExit(BaseModel):
+    """How the batch script ended. Both None while the job has not ended (or is unknown)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    return_code: int | None = None
+    signal: int | None = None
+
+
+class SlurmJobView(BaseModel):
+    """A Slurm job (one heterogeneous component per view) as the operator sees it.
+
+    Times are aware UTC datetimes. Before a job ends, `end_time` is Slurm's *expected* end
+    (start + time limit; a year ahead for unlimited jobs), and `start_time` of a pending job
+    is the expected start; only `is_final` says whether they are facts.
+    `standard_output`/`standard_error` are the expanded paths where the server provides them
+    (v0.0.39-v0.0.42 expand `standard_output` itself; v0.0.43+ in `stdout_expanded`); on
+    v0.0.38 they are as submitted (`%j` unexpanded), None when not given.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: int
+    source: JobSource = JobSource.CONTROLLER
+    sluid: str | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    name: str = ""
+    comment: str | None = None
+    user: str | None = None
+    partition: str | None = None
+    cluster: str | None = None
+    raw_state: tuple[str, ...] = ()
+    base_state: BaseState | None = None
+    flags: frozenset[str] = frozenset()
+    reason: str | None = None
+    description: str | None = None
+    exit: JobExit = JobExit()
+    nodes: str | None = None
+    node_count: int | None = None
+    submit_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    standard_output: str | None = None
+    standard_error: str | None = None
+    working_directory: str | None = None
+    constraints: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        """The job has ended and will not change any more (short of a requeue)."""
+        return state_is_final(self.base_state, self.flags)
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        return self.het_job_id is not None
+
+
+class JobStateEntry(BaseModel):
+    """One entry of `GET /jobs/state`: an id as Slurm formats it and the state list.
+
+    `raw_job_id` may be "123", "123+1" (het component 1 of leader 123) or "123_[1-3]" /
+    "123_4" (array tasks); `job_id` is the numeric part before "+" or "_".
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    raw_job_id: str
+    job_id: int
+    het_job_offset: int | None = None
+    array_task: str | None = None
+    raw_state: tuple[str, ...] = ()
+    base_state: BaseState | None = None
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def is_final(self) -> bool:
+        return state_is_final(self.base_state, self.flags)
+
+    @property
+    def component_job_id(self) -> int:
+        """The component's own job id: Slurm numbers het components consecutively."""
+        return self.job_id + (self.het_job_offset or 0)
