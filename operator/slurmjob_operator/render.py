@@ -1,0 +1,372 @@
+"""Render one attempt of a SlurmJob: the batch script, its staged files and the LaunchRequest.
+
+Inputs are already validated (`api.spec`, `api.site`); this module only turns them into text.
+
+Quoting rule: every value that reaches the script goes through the `shquote` filter, which
+returns a `Quoted` string. The environment's `finalize` hook refuses any `{{ ... }}` whose
+result is not `Quoted`, so a template (including a site copy in SLURMJOB_TEMPLATES_DIR) cannot
+interpolate an unquoted value by mistake. Values are never interpolated into comments.
+
+Templates: `job.sh.j2` (the base) includes `runtime/<profile>.sh.j2` (how a step enters the
+container) and `shape/<cpu|ray>.sh.j2` (which steps run). A site directory, when set, is
+searched first, so a site can override a single part.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
+
+import jinja2
+
+from slurmjob_operator import naming
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.catalogs import PROFILE_FORMAT, ArtifactFormat, GpuSeries, RuntimeArtifact
+from slurmjob_operator.config import Settings
+from slurmjob_operator.launch import JobComponent, LaunchRequest
+from slurmjob_operator.staging import (
+    ENV_FILE,
+    SCRIPT_FILE,
+    SECRETS_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    StagedFile,
+)
+
+BASE_TEMPLATE = "job.sh.j2"
+SCRIPT_MODE = 0o555
+ENV_MODE = 0o444
+SECRETS_MODE = 0o600
+
+# (offset, magic) checked on the compute node before anything starts.
+ARTIFACT_MAGIC: dict[ArtifactFormat, tuple[int, str]] = {
+    ArtifactFormat.SQSH: (0, "hsqs"),
+    ArtifactFormat.SIF: (32, "SIF_MAGIC"),
+}
+
+# Exit codes of the batch script itself (documented in the script's header too).
+EXIT_STAGING = 94
+EXIT_RENDEZVOUS = 95
+EXIT_SECRETS = 96
+EXIT_ARTIFACT = 97
+EXIT_CODES: dict[int, str] = {
+    EXIT_STAGING: "the staging directory or its job.env cannot be read on the compute node",
+    EXIT_RENDEZVOUS: "rendezvous failed: first node unknown, or the Ray head never became healthy",
+    EXIT_SECRETS: "secrets.env is expected but gone (an earlier run of this attempt consumed it)",
+    EXIT_ARTIFACT: "the runtime artifact failed verification (missing, wrong magic or sha256)",
+}
+
+# Names bash refuses to assign (or that change how it runs): `export` of these in job.env would
+# abort or subvert the script, so they are refused here rather than failing on the node.
+_BASH_RESERVED = frozenset(
+    {
+        "BASHOPTS",
+        "BASH_ARGC",
+        "BASH_ARGV",
+        "BASH_ENV",
+        "BASH_LINENO",
+        "BASH_SOURCE",
+        "BASH_VERSINFO",
+        "EUID",
+        "FUNCNAME",
+        "GROUPS",
+        "IFS",
+        "PPID",
+        "SHELLOPTS",
+        "UID",
+    }
+)
+_MOUNT_SEPARATORS = (",", ":", "\0", "\n")
+
+
+class RenderError(ValueError):
+    """The inputs cannot be rendered into a safe script; the message says why."""
+
+
+class Quoted(str):
+    """A string already quoted for the shell: the only thing templates may emit."""
+
+    __slots__ = ()
+
+
+def shquote(value: object) -> Quoted:
+    """Quote one value as one shell word (POSIX single quotes where needed)."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises, naming the missing variable
+    if isinstance(value, bool) or not isinstance(value, str | int | PurePath):
+        raise RenderError(f"cannot quote a {type(value).__name__} for the shell")
+    text = str(value)
+    if "\0" in text:
+        raise RenderError("values cannot contain NUL bytes")
+    return Quoted(shlex.quote(text))
+
+
+def shjoin(values: Sequence[object]) -> Quoted:
+    """Quote each value and join them with spaces (several shell words)."""
+    return Quoted(" ".join(shquote(v) for v in values))
+
+
+def _finalize(value: object) -> object:
+    if isinstance(value, Quoted):
+        return value
+    raise RenderError(
+        f"unquoted interpolation of {type(value).__name__} in a template: use | shquote"
+    )
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Everything besides the spec that one attempt's rendering needs (all resolved)."""
+
+    namespace: str
+    name: str
+    uid: str
+    attempt: int
+    artifact: RuntimeArtifact
+    gpu_series: Mapping[str, GpuSeries | None]
+    exclusive: Mapping[str, bool]
+    partition: str | None
+    settings: Settings
+    secret_values: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class RenderedAttempt:
+    """The result: what to stage (operator's paths) and what to submit (cluster's paths)."""
+
+    launch: LaunchRequest
+    files: Mapping[str, StagedFile]
+    staging_dir: Path
+    cluster_staging_dir: PurePosixPath
+
+
+def packaged_templates_dir() -> Path:
+    """The templates shipped in the wheel, or the repository's `templates/` (editable)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "templates"
+    if packaged.is_dir():
+        return packaged
+    return here.parent.parent / "templates"
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(site_dir: Path | None) -> jinja2.Environment:
+    loaders: list[jinja2.BaseLoader] = []
+    if site_dir is not None:
+        loaders.append(jinja2.FileSystemLoader(str(site_dir)))
+    loaders.append(jinja2.FileSystemLoader(str(packaged_templates_dir())))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 -- shell, not HTML: `shquote` and `finalize` guard it
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        finalize=_finalize,
+        # bash uses `{#` (`${#array[@]}`), so Jinja comments get other delimiters.
+        comment_start_string="<%#",
+        comment_end_string="#%>",
+    )
+    env.filters["shquote"] = shquote
+    env.filters["shjoin"] = shjoin
+    return env
+
+
+def environment(settings: Settings) -> jinja2.Environment:
+    return _environment(settings.templates_dir)
+
+
+def _cluster(settings: Settings, relative: str) -> PurePosixPath:
+    return PurePosixPath(settings.to_cluster_path(settings.storage_root / relative))
+
+
+def _mount_spec(source: PurePosixPath, target: str, read_only: bool) -> str:
+    for part in (str(source), target):
+        if any(sep in part for sep in _MOUNT_SEPARATORS):
+            raise RenderError(f"mount path {part!r} contains ',', ':', NUL or a newline")
+    return f"{source}:{target}" + (":ro" if read_only else "")
+
+
+def _env_lines(values: Sequence[tuple[str, str]]) -> bytes:
+    lines = [f"export {name}={shquote(value)}\n" for name, value in values]
+    return _utf8("".join(lines), "environment values")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RenderError(f"{what} are not valid UTF-8 text") from exc
+
+
+def _components(spec: SlurmJobSpec, ctx: RenderContext) -> list[JobComponent]:
+    components = []
+    for pool in spec.pools:
+        constraint = None
+        if pool.gpus_per_node > 0:
+            if pool.name not in ctx.gpu_series or ctx.gpu_series[pool.name] is None:
+                raise RenderError(f"pool {pool.name}: GPU series {pool.gpu_series} not resolved")
+            series = ctx.gpu_series[pool.name]
+            assert series is not None
+            constraint = series.slurm_constraint
+            if spec.is_heterogeneous and not constraint:
+                # Fail closed: a component without a constraint could land on any GPU node.
+                raise RenderError(
+                    f"pool {pool.name}: GPU series {series.name} declares no Slurm constraint, "
+                    "which a heterogeneous job needs to pin each component"
+                )
+        components.append(
+            JobComponent(
+                pool=pool.name,
+                nodes=pool.nodes,
+                tasks_per_node=1,
+                cpus_per_task=pool.cpus,
+                memory_mb=pool.memory_gb * 1024,
+                gpus_per_node=pool.gpus_per_node,
+                constraints=constraint,
+                exclusive=ctx.exclusive.get(pool.name, False),
+            )
+        )
+    return components
+
+
+def _template_values(
+    spec: SlurmJobSpec, ctx: RenderContext, cluster_dir: PurePosixPath
+) -> dict[str, Any]:
+    settings = ctx.settings
+    profile = settings.slurm_runtime_profile
+    artifact = ctx.artifact
+    if PROFILE_FORMAT[profile] is not artifact.format:
+        raise RenderError(
+            f"runtime {artifact.id} is a {artifact.format.value} artifact; the "
+            f"{profile.value} profile runs {PROFILE_FORMAT[profile].value} artifacts"
+        )
+    offset, magic = ARTIFACT_MAGIC[artifact.format]
+    mounts = [_mount_spec(_cluster(settings, m.source), m.target, m.read_only) for m in spec.mounts]
+    if str(cluster_dir) in {m.target for m in spec.mounts}:
+        raise RenderError(f"mount target {cluster_dir} is the attempt's staging directory")
+    # The attempt directory, at the same path, read-only: the job can read its records.
+    mounts.append(_mount_spec(cluster_dir, str(cluster_dir), True))
+
+    pools = spec.pools
+    offsets = [sum(p.nodes for p in pools[:i]) for i in range(len(pools))]
+    ray_pools = [
+        {
+            "index": i,
+            "nodes": p.nodes,
+            "gpus": p.gpus_per_node,
+            # Global node rank of the step's first node (the head is rank 0).
+            "rank_offset": offsets[i] if i > 0 else 1,
+        }
+        for i, p in enumerate(pools)
+    ]
+    return {
+        "runtime_template": f"runtime/{profile.value}.sh.j2",
+        "shape_template": "shape/cpu.sh.j2" if spec.is_cpu_only else "shape/ray.sh.j2",
+        "staging_dir": cluster_dir,
+        "artifact_path": _cluster(settings, artifact.path),
+        "artifact_format": artifact.format.value,
+        "artifact_sha256": artifact.sha256,
+        "artifact_magic": magic,
+        "artifact_magic_offset": offset,
+        "has_secrets": bool(spec.secret_env),
+        "env_names": [e.name for e in spec.env],
+        "user_command": list(spec.command),
+        "working_dir": spec.working_dir,
+        "mounts": mounts,
+        "gpus": not spec.is_cpu_only,
+        "heterogeneous": spec.is_heterogeneous,
+        "world_size": sum(p.nodes for p in pools),
+        "gpus_per_node": pools[0].gpus_per_node,
+        "ray_pools": ray_pools,
+        "exit_codes": EXIT_CODES,
+    }
+
+
+def render_script(spec: SlurmJobSpec, ctx: RenderContext) -> str:
+    cluster_dir = _cluster_staging_dir(ctx)
+    try:
+        template = environment(ctx.settings).get_template(BASE_TEMPLATE)
+        return template.render(_template_values(spec, ctx, cluster_dir))
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"batch-script template: {exc}") from exc
+
+
+def _staging_dir(ctx: RenderContext) -> Path:
+    return naming.staging_dir(
+        ctx.settings.storage_root, ctx.namespace, ctx.name, ctx.uid, ctx.attempt
+    )
+
+
+def _cluster_staging_dir(ctx: RenderContext) -> PurePosixPath:
+    return PurePosixPath(ctx.settings.to_cluster_path(_staging_dir(ctx)))
+
+
+def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
+    """The script, the attempt's files and the LaunchRequest of one attempt."""
+    reserved = sorted(e.name for e in spec.env if e.name in _BASH_RESERVED)
+    if reserved:
+        raise RenderError(f"env {', '.join(reserved)}: reserved by bash, cannot be set")
+    missing = [e.name for e in spec.secret_env if e.name not in ctx.secret_values]
+    if missing:
+        raise RenderError(f"env {', '.join(missing)}: secret value not resolved")
+
+    staging = _staging_dir(ctx)
+    cluster_dir = _cluster_staging_dir(ctx)
+    script = render_script(spec, ctx)
+    plain = spec.plain_env
+    files = {
+        SCRIPT_FILE: StagedFile(_utf8(script, "the script's values"), SCRIPT_MODE),
+        ENV_FILE: StagedFile(_env_lines(list(plain.items())), ENV_MODE),
+    }
+    if spec.secret_env:
+        secret_pairs = [(e.name, ctx.secret_values[e.name]) for e in spec.secret_env]
+        files[SECRETS_FILE] = StagedFile(_env_lines(secret_pairs), SECRETS_MODE)
+
+    launch = LaunchRequest(
+        job_name=naming.job_name(ctx.namespace, ctx.name, ctx.uid, ctx.attempt),
+        comment=naming.comment(ctx.namespace, ctx.name, ctx.uid, ctx.attempt),
+        script=script,
+        working_directory=str(cluster_dir),
+        standard_output=str(cluster_dir / STDOUT_FILE),
+        standard_error=str(cluster_dir / STDERR_FILE),
+        environment={
+            "PATH": ctx.settings.slurm_job_path,
+            "SLURMJOB_NAMESPACE": ctx.namespace,
+            "SLURMJOB_NAME": ctx.name,
+            "SLURMJOB_UID": ctx.uid,
+            "SLURMJOB_ATTEMPT": str(ctx.attempt),
+            "SLURMJOB_STAGING_DIR": str(cluster_dir),
+        },
+        components=_components(spec, ctx),
+        partition=ctx.partition,
+        account=spec.account,
+        qos=spec.qos,
+        time_limit_minutes=spec.time_limit_minutes,
+    )
+    return RenderedAttempt(
+        launch=launch, files=files, staging_dir=staging, cluster_staging_dir=cluster_dir
+    )
+
+
+__all__ = [
+    "EXIT_ARTIFACT",
+    "EXIT_CODES",
+    "EXIT_RENDEZVOUS",
+    "EXIT_SECRETS",
+    "EXIT_STAGING",
+    "Quoted",
+    "RenderContext",
+    "RenderError",
+    "RenderedAttempt",
+    "environment",
+    "packaged_templates_dir",
+    "render_attempt",
+    "render_script",
+    "shjoin",
+    "shquote",
+]

@@ -1,0 +1,480 @@
+"""Rendering: golden scripts and LaunchRequests, shell checks, structure and refusals.
+
+`UPDATE_GOLDEN=1 pytest tests/unit/test_render.py` rewrites the golden files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+from slurmjob_operator import naming
+from slurmjob_operator.catalogs import ArtifactFormat, GpuSeries
+from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.preflight import find_shellcheck, shellcheck_script
+from slurmjob_operator.render import (
+    RenderError,
+    environment,
+    render_attempt,
+    shquote,
+)
+from slurmjob_operator.staging import stage_attempt
+
+from .test_render_support import (
+    UID,
+    command_step,
+    fixed_artifact,
+    make_context,
+    make_spec,
+    profile_format,
+    run_attempt,
+    write_artifact,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+PROFILES = [RuntimeProfile.ENROOT_PYXIS, RuntimeProfile.APPTAINER]
+SHAPES = ["cpu", "gpu", "het"]
+CASES = [(p, s) for s in SHAPES for p in PROFILES]
+
+
+def golden_settings(profile: RuntimeProfile) -> Settings:
+    return Settings(
+        storage_root=Path("/srv/slurmjob"),
+        slurm_storage_root=Path("/lustre/slurmjob"),
+        slurm_runtime_profile=profile,
+    )
+
+
+def golden_render(profile: RuntimeProfile, shape: str) -> Any:
+    settings = golden_settings(profile)
+    spec = make_spec(
+        shape,
+        account="ml",
+        qos="normal",
+        timeLimit="4h",
+        partition="cpu" if shape == "cpu" else None,
+    )
+    ctx = make_context(
+        spec,
+        settings,
+        fixed_artifact(profile_format(profile)),
+        partition="cpu" if shape == "cpu" else "gpu",
+        exclusive={"learner": True} if shape == "het" else {},
+    )
+    return render_attempt(spec, ctx)
+
+
+def golden_json(rendered: Any) -> str:
+    launch = rendered.launch.model_dump(mode="json")
+    launch["script"] = "<see the .sh golden file>"
+    files = {
+        name: {
+            "mode": oct(staged.mode),
+            "content": "<redacted>" if name == "secrets.env" else staged.content.decode(),
+        }
+        for name, staged in sorted(rendered.files.items())
+        if name != "job.sh"
+    }
+    return json.dumps({"launch": launch, "files": files}, indent=2, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize(("profile", "shape"), CASES)
+def test_golden(profile: RuntimeProfile, shape: str) -> None:
+    rendered = golden_render(profile, shape)
+    stem = f"{shape}-{profile.value}"
+    outputs = {
+        GOLDEN / f"{stem}.sh": rendered.launch.script,
+        GOLDEN / f"{stem}.json": golden_json(rendered),
+    }
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        for path, text in outputs.items():
+            path.write_text(text, encoding="utf-8")
+    for path, text in outputs.items():
+        assert path.exists(), f"{path} is missing: run with UPDATE_GOLDEN=1"
+        assert text == path.read_text(encoding="utf-8"), f"{path} differs (UPDATE_GOLDEN=1)"
+
+
+@pytest.mark.parametrize(("profile", "shape"), CASES)
+def test_golden_script_parses(profile: RuntimeProfile, shape: str) -> None:
+    script = golden_render(profile, shape).launch.script
+    result = subprocess.run(["bash", "-n"], input=script.encode(), capture_output=True)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+@pytest.mark.skipif(find_shellcheck() is None, reason="shellcheck is not installed")
+@pytest.mark.parametrize(("profile", "shape"), CASES)
+def test_golden_script_shellcheck(profile: RuntimeProfile, shape: str) -> None:
+    script = golden_render(profile, shape).launch.script
+    assert shellcheck_script(script, severity="warning") == []
+
+
+@pytest.mark.parametrize(("profile", "shape"), CASES)
+def test_no_sbatch_lines_and_every_option_in_the_request(
+    profile: RuntimeProfile, shape: str
+) -> None:
+    rendered = golden_render(profile, shape)
+    launch = rendered.launch
+    assert not [line for line in launch.script.splitlines() if line.startswith("#SBATCH")]
+    assert launch.script.startswith("#!/bin/bash\n")
+    assert "set -euo pipefail" in launch.script
+    assert launch.time_limit_minutes == 240
+    assert launch.account == "ml"
+    assert launch.qos == "normal"
+    assert launch.partition == ("cpu" if shape == "cpu" else "gpu")
+    cluster_dir = "/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1"
+    assert launch.working_directory == cluster_dir
+    assert launch.standard_output == f"{cluster_dir}/stdout.log"
+    assert launch.standard_error == f"{cluster_dir}/stderr.log"
+    assert launch.environment == {
+        "PATH": Settings().slurm_job_path,
+        "SLURMJOB_NAMESPACE": "team-a",
+        "SLURMJOB_NAME": "resnet",
+        "SLURMJOB_UID": UID,
+        "SLURMJOB_ATTEMPT": "1",
+        "SLURMJOB_STAGING_DIR": cluster_dir,
+    }
+    assert launch.job_name == naming.job_name("team-a", "resnet", UID, 1)
+    assert naming.parse_comment(launch.comment) == naming.JobIdentity("team-a", "resnet", UID, 1)
+    assert rendered.staging_dir == Path("/srv/slurmjob/team-a/resnet-3f2a9c1e/attempt-1")
+
+
+def test_components() -> None:
+    het = golden_render(RuntimeProfile.ENROOT_PYXIS, "het").launch
+    assert [c.model_dump() for c in het.components] == [
+        {
+            "pool": "learner",
+            "nodes": 2,
+            "tasks_per_node": 1,
+            "cpus_per_task": 64,
+            "memory_mb": 512 * 1024,
+            "gpus_per_node": 8,
+            "constraints": "h100",
+            "exclusive": True,
+        },
+        {
+            "pool": "rollout",
+            "nodes": 3,
+            "tasks_per_node": 1,
+            "cpus_per_task": 32,
+            "memory_mb": 256 * 1024,
+            "gpus_per_node": 4,
+            "constraints": "a100&ib",
+            "exclusive": False,
+        },
+    ]
+    cpu = golden_render(RuntimeProfile.APPTAINER, "cpu").launch
+    assert [c.model_dump() for c in cpu.components] == [
+        {
+            "pool": "main",
+            "nodes": 1,
+            "tasks_per_node": 1,
+            "cpus_per_task": 4,
+            "memory_mb": 8192,
+            "gpus_per_node": 0,
+            "constraints": None,
+            "exclusive": False,
+        }
+    ]
+
+
+def test_cpu_job_has_no_ray_and_no_gpu() -> None:
+    for profile in PROFILES:
+        script = golden_render(profile, "cpu").launch.script
+        assert "ray" not in script
+        assert "--nv" not in script
+        assert "het-group" not in script
+    assert "apptainer exec --nv" in golden_render(RuntimeProfile.APPTAINER, "gpu").launch.script
+
+
+def test_files_and_modes() -> None:
+    rendered = golden_render(RuntimeProfile.ENROOT_PYXIS, "gpu")
+    assert {n: f.mode for n, f in rendered.files.items()} == {
+        "job.sh": 0o555,
+        "job.env": 0o444,
+        "secrets.env": 0o600,
+    }
+    assert rendered.files["job.sh"].content.decode() == rendered.launch.script
+    assert rendered.files["job.env"].content == (
+        b"export EPOCHS=3\nexport GREETING='it'\"'\"'s $HOME `x`'\n"
+    )
+    assert rendered.files["secrets.env"].content == b"export HF_TOKEN=secret-hf_token-value\n"
+    assert "secret-hf_token-value" not in repr(rendered)
+
+
+def test_no_secrets_file_without_secret_env() -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    spec = make_spec("cpu", env=[{"name": "A", "value": "1"}])
+    rendered = render_attempt(
+        spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH))
+    )
+    assert set(rendered.files) == {"job.sh", "job.env"}
+    assert "source ./secrets.env" not in rendered.launch.script
+
+
+def test_staging_translation_and_mounts() -> None:
+    script = golden_render(RuntimeProfile.ENROOT_PYXIS, "cpu").launch.script
+    staging = "/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1"
+    assert (
+        "--container-mounts=/lustre/slurmjob/datasets/imagenet:/data:ro,"
+        f"/lustre/slurmjob/results/run-1:/results,{staging}:{staging}:ro"
+    ) in script
+    assert "--container-image=/lustre/slurmjob/runtimes/custom-test.sqsh" in script
+    assert "--container-workdir=/workspace" in script
+    assert "--container-env=EPOCHS,GREETING,HF_TOKEN" in script
+    assert "/srv/slurmjob" not in script
+
+
+def test_wrong_artifact_format_is_refused() -> None:
+    settings = golden_settings(RuntimeProfile.APPTAINER)
+    spec = make_spec("cpu")
+    ctx = make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH))
+    with pytest.raises(RenderError, match="sqsh artifact"):
+        render_attempt(spec, ctx)
+
+
+def test_het_job_without_constraint_is_refused() -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    spec = make_spec("het")
+    ctx = make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH))
+    loose = GpuSeries(name="a100", slurm_constraint=None, gpus_per_node=4)
+    ctx = type(ctx)(**{**ctx.__dict__, "gpu_series": {"learner": loose, "rollout": loose}})
+    with pytest.raises(RenderError, match="constraint"):
+        render_attempt(spec, ctx)
+
+
+def test_unresolved_secret_is_refused() -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    spec = make_spec("cpu")
+    ctx = make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH), secret_values={})
+    with pytest.raises(RenderError, match="HF_TOKEN"):
+        render_attempt(spec, ctx)
+
+
+def test_bash_reserved_env_name_is_refused() -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    spec = make_spec("cpu", env=[{"name": "SHELLOPTS", "value": "x"}])
+    with pytest.raises(RenderError, match="SHELLOPTS"):
+        render_attempt(spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH)))
+
+
+def test_mount_separator_in_storage_root_is_refused() -> None:
+    settings = Settings(storage_root=Path("/srv/a,b"))
+    spec = make_spec("cpu")
+    with pytest.raises(RenderError, match="mount path"):
+        render_attempt(spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH)))
+
+
+def test_unquoted_interpolation_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "job.sh.j2").write_text("#!/bin/bash\necho {{ staging_dir }}\n")
+    settings = Settings(templates_dir=tmp_path)
+    spec = make_spec("cpu")
+    with pytest.raises(RenderError, match="unquoted"):
+        render_attempt(spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH)))
+
+
+def test_site_templates_override_single_parts(tmp_path: Path) -> None:
+    (tmp_path / "shape").mkdir()
+    (tmp_path / "shape" / "cpu.sh.j2").write_text("echo site-cpu {{ user_command | shjoin }}\n")
+    settings = Settings(templates_dir=tmp_path)
+    spec = make_spec("cpu", command=["echo", "a b"])
+    rendered = render_attempt(
+        spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH))
+    )
+    assert "echo site-cpu echo 'a b'\n" in rendered.launch.script
+    assert "set -euo pipefail" in rendered.launch.script
+
+
+def test_strict_undefined() -> None:
+    env = environment(Settings())
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ nope | shquote }}").render()
+
+
+def test_shquote() -> None:
+    assert shquote("plain") == "plain"
+    assert shquote(3) == "3"
+    assert shquote("a b") == "'a b'"
+    assert shquote("it's") == "'it'\"'\"'s'"
+    with pytest.raises(RenderError):
+        shquote("nul\0")
+    with pytest.raises(RenderError):
+        shquote(True)
+    with pytest.raises(RenderError):
+        shquote(None)
+
+
+# --- the script run against stand-ins -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("profile", "shape"), CASES)
+def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> None:
+    settings = Settings(storage_root=tmp_path / "root", slurm_runtime_profile=profile)
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, profile_format(profile))
+    spec = make_spec(shape, command=["python", "-c", "print('hi $USER')", ""])
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    nodes = (("n1", "n2"), ("n3", "n4", "n5")) if shape == "het" else (("n1", "n2"),)
+    run = run_attempt(
+        rendered, settings, tmp_path / "work", nodes=nodes, extra_env={"FAKE_COMMAND_SLEEP": "0.5"}
+    )
+    assert run.returncode == 0, run.stderr
+    step = command_step(run, spec.command)
+    assert step.env["GREETING"] == "it's $HOME `x`"
+    assert step.env["HF_TOKEN"] == "secret-hf_token-value"
+    assert step.env["MASTER_ADDR"] == "n1"
+    assert step.env["MASTER_PORT"] == "29500"
+    assert step.env["WORLD_SIZE"] == {"cpu": "1", "gpu": "2", "het": "5"}[shape]
+    assert step.env["NODE_RANK"] == "0"
+    assert not (rendered.staging_dir / "secrets.env").exists()
+    if shape == "cpu":
+        assert len(run.steps) == 1
+        assert step.argv[:3] == ["--overlap", "--nodes=1", "--ntasks=1"]
+    else:
+        assert step.env["RAY_ADDRESS"] == "n1:6379"
+        starts = [s.argv for s in run.steps if "start" in s.argv]
+        assert len(starts) == (2 if shape == "gpu" else 3)
+        head = next(a for a in starts if "--head" in a)
+        assert "--nodelist=n1" in head
+        assert "--num-gpus=8" in head
+        workers = [a for a in starts if "--head" not in a]
+        assert all("--address=n1:6379" in a for a in workers)
+        if shape == "het":
+            assert any("--het-group=1" in a and "--num-gpus=4" in a for a in workers)
+            assert all("--het-group=0" in a or "--het-group=1" in a for a in starts)
+
+
+def test_script_exit_code_is_the_commands(tmp_path: Path) -> None:
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH)
+    spec = make_spec("gpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run = run_attempt(rendered, settings, tmp_path / "w", extra_env={"FAKE_SRUN_EXIT": "7"})
+    assert run.returncode == 7
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"hsqz-not-a-squashfs", "no hsqs magic"),
+        (None, "sha256"),
+    ],
+)
+def test_script_refuses_a_bad_artifact(tmp_path: Path, content: bytes | None, message: str) -> None:
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH, content)
+    if content is None:  # right magic, tampered afterwards
+        (settings.storage_root / artifact.path).write_bytes(b"hsqs-tampered")
+    spec = make_spec("cpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run = run_attempt(rendered, settings, tmp_path / "w")
+    assert run.returncode == 97
+    assert message in run.stderr
+    assert run.steps == []
+    assert not (rendered.staging_dir / "secrets.env").exists()
+
+
+def test_script_refuses_a_missing_artifact(tmp_path: Path) -> None:
+    settings = Settings(storage_root=tmp_path / "root", slurm_runtime_profile="apptainer")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SIF)
+    (settings.storage_root / artifact.path).unlink()
+    spec = make_spec("cpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run = run_attempt(rendered, settings, tmp_path / "w")
+    assert run.returncode == 97
+    assert "missing" in run.stderr
+
+
+def test_script_refuses_a_second_run_without_secrets(tmp_path: Path) -> None:
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH)
+    spec = make_spec("cpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    assert run_attempt(rendered, settings, tmp_path / "w1").returncode == 0
+    again = run_attempt(rendered, settings, tmp_path / "w2", stage=False)
+    assert again.returncode == 96
+    assert again.steps == []
+
+
+def test_script_missing_staging_dir(tmp_path: Path) -> None:
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH)
+    spec = make_spec("cpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run_attempt(rendered, settings, tmp_path / "w1")
+    (rendered.staging_dir / "job.env").chmod(0o644)
+    (rendered.staging_dir / "job.env").unlink()
+    run = run_attempt(rendered, settings, tmp_path / "w2", stage=False)
+    assert run.returncode == 94
+
+
+def test_script_ray_head_that_dies(tmp_path: Path) -> None:
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH)
+    spec = make_spec("gpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run = run_attempt(
+        rendered,
+        settings,
+        tmp_path / "w",
+        extra_env={"FAKE_HEAD_DIES": "1", "FAKE_HEALTH_EXIT": "1"},
+    )
+    assert run.returncode == 95
+    assert "Ray head" in run.stderr
+    assert not any(s.argv[-len(spec.command) :] == spec.command for s in run.steps)
+
+
+def test_script_exits_on_sigterm(tmp_path: Path) -> None:
+    """A cancelled job (SIGTERM to the job's processes) exits 143 at once, through the trap."""
+    settings = Settings(storage_root=tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    artifact = write_artifact(settings, ArtifactFormat.SQSH)
+    spec = make_spec("gpu")
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    stage_attempt(settings, rendered.staging_dir, rendered.files)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    started = tmp_path / "command-started"
+    # Ray steps block, health checks pass, the command blocks until the signal.
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        'for a in "$@"; do [[ $a == health-check ]] && exit 0; done\n'
+        f"[[ ${{*: -1}} == --block ]] || touch {shlex.quote(str(started))}\n"
+        "exec sleep 30\n"
+    )
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho n1\necho n2\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    proc = subprocess.Popen(
+        ["bash", str(rendered.staging_dir / "job.sh")],
+        cwd=rendered.launch.working_directory,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n1,n2"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists()
+    begin = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 143, err
+    assert time.monotonic() - begin < 10
+    assert not (rendered.staging_dir / "secrets.env").exists()

@@ -1,0 +1,275 @@
+"""Builders and stand-ins shared by the render, preflight and staging tests (no tests here).
+
+`run_attempt` stages a rendered attempt and runs its batch script with bash, with fake `srun`
+and `scontrol` first on PATH. The fake srun writes its argv (NUL-separated) and environment
+(`env -0`) to a log directory and exits; a step ending in `--block` (a Ray node) sleeps until
+the script stops it. Artifacts are real small files with the right magic, so the script's
+verification (dd, tr, sha256sum) runs for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.catalogs import ArtifactFormat, GpuSeries, RuntimeArtifact
+from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.render import RenderContext, RenderedAttempt
+from slurmjob_operator.staging import stage_attempt
+
+UID = "3f2a9c1e-7b4d-4e8a-9c21-5d6e7f809a1b"
+SERIES = {
+    "h100": GpuSeries(name="h100", slurm_constraint="h100", gpus_per_node=8),
+    "a100": GpuSeries(name="a100", slurm_constraint="a100&ib", gpus_per_node=4),
+}
+
+FAKE_SRUN = r"""#!/bin/bash
+log=$(mktemp "$FAKE_LOG_DIR/srun.XXXXXX")
+printf '%s\0' "$@" >"$log.argv"
+env -0 >"$log.env"
+last=${*: -1}
+if [[ $last == --block ]]; then
+  if [[ -n ${FAKE_HEAD_DIES:-} ]]; then
+    exit 1
+  fi
+  exec sleep 60
+fi
+for arg in "$@"; do
+  if [[ $arg == health-check ]]; then
+    exit "${FAKE_HEALTH_EXIT:-0}"
+  fi
+done
+sleep "${FAKE_COMMAND_SLEEP:-0}"  # lets background steps record themselves first
+exit "${FAKE_SRUN_EXIT:-0}"
+"""
+
+FAKE_SCONTROL = r"""#!/bin/bash
+[[ $1 == show && $2 == hostnames ]] || exit 2
+[[ -n ${3:-} ]] || exit 1
+tr ',' '\n' <<<"$3"
+"""
+
+
+def profile_format(profile: RuntimeProfile) -> ArtifactFormat:
+    return ArtifactFormat.SQSH if profile is RuntimeProfile.ENROOT_PYXIS else ArtifactFormat.SIF
+
+
+def artifact_bytes(fmt: ArtifactFormat, payload: bytes = b"payload") -> bytes:
+    if fmt is ArtifactFormat.SQSH:
+        return b"hsqs" + payload
+    return b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + payload
+
+
+def write_artifact(
+    settings: Settings, fmt: ArtifactFormat, content: bytes | None = None
+) -> RuntimeArtifact:
+    data = artifact_bytes(fmt) if content is None else content
+    path = f"runtimes/custom-test.{fmt.value}"
+    target = settings.storage_root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return RuntimeArtifact(
+        id="custom-test", format=fmt, path=path, sha256=hashlib.sha256(data).hexdigest()
+    )
+
+
+def fixed_artifact(fmt: ArtifactFormat) -> RuntimeArtifact:
+    return RuntimeArtifact(
+        id="custom-test",
+        format=fmt,
+        path=f"runtimes/custom-test.{fmt.value}",
+        sha256=hashlib.sha256(artifact_bytes(fmt)).hexdigest(),
+    )
+
+
+def pools_for(shape: str) -> list[dict[str, Any]]:
+    if shape == "cpu":
+        return [{"name": "main", "cpus": 4, "memoryGb": 8}]
+    if shape == "gpu":
+        return [
+            {
+                "name": "train",
+                "nodes": 2,
+                "gpusPerNode": 8,
+                "gpuSeries": "h100",
+                "cpus": 64,
+                "memoryGb": 512,
+            }
+        ]
+    if shape == "het":
+        return [
+            {
+                "name": "learner",
+                "nodes": 2,
+                "gpusPerNode": 8,
+                "gpuSeries": "h100",
+                "cpus": 64,
+                "memoryGb": 512,
+            },
+            {
+                "name": "rollout",
+                "nodes": 3,
+                "gpusPerNode": 4,
+                "gpuSeries": "a100",
+                "cpus": 32,
+                "memoryGb": 256,
+            },
+        ]
+    raise ValueError(shape)
+
+
+def make_spec(
+    shape: str,
+    command: Sequence[str] = ("python", "train.py", "--epochs", "3"),
+    env: Sequence[Mapping[str, Any]] | None = None,
+    mounts: Sequence[Mapping[str, Any]] | None = None,
+    working_dir: str | None = "/workspace",
+    pools: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> SlurmJobSpec:
+    if env is None:
+        env = [
+            {"name": "EPOCHS", "value": "3"},
+            {"name": "GREETING", "value": "it's $HOME `x`"},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        ]
+    if mounts is None:
+        mounts = [
+            {"source": "datasets/imagenet", "target": "/data", "readOnly": True},
+            {"source": "results/run-1", "target": "/results"},
+        ]
+    body: dict[str, Any] = {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-test"},
+        "command": list(command),
+        "env": list(env),
+        "mounts": list(mounts),
+        "pools": pools if pools is not None else pools_for(shape),
+        **extra,
+    }
+    if working_dir is not None:
+        body["workingDir"] = working_dir
+    return SlurmJobSpec.model_validate(body)
+
+
+def make_context(
+    spec: SlurmJobSpec,
+    settings: Settings,
+    artifact: RuntimeArtifact,
+    secret_values: Mapping[str, str] | None = None,
+    namespace: str = "team-a",
+    name: str = "resnet",
+    uid: str = UID,
+    attempt: int = 1,
+    partition: str | None = "gpu",
+    exclusive: Mapping[str, bool] | None = None,
+) -> RenderContext:
+    if secret_values is None:
+        secret_values = {e.name: f"secret-{e.name.lower()}-value" for e in spec.secret_env}
+    return RenderContext(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        attempt=attempt,
+        artifact=artifact,
+        gpu_series={p.name: SERIES.get(p.gpu_series or "") for p in spec.pools},
+        exclusive=exclusive if exclusive is not None else {},
+        partition=partition,
+        settings=settings,
+        secret_values=secret_values,
+    )
+
+
+@dataclass
+class Step:
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    steps: list[Step]
+
+
+def _read_steps(log_dir: Path) -> list[Step]:
+    steps = []
+    for argv_file in sorted(log_dir.glob("srun.*.argv"), key=lambda p: p.stat().st_mtime_ns):
+        raw_argv = argv_file.read_bytes()
+        argv = [a.decode("utf-8", "surrogateescape") for a in raw_argv.split(b"\0")[:-1]]
+        env_file = argv_file.with_suffix(".env")
+        env: dict[str, str] = {}
+        # A background step stopped early may have no env file yet.
+        raw_env = env_file.read_bytes() if env_file.exists() else b""
+        for item in raw_env.split(b"\0"):
+            if b"=" in item:
+                key, _, value = item.partition(b"=")
+                env[key.decode()] = value.decode("utf-8", "surrogateescape")
+        steps.append(Step(argv, env))
+    return steps
+
+
+def run_attempt(
+    rendered: RenderedAttempt,
+    settings: Settings,
+    work: Path,
+    nodes: Sequence[Sequence[str]] = (("n1", "n2"),),
+    extra_env: Mapping[str, str] | None = None,
+    stage: bool = True,
+) -> Run:
+    """Stage the attempt below settings.storage_root and run its script like slurmd would."""
+    if stage:
+        stage_attempt(settings, rendered.staging_dir, rendered.files)
+    bin_dir = work / "bin"
+    log_dir = work / "log"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(rendered.launch.environment)
+    env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+    env.update(
+        {
+            "FAKE_LOG_DIR": str(log_dir),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": rendered.launch.job_name,
+            "SLURM_JOB_NODELIST": ",".join(nodes[0]),
+            "SLURM_NNODES": str(len(nodes[0])),
+            "SLURM_SUBMIT_DIR": rendered.launch.working_directory,
+            "SLURMD_NODENAME": nodes[0][0],
+        }
+    )
+    if len(nodes) > 1:
+        env["SLURM_HET_SIZE"] = str(len(nodes))
+        for i, group in enumerate(nodes):
+            env[f"SLURM_JOB_NODELIST_HET_GROUP_{i}"] = ",".join(group)
+            env[f"SLURM_JOB_ID_HET_GROUP_{i}"] = str(4242 + i)
+    env.update(extra_env or {})
+    result = subprocess.run(
+        ["bash", str(rendered.staging_dir / "job.sh")],
+        cwd=rendered.launch.working_directory,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return Run(
+        returncode=result.returncode,
+        stdout=result.stdout.decode("utf-8", "replace"),
+        stderr=result.stderr.decode("utf-8", "replace"),
+        steps=_read_steps(log_dir),
+    )
+
+
+def command_step(run: Run, command: Sequence[str]) -> Step:
+    """The srun invocation that ran the user command (its argv ends with the command)."""
+    matches = [s for s in run.steps if s.argv[len(s.argv) - len(command) :] == list(command)]
+    assert matches, f"no srun step ran the command; steps: {[s.argv for s in run.steps]}"
+    return matches[-1]
