@@ -12,7 +12,6 @@ from pydantic.alias_generators import to_camel
 
 from slurmjob_operator.config import RuntimeProfile
 
-
 _M = TypeVar("_M", bound=BaseModel)
 
 

@@ -240,10 +240,16 @@ class SlurmJobSpec(_Model):
     framework: Framework
     command: list[str] = Field(min_length=1, description="Command and arguments, run on the head.")
     working_dir: str | None = Field(
-        default=None, description="Absolute working directory inside the container."
+        default=None,
+        max_length=4096,
+        description="Absolute working directory inside the container.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Environment variables.")
-    mounts: list[Mount] = Field(default_factory=list, description="Storage-root mounts.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Environment variables."
+    )
+    mounts: list[Mount] = Field(
+        default_factory=list, max_length=128, description="Storage-root mounts."
+    )
     pools: list[Pool] = Field(
         min_length=1, max_length=16, description="Node pools; several make a heterogeneous job."
     )
@@ -292,34 +298,48 @@ class SlurmJobSpec(_Model):
             )
         return value
 
-    @model_validator(mode="after")
-    def _cross_field(self) -> SlurmJobSpec:
-        names = [p.name for p in self.pools]
+    # Cross-field rules sit on the narrowest field that holds all their facts, so that a
+    # refusal names that field (`spec.pools`, `spec.env`, ...) rather than the whole spec.
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, value: list[EnvVar]) -> list[EnvVar]:
+        names = [e.name for e in value]
         if len(set(names)) != len(names):
-            raise ValueError("pool names must be unique")
-        env_names = [e.name for e in self.env]
-        if len(set(env_names)) != len(env_names):
             raise ValueError("env names must be unique")
-        targets = [m.target for m in self.mounts]
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _unique_targets(cls, value: list[Mount]) -> list[Mount]:
+        targets = [m.target for m in value]
         if len(set(targets)) != len(targets):
             raise ValueError("mount targets must be unique")
-        if self.is_cpu_only:
-            self._check_cpu_only()
-        elif any(p.gpus_per_node == 0 for p in self.pools):
-            bad = next(p.name for p in self.pools if p.gpus_per_node == 0)
-            raise ValueError(
-                f"pool {bad}: gpusPerNode is 0 in a GPU job; a CPU-only job is custom/custom "
-                "with exactly one pool"
-            )
-        return self
+        return value
 
-    def _check_cpu_only(self) -> None:
-        if not self.framework.is_custom:
+    @field_validator("pools")
+    @classmethod
+    def _pool_layout(cls, value: list[Pool]) -> list[Pool]:
+        names = [p.name for p in value]
+        if len(set(names)) != len(names):
+            raise ValueError("pool names must be unique")
+        cpu_pools = [p.name for p in value if p.gpus_per_node == 0]
+        if cpu_pools and len(cpu_pools) != len(value):
+            raise ValueError(
+                f"pool {cpu_pools[0]}: gpusPerNode is 0 in a GPU job; a CPU-only job is "
+                "custom/custom with exactly one pool"
+            )
+        if cpu_pools:
+            if len(value) != 1:
+                raise ValueError("a CPU-only job has exactly one pool")
+            if value[0].nodes != 1:
+                raise ValueError("multi-node CPU jobs are not supported: set nodes: 1")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_only_custom(self) -> SlurmJobSpec:
+        if self.is_cpu_only and not self.framework.is_custom:
             raise ValueError("a CPU-only job (gpusPerNode: 0) must use framework custom/custom")
-        if len(self.pools) != 1:
-            raise ValueError("a CPU-only job has exactly one pool")
-        if self.pools[0].nodes != 1:
-            raise ValueError("multi-node CPU jobs are not supported: set nodes: 1")
+        return self
 
     @property
     def is_cpu_only(self) -> bool:

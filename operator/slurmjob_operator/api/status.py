@@ -1,0 +1,238 @@
+"""The SlurmJob status: what the operator last observed, written through the status subresource.
+
+The models generate the CRD's status schema (`api.crd`), and the operator writes them with
+`SlurmJobStatus.dump()`. Conditions follow the Kubernetes convention: a list keyed by `type`,
+whose `lastTransitionTime` moves only when `status` flips (`set_condition`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+# metav1.Condition's own limits and patterns, so a condition the operator writes is also a
+# valid Kubernetes condition.
+CONDITION_TYPE_RE = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_RE = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+_RFC3339: JsonDict = {"format": "date-time"}
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class Phase(StrEnum):
+    """A one-word summary for `kubectl get`; the conditions carry the detail."""
+
+    PENDING = "Pending"
+    SUBMITTING = "Submitting"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+    UNKNOWN = "Unknown"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
+
+
+class Condition(_Model):
+    """One observation, in the shape of a Kubernetes metav1.Condition."""
+
+    type: str = Field(
+        pattern=CONDITION_TYPE_RE,
+        max_length=316,
+        description="Condition type in CamelCase, e.g. Submitted, Running, Succeeded, Ready.",
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        pattern=CONDITION_REASON_RE,
+        min_length=1,
+        max_length=1024,
+        description="Machine-readable reason for the last transition, in CamelCase.",
+    )
+    message: str = Field(
+        default="", max_length=32768, description="Human-readable detail; may be empty."
+    )
+    last_transition_time: str = Field(
+        json_schema_extra=_RFC3339,
+        description="When status last changed (RFC 3339).",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+class Attempt(_Model):
+    """One submission to Slurm. A retry is a new attempt with its own job and staging dir."""
+
+    number: int = Field(ge=1, description="1 for the first attempt, counting up on retries.")
+    job_name: str = Field(description="Slurm job name used to find the job again.")
+    job_id: int | None = Field(
+        default=None, ge=1, description="Slurm job id; the leader's id for a heterogeneous job."
+    )
+    sluid: str | None = Field(default=None, description="Slurm's unique job id, when it has one.")
+    staging_dir: str | None = Field(
+        default=None, description="Staging directory of this attempt, as the operator sees it."
+    )
+    submitted_at: str | None = Field(
+        default=None, json_schema_extra=_RFC3339, description="When the submit was sent."
+    )
+    started_at: str | None = Field(
+        default=None, json_schema_extra=_RFC3339, description="When Slurm started the job."
+    )
+    finished_at: str | None = Field(
+        default=None, json_schema_extra=_RFC3339, description="When Slurm ended the job."
+    )
+    native_state: str | None = Field(
+        default=None, description="Slurm's base job state, e.g. PENDING, RUNNING, COMPLETED."
+    )
+    native_flags: list[str] = Field(
+        default_factory=list, description="Slurm's state flags, e.g. REQUEUED, COMPLETING."
+    )
+    reason: str | None = Field(default=None, description="Slurm's state reason, e.g. Resources.")
+    exit_code: int | None = Field(default=None, description="Exit code of the batch step.")
+    signal: int | None = Field(default=None, ge=0, description="Signal that ended the job.")
+    confirmed: bool = Field(
+        default=False, description="Whether the submission receipt was confirmed with Slurm."
+    )
+    retry_of: int | None = Field(
+        default=None, ge=1, description="Number of the attempt this one retries."
+    )
+
+
+class LogTail(_Model):
+    """The end of one log file, as read back from the shared storage."""
+
+    tail: str = Field(default="", description="The last lines of the file.")
+    truncated: bool = Field(default=False, description="Whether earlier content was left out.")
+    bytes: int = Field(default=0, ge=0, description="Size of the whole file in bytes.")
+    lines: int = Field(default=0, ge=0, description="Number of lines in the tail.")
+
+
+class Logs(_Model):
+    stdout: LogTail | None = Field(default=None, description="Standard output of the job.")
+    stderr: LogTail | None = Field(default=None, description="Standard error of the job.")
+
+
+class SlurmJobStatus(_Model):
+    """Observed state of a SlurmJob."""
+
+    phase: Phase | None = Field(default=None, description="One-word summary of the job's state.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Observations, keyed by type."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed from."
+    )
+    attempts: list[Attempt] = Field(
+        default_factory=list, description="Submissions to Slurm, oldest first."
+    )
+    slurm_job_id: int | None = Field(
+        default=None, ge=1, description="Slurm job id of the current attempt."
+    )
+    nodes: str | None = Field(default=None, description="Nodes allocated to the current attempt.")
+    start_time: str | None = Field(
+        default=None, json_schema_extra=_RFC3339, description="When the job started running."
+    )
+    completion_time: str | None = Field(
+        default=None, json_schema_extra=_RFC3339, description="When the job finished."
+    )
+    message: str | None = Field(default=None, description="Human-readable summary.")
+    logs: Logs | None = Field(default=None, description="Tails of the job's log files.")
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any] | None) -> SlurmJobStatus:
+        """The status from a resource body's `status`, ignoring fields this version doesn't know."""
+        known = {f.alias or name for name, f in cls.model_fields.items()}
+        return cls.model_validate({k: v for k, v in (obj or {}).items() if k in known})
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-ready camelCase dict without nulls (the schema has no nullable fields)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @property
+    def current_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+def rfc3339(moment: datetime) -> str:
+    """`2026-01-02T03:04:05Z`: the timestamp form Kubernetes writes (seconds, UTC)."""
+    if moment.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def get_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """A new list with condition `type_` upserted in place (others keep their order).
+
+    `lastTransitionTime` moves to `now` only when the condition is new or its status flips;
+    a changed reason or message alone keeps the old time.
+    """
+    old = get_condition(conditions, type_)
+    when = old.last_transition_time if old is not None and old.status == status else rfc3339(now)
+    new = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=generation,
+    )
+    if old is None:
+        return [*conditions, new]
+    return [new if c.type == type_ else c for c in conditions]
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 JSON merge patch that turns `old` into `new` (nulls delete keys).
+
+    Use it with two `SlurmJobStatus.dump()` results to patch `/status` so that fields the new
+    status no longer has are removed rather than left behind.
+    """
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch

@@ -1,0 +1,390 @@
+"""The generated CRD: in step with the models, structural, and refusing what the models refuse.
+
+The apiserver's side is approximated in Python: defaults, then the OpenAPI schema (jsonschema,
+Kubernetes extensions stripped), list-map keys and the CEL rules (cel-python). When the env var
+SLURMJOB_CRDCHECK names a binary built from k8s.io/apiextensions-apiserver (CRD validation with
+CEL cost estimation, then schema + CEL on objects), it is run too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
+from slurmjob_operator.api.crd import FIELD_RULES, MODEL_RULES, build_crd, to_yaml
+from slurmjob_operator.api.errors import SpecError, parse_spec
+
+from .test_spec import CASES, Case, cpu_spec, gpu_spec, het_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "slurmjob.io_slurmjobs.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def crd_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def manifest(spec: dict[str, Any], name: str = "job") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+INLINE_SAMPLES = {
+    "cpu-only": manifest(cpu_spec(), "cpu"),
+    "single-pool-gpu": manifest(gpu_spec(), "gpu"),
+    "two-pool-het": manifest(het_spec(), "het"),
+}
+
+
+# -- a small model of what the apiserver does with an object ----------------------------------
+
+
+def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _nodes(schema["additionalProperties"], f"{path}.*")
+
+
+def strip_extensions(schema: Any) -> Any:
+    """A plain JSON schema: int-or-string becomes a type union, x-kubernetes-* keys go."""
+    if isinstance(schema, list):
+        return [strip_extensions(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strip_extensions(v) for k, v in schema.items() if not k.startswith("x-kubernetes")}
+    if schema.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if schema.get("type") == "object" and "properties" in schema:
+        out["additionalProperties"] = False  # stands in for kubectl --validate=strict
+    return out
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    value = copy.deepcopy(value)
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = apply_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        value = [apply_defaults(schema["items"], v) for v in value]
+    return value
+
+
+@cache
+def _program(rule: str) -> Any:
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    celpy = pytest.importorskip("celpy")
+    errors: list[str] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        try:
+            ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        except Exception as exc:
+            ok = False
+            rule = {**rule, "message": f"{rule['message']} (evaluation failed: {exc})"}
+        if isinstance(ok, Exception) or not bool(ok):
+            errors.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += cel_errors(sub, value[name], f"{path}.{name}")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += cel_errors(schema["items"], item, f"{path}[{index}]")
+    return errors
+
+
+def list_map_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    errors: list[str] = []
+    if isinstance(value, list) and schema.get("x-kubernetes-list-type") == "map":
+        keys = schema["x-kubernetes-list-map-keys"]
+        seen = [tuple(item.get(k) for k in keys) for item in value]
+        if len(set(seen)) != len(seen):
+            errors.append(f"{path}: Duplicate value")
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += list_map_errors(sub, value[name], f"{path}.{name}")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += list_map_errors(schema["items"], item, f"{path}[{index}]")
+    return errors
+
+
+def apiserver_errors(obj: dict[str, Any]) -> list[str]:
+    schema = crd_schema()
+    obj = apply_defaults(schema, obj)
+    validator = jsonschema.Draft7Validator(strip_extensions(schema))
+    errors = [
+        f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in validator.iter_errors(obj)
+    ]
+    if errors:  # the apiserver stops before CEL when the object does not fit the schema
+        return errors
+    return list_map_errors(schema, obj, "") + cel_errors(schema, obj, "")
+
+
+# -- the file and the shape -------------------------------------------------------------------
+
+
+def test_crd_file_is_generated() -> None:
+    assert CRD_FILE.read_text(encoding="utf-8") == to_yaml(build_crd()), (
+        "crds/slurmjob.io_slurmjobs.yaml is stale: run `python -m slurmjob_operator.api.crd`"
+    )
+
+
+def test_module_prints_the_crd() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "slurmjob_operator.api.crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout == to_yaml(build_crd())
+
+
+def test_yaml_round_trips_and_is_stable() -> None:
+    text = to_yaml(build_crd())
+    assert yaml.safe_load(text) == build_crd()
+    assert to_yaml(yaml.safe_load(text)) == text
+
+
+def test_names_scope_and_version() -> None:
+    crd = build_crd()
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+    spec = crd["spec"]
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"] == {
+        "kind": "SlurmJob",
+        "listKind": "SlurmJobList",
+        "plural": "slurmjobs",
+        "singular": "slurmjob",
+        "shortNames": ["sj"],
+        "categories": ["slurm"],
+    }
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    columns = build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [(c["name"], c["jsonPath"], c["type"]) for c in columns] == [
+        ("Phase", ".status.phase", "string"),
+        ("Slurm Job", ".status.slurmJobId", "integer"),
+        ("Nodes", ".status.nodes", "string"),
+        ("Age", ".metadata.creationTimestamp", "date"),
+    ]
+    status = crd_schema()["properties"]["status"]["properties"]
+    for column in columns[:3]:
+        field = column["jsonPath"].removeprefix(".status.")
+        assert status[field]["type"] == column["type"]
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _nodes(crd_schema()):
+        for key in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "nullable"):
+            assert key not in node, f"{path or '.'} has {key}"
+        special = node.get("x-kubernetes-int-or-string") or node.get(
+            "x-kubernetes-preserve-unknown-fields"
+        )
+        assert "type" in node or special, f"{path or '.'} has no type"
+        if "properties" in node:
+            assert "additionalProperties" not in node, path
+            assert node["type"] == "object"
+            assert set(node.get("required", [])) <= set(node["properties"]), path
+        if node.get("type") == "array":
+            assert "items" in node, path
+        if "default" in node:
+            assert not path.startswith(".status"), f"{path}: status has no defaults"
+
+
+def test_special_nodes() -> None:
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    assert spec["timeLimit"]["x-kubernetes-int-or-string"] is True
+    assert "type" not in spec["timeLimit"]
+    assert spec["data"]["properties"]["volumes"]["items"] == {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    assert spec["framework"]["properties"]["image"]["type"] == "string"
+    assert spec["mode"]["enum"] == ["Batch", "Playground", "Deployment"]
+    assert spec["mode"]["default"] == "Batch"
+    assert spec["pools"]["items"]["properties"]["nodes"]["default"] == 1
+    assert spec["pools"]["maxItems"] == 16
+    assert spec["env"]["x-kubernetes-list-map-keys"] == ["name"]
+    status = crd_schema()["properties"]["status"]["properties"]
+    assert status["conditions"]["x-kubernetes-list-type"] == "map"
+    assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+    condition = status["conditions"]["items"]
+    assert condition["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+    assert set(condition["required"]) == {"type", "status", "reason", "lastTransitionTime"}
+    assert condition["properties"]["lastTransitionTime"]["format"] == "date-time"
+    assert status["phase"]["enum"][0] == "Pending"
+    assert set(status["logs"]["properties"]["stdout"]["properties"]) == {
+        "tail",
+        "truncated",
+        "bytes",
+        "lines",
+    }
+    assert crd_schema()["required"] == ["spec"]
+
+
+def test_descriptions_come_from_the_models() -> None:
+    spec = crd_schema()["properties"]["spec"]
+    assert spec["description"] == "Desired state of a SlurmJob."
+    assert spec["properties"]["timeLimit"]["description"].startswith("Minutes")
+    assert (
+        "runtime registry"
+        in spec["properties"]["framework"]["properties"]["runtimeId"]["description"]
+    )
+
+
+def test_every_cel_rule_has_a_message() -> None:
+    rules = [
+        rule
+        for _, node in _nodes(crd_schema())
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    expected = sum(len(r) for r in MODEL_RULES.values()) + sum(len(r) for r in FIELD_RULES.values())
+    assert len(rules) == expected
+    for rule in rules:
+        assert rule["rule"].strip()
+        assert rule["message"].strip()
+        assert rule.get("reason", "FieldValueInvalid") in {
+            "FieldValueInvalid",
+            "FieldValueForbidden",
+            "FieldValueRequired",
+            "FieldValueDuplicate",
+        }
+
+
+def test_strings_and_lists_used_by_cel_are_bounded() -> None:
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    assert spec["pools"]["maxItems"] <= 16
+    assert spec["env"]["maxItems"] <= 128
+    assert spec["mounts"]["maxItems"] <= 128
+    for mount_field in ("source", "target"):
+        assert spec["mounts"]["items"]["properties"][mount_field]["maxLength"] <= 4096
+    assert spec["env"]["items"]["properties"]["name"]["maxLength"] <= 255
+    assert spec["workingDir"]["maxLength"] <= 4096
+    for pool_field in ("name", "gpuSeries"):
+        assert spec["pools"]["items"]["properties"][pool_field]["maxLength"] <= 63
+
+
+# -- objects against the schema ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(INLINE_SAMPLES))
+def test_inline_samples_are_valid(name: str) -> None:
+    obj = INLINE_SAMPLES[name]
+    assert apiserver_errors(obj) == []
+    parse_spec(obj["spec"])
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    for doc in docs:
+        assert doc["apiVersion"] == f"{GROUP}/{VERSION}"
+        assert doc["kind"] == KIND
+        assert apiserver_errors(doc) == []
+        parse_spec(doc["spec"])
+
+
+def test_there_may_be_no_examples() -> None:
+    if not EXAMPLES:
+        pytest.skip("no examples/*.yaml yet")
+    assert all(p.suffix == ".yaml" for p in EXAMPLES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_crd_agrees_with_the_models(case: Case) -> None:
+    """What pydantic refuses, the apiserver refuses too (bar the documented gaps)."""
+    pytest.importorskip("celpy")
+    errors = apiserver_errors(manifest(case.spec))
+    try:
+        parse_spec(case.spec)
+        model_refuses = False
+    except SpecError:
+        model_refuses = True
+    assert model_refuses == (not case.valid)
+    if case.valid:
+        assert errors == []
+    elif case.crd_refuses:
+        assert errors, f"the CRD lets {case.id} through"
+    else:
+        assert errors == [] or all("additional" in e.lower() for e in errors)
+
+
+def test_cel_error_paths_name_the_field() -> None:
+    pytest.importorskip("celpy")
+    spec = cpu_spec()
+    spec["framework"]["image"] = "python:3.11"
+    spec["mounts"] = [{"source": "../x", "target": "/x"}]
+    errors = apiserver_errors(manifest(spec))
+    assert any(
+        e.startswith(".spec.framework.image: framework.image is not supported") for e in errors
+    )
+    assert any(
+        e.startswith(".spec.mounts[0].source: mount sources cannot contain '..'") for e in errors
+    )
+
+
+# -- the real apiserver code, when available --------------------------------------------------
+
+
+def test_crdcheck(tmp_path: Path) -> None:
+    binary = os.environ.get("SLURMJOB_CRDCHECK")
+    if not binary:
+        pytest.skip("SLURMJOB_CRDCHECK is not set")
+    objs = [*INLINE_SAMPLES.values()] + [manifest(c.spec) for c in CASES if c.crd_refuses]
+    samples = tmp_path / "objects.json"
+    samples.write_text(json.dumps(objs), encoding="utf-8")
+    run = subprocess.run(
+        [binary, str(CRD_FILE), str(samples)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(results) == len(objs)
+    for result, obj in zip(results, objs, strict=True):
+        name = obj["metadata"]["name"]
+        valid = name in {"cpu", "gpu", "het"} or _is_valid(obj["spec"])
+        assert (result["errors"] == []) == valid, (name, obj["spec"], result["errors"])
+
+
+def _is_valid(spec: dict[str, Any]) -> bool:
+    try:
+        parse_spec(spec)
+    except SpecError:
+        return False
+    return True
