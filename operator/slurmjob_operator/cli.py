@@ -20,6 +20,7 @@ from slurmjob_operator import GROUP, KIND, VERSION
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.catalogs import CatalogError
 from slurmjob_operator.config import ConfigError
+from slurmjob_operator.render import RenderError
 from slurmjob_operator.slurm.versions import NEWEST, SUPPORTED_VERSIONS
 
 EXIT_OK = 0
@@ -143,7 +144,7 @@ def main(
         for message in exc.messages:
             err.write(f"error: {message}\n")
         return EXIT_INVALID
-    except (InputError, ConfigError, CatalogError) as exc:
+    except (InputError, ConfigError, CatalogError, RenderError) as exc:
         err.write(f"error: {exc}\n")
         return EXIT_INVALID
     except KeyboardInterrupt:

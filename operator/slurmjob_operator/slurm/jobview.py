@@ -153,6 +153,8 @@ class SlurmJobView(BaseModel):
     standard_error: str | None = None
     working_directory: str | None = None
     constraints: str | None = None
+    time_limit_minutes: int | None = None
+    """None when unlimited or unset."""
 
     @property
     def is_final(self) -> bool:

@@ -72,6 +72,7 @@ class _JobInfo38(Response):
     standard_error: OptStr = None
     current_working_directory: OptStr = None
     features: OptStr = None
+    time_limit: int | None = None
 
 
 class _Submit38(Response):
@@ -119,6 +120,8 @@ def job_view_38(raw: _JobInfo38) -> SlurmJobView:
         standard_error=raw.standard_error or raw.standard_output,
         working_directory=raw.current_working_directory,
         constraints=raw.features,
+        # 22.05 reports unlimited jobs as null or as 525600 (a year of minutes).
+        time_limit_minutes=raw.time_limit if raw.time_limit not in (None, 0, 525600) else None,
     )
 
 

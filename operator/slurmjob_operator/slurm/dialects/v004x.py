@@ -109,6 +109,7 @@ class _JobInfo(Response):
     stderr_expanded: OptStr = None
     current_working_directory: OptStr = None
     features: OptStr = None
+    time_limit: NoValInt = None
     step_id: _StepRef | None = None
 
 
@@ -238,6 +239,7 @@ def job_view(raw: _JobInfo) -> SlurmJobView:
         standard_error=raw.stderr_expanded or raw.standard_error or stdout,
         working_directory=raw.current_working_directory,
         constraints=raw.features,
+        time_limit_minutes=raw.time_limit,
     )
 
 

@@ -1,0 +1,137 @@
+"""From a validated spec to a staged, submittable attempt: site resolution, rendering, the
+version's submit body and the preflight checks, in the one order every caller uses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.api.site import SiteResolution, resolve_site
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.artifacts import artifact_path, averify_artifact
+from slurmjob_operator.catalogs import (
+    GpuSeriesCatalog,
+    RuntimeRegistry,
+    load_gpu_series,
+    load_runtime_registry,
+)
+from slurmjob_operator.config import Settings
+from slurmjob_operator.preflight import check_rendered
+from slurmjob_operator.render import RenderContext, RenderedAttempt, render_attempt
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.dialects import SubmitReceipt, dialect_for
+from slurmjob_operator.staging import astage_attempt, parse_owner
+
+#: Used by `render` when no resource exists yet: the uid only shapes names and paths.
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class Site:
+    """The site's settings and catalogs, loaded once."""
+
+    settings: Settings
+    registry: RuntimeRegistry
+    gpu_series: GpuSeriesCatalog
+
+    @classmethod
+    def load(cls, settings: Settings) -> Site:
+        return cls(
+            settings=settings,
+            registry=load_runtime_registry(settings.runtime_registry_file),
+            gpu_series=load_gpu_series(settings.gpu_series_file),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedAttempt:
+    """One attempt, rendered and checked; nothing staged or sent yet."""
+
+    rendered: RenderedAttempt
+    resolution: SiteResolution
+    body: dict[str, Any]
+    api_version: str
+
+
+def prepare_attempt(
+    spec: SlurmJobSpec,
+    site: Site,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    attempt: int,
+    api_version: str,
+    secret_values: Mapping[str, str],
+) -> PreparedAttempt:
+    """Resolve, render, build the submit body and run the preflight checks.
+
+    Raises SpecError (the spec does not fit the site), RenderError or PreflightError; a
+    failure here means nothing may be submitted.
+    """
+    resolution = resolve_site(spec, site.settings, site.registry, site.gpu_series)
+    ctx = RenderContext(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        attempt=attempt,
+        artifact=resolution.runtime,
+        gpu_series=resolution.series,
+        exclusive=resolution.exclusive,
+        partition=resolution.partition,
+        settings=site.settings,
+        secret_values=secret_values,
+    )
+    rendered = render_attempt(spec, ctx)
+    body = dialect_for(api_version).submit_body(rendered.launch)
+    check_rendered(rendered, secret_values, json.dumps(body))
+    return PreparedAttempt(rendered, resolution, body, api_version)
+
+
+async def stage_and_submit(
+    client: SlurmClient, prepared: PreparedAttempt, settings: Settings
+) -> SubmitReceipt:
+    """Verify the artifact, write the attempt's files, then POST once (never retried)."""
+    runtime = prepared.resolution.runtime
+    await averify_artifact(artifact_path(settings, runtime), runtime)
+    await astage_attempt(
+        settings,
+        prepared.rendered.staging_dir,
+        prepared.rendered.files,
+        parse_owner(settings.staging_owner),
+    )
+    return await client.submit(prepared.rendered.launch)
+
+
+def render_manifest(
+    manifest: Mapping[str, Any],
+    *,
+    api_version: str,
+    uid: str | None = None,
+    attempt: int = 1,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """The submit body for a SlurmJob manifest (what `slurmjob-operator render` prints).
+
+    Secret values cannot be read here (no cluster), so each is a placeholder: they only ever
+    reach the attempt's secrets file, never the body.
+    """
+    settings = settings or Settings.from_env()
+    site = Site.load(settings)
+    spec = parse_spec(manifest.get("spec"))
+    meta = manifest.get("metadata") or {}
+    secrets = {e.name: f"<secret {e.name}>" for e in spec.secret_env}
+    prepared = prepare_attempt(
+        spec,
+        site,
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or "unnamed"),
+        uid=uid or str(meta.get("uid") or PLACEHOLDER_UID),
+        attempt=attempt,
+        api_version=api_version,
+        secret_values=secrets,
+    )
+    return prepared.body
