@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -20,8 +19,10 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
+from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.jobview import BaseState, JobSource
 
+from .raw_http import GET_404_2605, SUBMIT_422_2605, raw_server
 from .slurm_fakes import S2205, S2605, SAMPLES, FakeSlurm, cpu_request, envelope, sample
 
 
@@ -46,8 +47,8 @@ async def fake() -> AsyncIterator[FakeSlurm]:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
+async def session() -> AsyncIterator[HttpTransport]:
+    async with HttpTransport() as s:
         yield s
 
 
@@ -55,7 +56,7 @@ Calls = list[tuple[str, str, str, float]]
 
 
 def client(
-    fake: FakeSlurm, session: aiohttp.ClientSession, version: str = "v0.0.45", **kw: Any
+    fake: FakeSlurm, session: HttpTransport, version: str = "v0.0.45", **kw: Any
 ) -> SlurmClient:
     return SlurmClient(
         session, fake.base_url, version, token=StaticToken(), user="alice", timeout=0.5, **kw
@@ -189,6 +190,16 @@ async def test_submit_connection_refused_is_transient(session: Any) -> None:
         await c.submit(cpu_request())
 
 
+async def test_submit_2605_double_422_is_rejected_with_slurms_text(session: Any) -> None:
+    # 26.05 writes two responses for one error; the first (JSON) one is the answer.
+    async with raw_server(SUBMIT_422_2605) as srv:
+        c = SlurmClient(session, srv.url, "v0.0.45", token=StaticToken(), timeout=2)
+        with pytest.raises(SlurmRejected, match="Invalid partition name specified") as info:
+            await c.submit(cpu_request())
+    assert "[2000]" in str(info.value)  # from the JSON errors[], not the text/plain echo
+    assert srv.requests[0].startswith(b"POST /slurm/v0.0.45/job/submit HTTP/1.1\r\n")
+
+
 # -- GETs -----------------------------------------------------------------------------------
 
 
@@ -258,6 +269,13 @@ async def test_get_job_failure_classes(
         fake.json("GET", f"{V38}/job/9", payload, status)
     with pytest.raises(expected):
         await client(fake, session, "v0.0.38").get_job(9)
+
+
+async def test_get_job_2605_double_404_is_not_found(session: Any) -> None:
+    async with raw_server(GET_404_2605) as srv:
+        c = SlurmClient(session, srv.url, "v0.0.45", token=StaticToken(), timeout=2)
+        with pytest.raises(SlurmNotFound):
+            await c.get_job(999999)
 
 
 async def test_unserved_path_is_unsupported_not_missing(fake: FakeSlurm, session: Any) -> None:

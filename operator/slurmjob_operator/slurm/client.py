@@ -1,12 +1,11 @@
-"""`SlurmClient`: every slurmrestd call the operator makes, over one shared aiohttp session.
+"""`SlurmClient`: every slurmrestd call the operator makes, over one shared `HttpTransport`.
 
 Nothing here retries. Failures are raised as the `slurm.errors` taxonomy so the caller can
 decide: `SlurmTransient` means nothing was done, `SlurmAmbiguous` (submit only) means a job
 may exist and must be looked for (`find_by_name`) before submitting again.
 
-The session is the caller's. Slurm releases before 25.11 do not honour HTTP keep-alive
-reliably; for those, create the session with `aiohttp.TCPConnector(force_close=True)`, or a
-stale pooled connection can turn a submit into `SlurmAmbiguous` for no reason.
+The transport is the caller's (`slurm.http`: one connection per request, and tolerant of the
+malformed responses some slurmrestd releases write).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from slurmjob_operator.launch import LaunchRequest
@@ -44,7 +42,9 @@ from slurmjob_operator.slurm.errors import (
     SlurmUnsupported,
     classify,
 )
+from slurmjob_operator.slurm.http import ConnectError, ExchangeError, HttpTransport
 from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView
+from slurmjob_operator.slurm.nodes import NodeInfo, parse_nodes, parse_partition_names
 from slurmjob_operator.slurm.versions import SUPPORTED_VERSIONS, version_key
 
 log = logging.getLogger(__name__)
@@ -88,15 +88,8 @@ def _headers(token: TokenProvider | None, user: str | None) -> dict[str, str]:
     return headers
 
 
-def _timeout(seconds: float) -> aiohttp.ClientTimeout:
-    # A separate, shorter connect budget makes "never connected" (safe to repeat) show up as
-    # ConnectionTimeoutError instead of the overall timeout, which is ambiguous for submit.
-    connect = min(10.0, seconds / 2)
-    return aiohttp.ClientTimeout(total=seconds, connect=connect, sock_connect=connect)
-
-
 async def _exchange(
-    session: aiohttp.ClientSession,
+    transport: HttpTransport,
     method: str,
     url: str,
     *,
@@ -111,19 +104,24 @@ async def _exchange(
     """One HTTP exchange: (status, parsed JSON or None, body text). Network failures raise."""
     started = time.monotonic()
     status_class = "error"
+    request_headers = dict(headers)
+    data: bytes | None = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        request_headers["Content-Type"] = "application/json"
     try:
-        async with session.request(
+        response = await transport.request(
             method,
             url,
             params=params,
-            json=body,
-            headers=dict(headers),
-            timeout=_timeout(request_timeout),
-        ) as resp:
-            status = resp.status
-            raw = await resp.read()
+            headers=request_headers,
+            body=data,
+            timeout=request_timeout,
+        )
+        status = response.status
+        raw = response.body
         status_class = f"{status // 100}xx"
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+    except ConnectError as exc:
         # No connection was made: the request cannot have been sent.
         raise SlurmTransient(
             f"cannot connect to slurmrestd: {exc}", endpoint=template, method=method
@@ -132,11 +130,11 @@ async def _exchange(
         status_class = "timeout"
         cls: type[SlurmError] = SlurmAmbiguous if submit else SlurmTransient
         raise cls("slurmrestd did not answer in time", endpoint=template, method=method) from exc
-    except aiohttp.ClientError as exc:
+    except ExchangeError as exc:
         # Connected, then reset/closed or a broken answer: the request may have been read.
         cls = SlurmAmbiguous if submit else SlurmTransient
         raise cls(
-            f"connection to slurmrestd failed: {exc!r}", endpoint=template, method=method
+            f"connection to slurmrestd failed: {exc}", endpoint=template, method=method
         ) from exc
     finally:
         if on_request is not None:
@@ -174,25 +172,45 @@ def pick_version(
     return max(usable, key=version_key) if usable else None
 
 
-async def discover_version(
-    session: aiohttp.ClientSession,
+@dataclass(frozen=True)
+class Discovery:
+    """What a slurmrestd serves: the chosen version, every served one, and whether the
+    accounting (`/slurmdb/`) paths of that version exist (None: not known, no document)."""
+
+    version: str
+    served: frozenset[str]
+    accounting: bool | None
+
+
+def _serves_accounting(openapi: Mapping[str, Any], version: str) -> bool:
+    paths = openapi.get("paths")
+    prefix = f"/slurmdb/{version}/"
+    return isinstance(paths, Mapping) and any(str(p).startswith(prefix) for p in paths)
+
+
+async def discover(
+    transport: HttpTransport,
     base_url: str,
     *,
     token: TokenProvider | None = None,
     user: str | None = None,
     request_timeout: float = 30.0,
     supported: Sequence[str] = SUPPORTED_VERSIONS,
-) -> str:
-    """The newest REST API version in `supported` that the server serves.
+    wanted: str | None = None,
+) -> Discovery:
+    """The newest REST API version in `supported` that the server serves (or check that
+    `wanted` is served), from `/openapi/v3` (then `/openapi.json`).
 
-    Reads `/openapi/v3` (then `/openapi.json`); if neither gives a document, probes
-    `GET /slurm/vX/ping` newest first, moving on at 404. Slurm 22.05 wants both auth headers
-    even for the OpenAPI document, so pass them.
+    Without a document, probes `GET /slurm/vX/ping` newest first, moving on at 404. Slurm
+    22.05 wants both auth headers even for the OpenAPI document, so pass them. Probing the
+    `/slurmdb/` paths instead is no option: 26.05 answers an unserved one with two HTTP
+    responses on one connection (see `slurm.http`).
     """
     base = base_url.rstrip("/")
+    candidates = [wanted] if wanted else list(supported)
     for path in ("/openapi/v3", "/openapi.json"):
         status, payload, _ = await _exchange(
-            session,
+            transport,
             "GET",
             base + path,
             template=path,
@@ -204,17 +222,19 @@ async def discover_version(
                 "authentication refused", status=status, endpoint=path, method="GET"
             )
         if status == 200 and isinstance(payload, Mapping) and "paths" in payload:
-            chosen = pick_version(payload, supported)
+            served = served_versions(payload)
+            chosen = pick_version(payload, candidates)
             if chosen is None:
-                served = ", ".join(sorted(served_versions(payload), key=version_key)) or "none"
+                listed = ", ".join(sorted(served, key=version_key)) or "none"
                 raise SlurmUnsupported(
-                    f"server serves REST API versions {served}; none of them is supported"
+                    f"server serves REST API versions {listed}; "
+                    f"{'not ' + wanted if wanted else 'none of them is supported'}"
                 )
-            return chosen
-    for version in sorted(supported, key=version_key, reverse=True):
+            return Discovery(chosen, frozenset(served), _serves_accounting(payload, chosen))
+    for version in sorted(candidates, key=version_key, reverse=True):
         template = f"/slurm/{version}/ping"
         status, payload, text = await _exchange(
-            session,
+            transport,
             "GET",
             base + template,
             template=template,
@@ -231,11 +251,32 @@ async def discover_version(
             method="GET",
         )
         if error is None:
-            return version
+            return Discovery(version, frozenset({version}), None)
         if isinstance(error, SlurmUnsupported):
             continue
         raise error
-    raise SlurmUnsupported(f"slurmrestd at {base_url} serves none of {', '.join(supported)}")
+    raise SlurmUnsupported(f"slurmrestd at {base_url} serves none of {', '.join(candidates)}")
+
+
+async def discover_version(
+    transport: HttpTransport,
+    base_url: str,
+    *,
+    token: TokenProvider | None = None,
+    user: str | None = None,
+    request_timeout: float = 30.0,
+    supported: Sequence[str] = SUPPORTED_VERSIONS,
+) -> str:
+    """The newest REST API version in `supported` that the server serves (see `discover`)."""
+    found = await discover(
+        transport,
+        base_url,
+        token=token,
+        user=user,
+        request_timeout=request_timeout,
+        supported=supported,
+    )
+    return found.version
 
 
 class SlurmClient:
@@ -243,7 +284,7 @@ class SlurmClient:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        transport: HttpTransport,
         base_url: str,
         version: str,
         *,
@@ -254,7 +295,7 @@ class SlurmClient:
         accounting: bool | None = None,
     ) -> None:
         """`accounting`: whether `/slurmdb/` paths are served; None finds out on first use."""
-        self._session = session
+        self._transport = transport
         self._base = base_url.rstrip("/")
         self._dialect: Dialect = dialect_for(version)
         self._token = token
@@ -286,7 +327,7 @@ class SlurmClient:
         allow_empty: bool = False,
     ) -> _Answer:
         status, payload, text = await _exchange(
-            self._session,
+            self._transport,
             method,
             self._base + path,
             template=template,
@@ -529,6 +570,18 @@ class SlurmClient:
         except SlurmError as exc:
             exc.endpoint, exc.method = template, "DELETE"
             raise
+
+    async def list_partitions(self) -> list[str]:
+        """Names of the partitions the controller knows."""
+        template = self._slurm("/partitions")
+        answer = await self._call("GET", template, template)
+        return parse_partition_names(answer.payload)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every node with its features and state (for site checks, not for polling)."""
+        template = self._slurm("/nodes")
+        answer = await self._call("GET", template, template)
+        return parse_nodes(answer.payload)
 
     @staticmethod
     def _parse(

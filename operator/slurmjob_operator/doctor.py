@@ -1,0 +1,248 @@
+"""`slurmjob-operator doctor`: check that a site can run SlurmJobs, and say what is wrong.
+
+Each check is independent where it can be, so one report shows every problem at once; checks
+that need a working slurmrestd connection are skipped (not failed twice) when it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from slurmjob_operator.artifacts import ArtifactError, artifact_path, averify_artifact
+from slurmjob_operator.catalogs import (
+    PROFILE_FORMAT,
+    CatalogError,
+    GpuSeriesCatalog,
+    RuntimeRegistry,
+    load_gpu_series,
+    load_runtime_registry,
+)
+from slurmjob_operator.config import AUTO, ConfigError, Settings
+from slurmjob_operator.slurm.auth import TokenError, TokenProvider
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport
+from slurmjob_operator.slurm.errors import SlurmError
+from slurmjob_operator.slurm.nodes import NodeInfo
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    outcome: Outcome
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, outcome: Outcome, detail: str) -> None:
+        self.checks.append(Check(name, outcome, detail))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.outcome is not Outcome.FAIL for c in self.checks)
+
+    def render(self, *, json_output: bool = False) -> str:
+        if json_output:
+            return (
+                json.dumps({"ok": self.ok, "checks": [asdict(c) for c in self.checks]}, indent=2)
+                + "\n"
+            )
+        width = max((len(c.name) for c in self.checks), default=0)
+        lines = [f"[{c.outcome.value:>4}] {c.name:<{width}}  {c.detail}" for c in self.checks]
+        failed = sum(c.outcome is Outcome.FAIL for c in self.checks)
+        lines.append("site OK" if self.ok else f"{failed} check(s) failed")
+        return "\n".join(lines) + "\n"
+
+
+def _check_storage(settings: Settings, report: Report) -> None:
+    root = settings.storage_root
+    try:
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".slurmjob-doctor-"):
+            pass
+    except OSError as exc:
+        report.add("storage root", Outcome.FAIL, f"{root} is not writable: {exc.strerror}")
+        return
+    detail = f"{root} is writable"
+    if settings.slurm_storage_root:
+        detail += f"; the cluster sees it as {settings.slurm_storage_root}"
+    report.add("storage root", Outcome.OK, detail)
+
+
+async def _check_runtimes(settings: Settings, registry: RuntimeRegistry, report: Report) -> None:
+    if not registry.runtimes:
+        report.add("runtimes", Outcome.WARN, "the runtime registry lists no runtime")
+        return
+    wanted = PROFILE_FORMAT[settings.slurm_runtime_profile]
+    for runtime in registry.runtimes:
+        name = f"runtime {runtime.id}"
+        if runtime.format is not wanted:
+            report.add(
+                name,
+                Outcome.WARN,
+                f"format {runtime.format.value} does not match the "
+                f"{settings.slurm_runtime_profile.value} profile ({wanted.value}): jobs using it "
+                "are refused",
+            )
+            continue
+        try:
+            path = artifact_path(settings, runtime)
+            await averify_artifact(path, runtime)
+        except ArtifactError as exc:
+            report.add(name, Outcome.FAIL, str(exc))
+        else:
+            report.add(name, Outcome.OK, f"{path}: {runtime.format.value}, sha256 verified")
+
+
+def _check_series(series: GpuSeriesCatalog, nodes: list[NodeInfo], report: Report) -> None:
+    features = {f for n in nodes for f in n.features}
+    for entry in series.series:
+        name = f"gpu series {entry.name}"
+        if not entry.slurm_constraint:
+            report.add(
+                name,
+                Outcome.WARN,
+                "no slurmConstraint: usable in single-pool jobs only (heterogeneous jobs are "
+                "refused, fail-closed)",
+            )
+            continue
+        wanted = {part for part in _constraint_features(entry.slurm_constraint)}
+        missing = sorted(wanted - features)
+        if missing:
+            report.add(
+                name,
+                Outcome.FAIL,
+                f"constraint {entry.slurm_constraint!r}: no node has feature(s) "
+                f"{', '.join(missing)}",
+            )
+        else:
+            holders = sorted(n.name for n in nodes if wanted & n.features)
+            report.add(
+                name,
+                Outcome.OK,
+                f"constraint {entry.slurm_constraint!r} on {', '.join(holders)}",
+            )
+
+
+def _constraint_features(expression: str) -> list[str]:
+    """Feature names in a Slurm constraint expression (`a&b`, `a|b`, `[a|b]`, `a*2`)."""
+    cleaned = expression
+    for char in "[]()!":
+        cleaned = cleaned.replace(char, " ")
+    for sep in "&|,":
+        cleaned = cleaned.replace(sep, " ")
+    return [word.split("*")[0] for word in cleaned.split() if word.split("*")[0]]
+
+
+def _expiry_text(token: TokenProvider) -> str:
+    expires = token.expires_at
+    if expires is None:
+        return "token has no exp claim"
+    left = int((expires - datetime.now(tz=UTC)).total_seconds())
+    return f"token expires {expires.isoformat()} (in {left} s)"
+
+
+async def _step(report: Report, name: str, action: Callable[[], Awaitable[str]]) -> bool:
+    try:
+        detail = await action()
+    except (SlurmError, TokenError, ConfigError, OSError) as exc:
+        report.add(name, Outcome.FAIL, f"{type(exc).__name__}: {exc}")
+        return False
+    report.add(name, Outcome.OK, detail)
+    return True
+
+
+async def _check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Report) -> None:
+    try:
+        token = make_token_provider(settings)
+    except ConfigError as exc:
+        report.add("auth", Outcome.FAIL, str(exc))
+        return
+    async with open_transport(settings) as transport:
+        client: SlurmClient | None = None
+
+        async def _connect() -> str:
+            nonlocal client
+            client = await connect(settings, transport, token=token)
+            how = "discovered" if settings.slurm_rest_api_version == AUTO else "configured"
+            return f"{settings.slurm_rest_url} speaks {client.version} ({how})"
+
+        if not await _step(report, "slurmrestd", _connect) or client is None:
+            return
+        ready: SlurmClient = client
+
+        async def _ping() -> str:
+            result = await ready.ping()
+            release = f"Slurm {result.release}, " if result.release else ""
+            cluster = f"cluster {result.cluster}; " if result.cluster else ""
+            return f"{release}{cluster}{_expiry_text(token)}"
+
+        if not await _step(report, "auth", _ping):
+            return
+
+        async def _partition() -> str:
+            wanted = settings.slurm_partition
+            names = await ready.list_partitions()
+            if wanted is None:
+                return f"no default partition set; jobs must name one of {', '.join(names)}"
+            if wanted not in names:
+                raise ConfigError(
+                    f"SLURMJOB_SLURM_PARTITION={wanted!r} is not a partition "
+                    f"(known: {', '.join(names) or 'none'})"
+                )
+            return f"{wanted} exists"
+
+        await _step(report, "partition", _partition)
+        if series.series:
+            try:
+                nodes = await ready.list_nodes()
+            except SlurmError as exc:
+                report.add("gpu series", Outcome.FAIL, f"cannot list nodes: {exc}")
+            else:
+                _check_series(series, nodes, report)
+
+
+async def run_doctor(environ: dict[str, str] | None = None) -> Report:
+    report = Report()
+    try:
+        settings = Settings.from_env(os.environ if environ is None else environ)
+    except ConfigError as exc:
+        report.add("settings", Outcome.FAIL, str(exc))
+        return report
+    report.add("settings", Outcome.OK, f"runtime profile {settings.slurm_runtime_profile.value}")
+    catalogs_ok = True
+    registry, series = RuntimeRegistry(), GpuSeriesCatalog()
+    try:
+        registry = load_runtime_registry(settings.runtime_registry_file)
+        series = load_gpu_series(settings.gpu_series_file)
+    except CatalogError as exc:
+        report.add("catalogs", Outcome.FAIL, str(exc))
+        catalogs_ok = False
+    else:
+        report.add(
+            "catalogs",
+            Outcome.OK,
+            f"{len(registry.runtimes)} runtime(s), {len(series.series)} GPU series",
+        )
+    await _check_slurm(settings, series, report)
+    _check_storage(settings, report)
+    if catalogs_ok:
+        await _check_runtimes(settings, registry, report)
+    return report
+
+
+__all__ = ["Check", "Outcome", "Report", "run_doctor"]

@@ -1,0 +1,368 @@
+"""Rendered SlurmJobs through the project's own client against the two real Slurm releases.
+
+Every job here is rendered by the real pipeline (site resolution, templates, the version's
+dialect, preflight), staged on the shared storage and submitted through slurmrestd; the
+container runtimes are the testbed's stand-ins (see tests/testbed/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.testbed.slurm import SlurmTestbed
+
+from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.config import Settings
+from slurmjob_operator.pipeline import PreparedAttempt, Site, prepare_attempt, stage_and_submit
+from slurmjob_operator.slurm.auth import MintedToken
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, open_transport
+from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmRejected
+from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
+
+pytestmark = pytest.mark.integration
+
+SIF_BYTES = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"testbed runtime" * 64
+# A SquashFS 4.0 superblock: magic, then major/minor version at offset 28.
+SQSH_BYTES = b"hsqs" + b"\0" * 24 + (4).to_bytes(2, "little") + b"\0" * 66 + b"testbed runtime" * 64
+
+
+@dataclass(frozen=True)
+class Bed:
+    testbed: SlurmTestbed
+    settings: Settings
+    site: Site
+    namespace: str
+
+
+def _write_runtime(root: Path, name: str, content: bytes, owner: tuple[int, int]) -> str:
+    path = root / "runtimes" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_bytes() != content:
+        path.write_bytes(content)
+    os.chown(path.parent, *owner)
+    path.chmod(0o644)
+    return hashlib.sha256(content).hexdigest()
+
+
+@pytest.fixture(params=["apptainer", "enroot-pyxis"])
+def profile(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _bed(testbed: SlurmTestbed, profile: str, tmp_path: Path) -> Bed:
+    root = testbed.storage_root
+    owner = (testbed.uid, testbed.gid)
+    sif = _write_runtime(root, "testbed.sif", SIF_BYTES, owner)
+    sqsh = _write_runtime(root, "testbed.sqsh", SQSH_BYTES, owner)
+    registry = tmp_path / "runtimes.yaml"
+    registry.write_text(
+        json.dumps(
+            {
+                "runtimes": [
+                    {
+                        "id": "custom-sif",
+                        "format": "sif",
+                        "path": "runtimes/testbed.sif",
+                        "sha256": sif,
+                    },
+                    {
+                        "id": "custom-sqsh",
+                        "format": "sqsh",
+                        "path": "runtimes/testbed.sqsh",
+                        "sha256": sqsh,
+                    },
+                ]
+            }
+        )
+    )
+    series = tmp_path / "series.yaml"
+    series.write_text(
+        json.dumps(
+            {
+                "series": [
+                    {"name": "h100", "slurmConstraint": "h100", "gpusPerNode": 2},
+                    {"name": "a100", "slurmConstraint": "a100", "gpusPerNode": 2},
+                ]
+            }
+        )
+    )
+    settings = Settings.from_env(
+        {
+            "SLURMJOB_SLURM_REST_URL": testbed.rest_url,
+            "SLURMJOB_SLURM_REST_API_VERSION": "auto",
+            "SLURMJOB_SLURM_REST_USER": testbed.user,
+            "SLURMJOB_SLURM_JWT_KEY_FILE": str(testbed.jwt_key_file),
+            "SLURMJOB_SLURM_PARTITION": testbed.partition,
+            "SLURMJOB_SLURM_RUNTIME_PROFILE": profile,
+            "SLURMJOB_STORAGE_ROOT": str(root),
+            "SLURMJOB_STAGING_OWNER": f"{testbed.uid}:{testbed.gid}",
+            "SLURMJOB_SLURM_JOB_PATH": testbed.job_path,
+            "SLURMJOB_RUNTIME_REGISTRY_FILE": str(registry),
+            "SLURMJOB_GPU_SERIES_FILE": str(series),
+        }
+    )
+    return Bed(testbed, settings, Site.load(settings), f"it-{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def bed(slurm: SlurmTestbed, profile: str, tmp_path: Path) -> Bed:
+    return _bed(slurm, profile, tmp_path)
+
+
+@pytest.fixture
+async def client(bed: Bed) -> AsyncIterator[SlurmClient]:
+    async with open_transport(bed.settings) as session:
+        yield await connect(bed.settings, session)
+
+
+def _spec(bed: Bed, command: list[str], **overrides: Any) -> dict[str, Any]:
+    runtime = "custom-sif" if bed.settings.slurm_runtime_profile == "apptainer" else "custom-sqsh"
+    spec: dict[str, Any] = {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime},
+        "command": command,
+        "pools": [{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}],
+        "timeLimit": "7m",
+    }
+    spec.update(overrides)
+    return spec
+
+
+def _prepare(
+    bed: Bed,
+    client: SlurmClient,
+    spec: dict[str, Any],
+    *,
+    name: str = "job",
+    secrets: dict[str, str] | None = None,
+) -> PreparedAttempt:
+    return prepare_attempt(
+        parse_spec(spec),
+        bed.site,
+        namespace=bed.namespace,
+        name=name,
+        uid=str(uuid.uuid4()),
+        attempt=1,
+        api_version=client.version,
+        secret_values=secrets or {},
+    )
+
+
+async def _wait(
+    client: SlurmClient, ref: int | str, *, final: bool = True, within: float = 45.0
+) -> list[SlurmJobView]:
+    deadline = time.monotonic() + within
+    jobs: list[SlurmJobView] = []
+    while time.monotonic() < deadline:
+        jobs = await client.get_job(ref)
+        if final and all(j.is_final for j in jobs):
+            return jobs
+        if not final and all(j.base_state is BaseState.RUNNING for j in jobs):
+            return jobs
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"job {ref} did not get there in {within} s: {jobs}")
+
+
+def _records(bed: Bed, kind: str, prepared: PreparedAttempt) -> list[dict[str, Any]]:
+    """The stand-ins' records of one attempt (job ids repeat across testbed restarts; the
+    attempt's staging directory, the steps' working directory, does not)."""
+    path = bed.testbed.record_dir / f"{kind}.jsonl"
+    if not path.exists():
+        return []
+    staging = str(prepared.rendered.staging_dir)
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("cluster") == bed.testbed.cluster_name and record.get("cwd") == staging:
+            out.append(record)
+    return out
+
+
+async def test_discovery_picks_the_newest_served_version(bed: Bed, client: SlurmClient) -> None:
+    assert client.version == bed.testbed.api_version
+    ping = await client.ping()
+    assert ping.responding
+
+
+async def test_cpu_job_completes_with_its_output_staged(bed: Bed, client: SlurmClient) -> None:
+    tricky = 'it\'s "quoted" $(not run) `nor this`; *'
+    spec = _spec(
+        bed,
+        [
+            "bash",
+            "-c",
+            'echo "arg=$1 env=$GREETING secret=$TOKEN"; echo to-stderr >&2',
+            "x",
+            tricky,
+        ],
+        env=[
+            {"name": "GREETING", "value": tricky},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        ],
+    )
+    prepared = _prepare(bed, client, spec, secrets={"TOKEN": "s3cr3t-value"})
+    receipt = await stage_and_submit(client, prepared, bed.settings)
+    [job] = await _wait(client, receipt.job_id)
+
+    assert job.base_state is BaseState.COMPLETED
+    assert job.exit.return_code == 0
+    assert job.name == prepared.rendered.launch.job_name
+    assert job.comment == prepared.rendered.launch.comment
+    staging = prepared.rendered.staging_dir
+    out = (staging / "stdout.log").read_text()
+    assert f"arg={tricky} env={tricky} secret=s3cr3t-value" in out
+    assert "to-stderr" in (staging / "stderr.log").read_text()
+    assert not (staging / "secrets.env").exists(), "the secrets file is shredded on exit"
+    assert "s3cr3t-value" not in (staging / "job.sh").read_text()
+    # Options come from the JSON description (slurmrestd ignores #SBATCH lines).
+    script_lines = prepared.rendered.launch.script.splitlines()
+    assert not [line for line in script_lines if line.startswith("#SBATCH")]
+    assert job.time_limit_minutes == 7
+    # The runtime stand-in saw the artifact at its cluster path.
+    kind = "apptainer" if bed.settings.slurm_runtime_profile == "apptainer" else "pyxis"
+    records = _records(bed, kind, prepared)
+    assert records, f"no {kind} record for job {receipt.job_id}"
+    image = str(bed.testbed.storage_root / "runtimes")
+    assert image in json.dumps(records)
+
+
+async def test_failing_job_reports_its_exit_code(bed: Bed, client: SlurmClient) -> None:
+    prepared = _prepare(bed, client, _spec(bed, ["bash", "-c", "exit 3"]))
+    receipt = await stage_and_submit(client, prepared, bed.settings)
+    [job] = await _wait(client, receipt.job_id)
+    assert job.base_state is BaseState.FAILED
+    assert job.exit.return_code == 3
+
+
+async def test_cancel_running_job_and_cancel_again(bed: Bed, client: SlurmClient) -> None:
+    prepared = _prepare(bed, client, _spec(bed, ["sleep", "300"]))
+    receipt = await stage_and_submit(client, prepared, bed.settings)
+    await _wait(client, receipt.job_id, final=False)
+    await client.cancel(receipt.job_id)
+    [job] = await _wait(client, receipt.job_id)
+    assert job.base_state is BaseState.CANCELLED
+    again = await client.cancel(receipt.job_id)  # cancelling a finished job is success
+    assert again is not None
+
+
+async def test_find_by_exact_name(bed: Bed, client: SlurmClient) -> None:
+    prepared = _prepare(bed, client, _spec(bed, ["sleep", "300"]), name="findme")
+    receipt = await stage_and_submit(client, prepared, bed.settings)
+    try:
+        found = await client.find_by_name(prepared.rendered.launch.job_name)
+        assert [j.job_id for j in found] == [receipt.job_id]
+        assert await client.find_by_name(prepared.rendered.launch.job_name + "x") == []
+    finally:
+        await client.cancel(receipt.job_id)
+
+
+async def test_heterogeneous_gpu_job_runs_on_both_constrained_nodes(
+    bed: Bed, client: SlurmClient
+) -> None:
+    spec = _spec(
+        bed,
+        [
+            "bash",
+            "-c",
+            # Ray workers join in the background; give them a moment to show up on n2.
+            "sleep 3; echo head=$SLURMD_NODENAME master=$MASTER_ADDR world=$WORLD_SIZE",
+        ],
+        pools=[
+            {
+                "name": "policy",
+                "gpuSeries": "h100",
+                "nodes": 1,
+                "gpusPerNode": 2,
+                "cpus": 1,
+                "memoryGb": 1,
+            },
+            {
+                "name": "rollout",
+                "gpuSeries": "a100",
+                "nodes": 1,
+                "gpusPerNode": 2,
+                "cpus": 1,
+                "memoryGb": 1,
+            },
+        ],
+    )
+    prepared = _prepare(bed, client, spec)
+    assert len(prepared.rendered.launch.components) == 2
+    receipt = await stage_and_submit(client, prepared, bed.settings)
+    jobs = await _wait(client, receipt.job_id, within=60)
+    assert len(jobs) == 2, jobs
+    by_offset = {j.het_job_offset: j for j in jobs}
+    assert by_offset[0].nodes == "n1"
+    assert by_offset[0].constraints == "h100"
+    assert by_offset[1].nodes == "n2"
+    assert by_offset[1].constraints == "a100"
+    assert all(j.base_state is BaseState.COMPLETED for j in jobs), jobs
+    out = (prepared.rendered.staging_dir / "stdout.log").read_text()
+    assert "head=n1 master=n1 world=2" in out
+    ray = _records(bed, "ray", prepared)
+    hosts = {r["nodename"] for r in ray if r.get("command") == "start"}
+    assert {"n1", "n2"} <= hosts, ray
+
+
+async def test_refused_description_carries_slurms_error_text(bed: Bed, client: SlurmClient) -> None:
+    prepared = _prepare(bed, client, _spec(bed, ["true"], partition="no-such-partition"))
+    with pytest.raises(SlurmRejected) as info:
+        await stage_and_submit(client, prepared, bed.settings)
+    assert "partition" in str(info.value).lower()
+
+
+async def test_bad_token_is_an_auth_error(bed: Bed, tmp_path: Path) -> None:
+    wrong_key = tmp_path / "wrong.key"
+    wrong_key.write_bytes(os.urandom(32))
+    token = MintedToken(wrong_key, bed.testbed.user, 600)
+    async with open_transport(bed.settings) as session:
+        bad = SlurmClient(
+            session,
+            bed.settings.slurm_rest_url,
+            bed.testbed.api_version,
+            token=token,
+            user=bed.testbed.user,
+        )
+        with pytest.raises(SlurmAuthError):
+            await bad.ping()
+        async with open_transport(bed.settings) as good_session:
+            good = await connect(bed.settings, good_session)
+            prepared = _prepare(bed, good, _spec(bed, ["true"]))
+        with pytest.raises(SlurmAuthError):
+            await stage_and_submit(bad, prepared, bed.settings)
+
+
+@pytest.fixture
+def bed_2605(slurm_2605: SlurmTestbed, tmp_path: Path) -> Iterator[Bed]:
+    return _bed(slurm_2605, "apptainer", tmp_path)
+
+
+@pytest.mark.slurm2605
+async def test_sluid_addresses_get_and_cancel(bed_2605: Bed) -> None:
+    bed = bed_2605
+    async with open_transport(bed.settings) as session:
+        client = await connect(bed.settings, session)
+        prepared = _prepare(bed, client, _spec(bed, ["sleep", "300"]))
+        receipt = await stage_and_submit(client, prepared, bed.settings)
+        [job] = await _wait(client, receipt.job_id, final=False)
+        assert job.sluid
+        assert job.sluid.startswith("s")
+        assert len(job.sluid) == 14
+        [by_sluid] = await client.get_job(job.sluid)
+        assert by_sluid.job_id == receipt.job_id
+        await client.cancel(job.sluid)
+        [done] = await _wait(client, job.sluid)
+        assert done.base_state is BaseState.CANCELLED
