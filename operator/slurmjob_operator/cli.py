@@ -80,6 +80,27 @@ def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    import kopf
+
+    from slurmjob_operator.config import Settings
+
+    Settings.from_env()  # refuse bad settings before kopf starts (exit 2 names the variable)
+    import slurmjob_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurmjob-operator",
@@ -119,6 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(handler=_cmd_doctor)
+
+    run = sub.add_parser(
+        "run",
+        help="run the operator: reconcile SlurmJobs in all namespaces or the ones named",
+    )
+    run.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; default: all namespaces)",
+    )
+    run.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    run.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    run.add_argument("-v", "--verbose", action="store_true", help="log more")
+    run.set_defaults(handler=_cmd_run)
     return parser
 
 

@@ -90,6 +90,19 @@ class Settings(BaseModel):
     templates_dir: Path | None = Field(
         default=None, description="Directory with site copies of the batch-script templates."
     )
+    poll_interval: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between two polls of slurmrestd for every tracked job.",
+    )
+    delete_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds a deletion waits for a cancelled job to end before trying again.",
+    )
+    metrics_port: int = Field(
+        default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
+    )
 
     @field_validator("slurm_rest_api_version")
     @classmethod

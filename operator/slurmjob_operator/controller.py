@@ -1,0 +1,505 @@
+"""Carries out what the decision core (`reconcile`) decides, against Kubernetes and Slurm.
+
+One `Controller` per process, kept in kopf's memo. Every write to a resource happens under
+that resource's lock and starts from the object as the API server has it now, so the
+submission handler and the poller never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from slurmjob_operator import naming
+from slurmjob_operator.api.errors import SpecError, parse_spec
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Attempt, Logs, SlurmJobStatus, merge_patch
+from slurmjob_operator.artifacts import ArtifactError
+from slurmjob_operator.config import Settings
+from slurmjob_operator.kube import KubeApi, ObjectRef, SecretError
+from slurmjob_operator.logs import aread_logs
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.pipeline import Site, prepare_attempt, stage_and_submit
+from slurmjob_operator.preflight import PreflightError
+from slurmjob_operator.reconcile import (
+    Step,
+    Transition,
+    changed,
+    confirmed,
+    invalid_spec,
+    lost,
+    next_step,
+    not_submitted,
+    observed,
+    record_attempt,
+    rejected,
+    submitted,
+    unconfirmed,
+    waiting,
+    with_logs,
+)
+from slurmjob_operator.render import RenderError
+from slurmjob_operator.slurm.auth import TokenError, TokenProvider
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, make_token_provider
+from slurmjob_operator.slurm.errors import (
+    SlurmAmbiguous,
+    SlurmAuthError,
+    SlurmError,
+    SlurmNotFound,
+    SlurmRejected,
+    SlurmUnsupported,
+)
+from slurmjob_operator.slurm.http import HttpTransport
+from slurmjob_operator.slurm.jobview import SlurmJobView
+from slurmjob_operator.staging import (
+    STDERR_FILE,
+    STDOUT_FILE,
+    StagingError,
+    aremove_attempt,
+    aremove_resource_dir,
+)
+from slurmjob_operator.states import observe
+
+log = logging.getLogger(__name__)
+
+
+class RetryLater(Exception):
+    """Not done yet; the handler should run again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A submitted, not yet final job the poller follows."""
+
+    ref: ObjectRef
+    job_id: int
+    sluid: str | None
+    staging_dir: str | None
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+def _generation(body: Mapping[str, Any]) -> int | None:
+    value = (body.get("metadata") or {}).get("generation")
+    return int(value) if value is not None else None
+
+
+def lifecycle_ref(client: SlurmClient, attempt: Attempt) -> int | str:
+    """The SLUID where the version takes it in paths (v0.0.45), else the numeric job id."""
+    if attempt.sluid and client.dialect.supports_sluid_paths:
+        return attempt.sluid
+    if attempt.job_id is None:
+        raise ValueError("the attempt has no job id")
+    return attempt.job_id
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeApi,
+        transport: HttpTransport,
+        metrics: Metrics,
+        *,
+        token: TokenProvider | None = None,
+    ) -> None:
+        self.settings = settings
+        self.site = Site.load(settings)
+        self.kube = kube
+        self.transport = transport
+        self.metrics = metrics
+        self.token = token or make_token_provider(settings)
+        self.tracked: dict[str, Tracked] = {}
+        self.phases: dict[str, str] = {}
+        self._client: SlurmClient | None = None
+        self._connecting = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._secrets: dict[str, dict[str, str]] = {}
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def slurm(self) -> SlurmClient:
+        """The client, connected (and the version chosen) on first use."""
+        if self._client is None:
+            async with self._connecting:
+                if self._client is None:
+                    self._client = await connect(
+                        self.settings,
+                        self.transport,
+                        token=self.token,
+                        on_request=self.metrics.on_request,
+                    )
+                    log.info("slurmrestd speaks %s", self._client.version)
+        return self._client
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    async def _fresh(self, ref: ObjectRef) -> dict[str, Any] | None:
+        body = await self.kube.get(ref.namespace, ref.name)
+        if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
+            return None
+        return body
+
+    async def _apply(
+        self, ref: ObjectRef, old: SlurmJobStatus, transition: Transition
+    ) -> SlurmJobStatus:
+        """Patch the status when something visible changed, then post the Events."""
+        new = transition.status
+        if changed(old, new):
+            patch = merge_patch(old.dump(), new.dump())
+            if await self.kube.patch_status(ref, patch) is None:
+                raise RetryLater(f"{ref.namespace}/{ref.name} is gone", 0)
+            if old.phase != new.phase and new.phase is not None:
+                self.metrics.transitions_total.labels(phase=new.phase.value).inc()
+        for event in transition.events:
+            try:
+                await self.kube.post_event(ref, event.type, event.reason, event.message)
+            except Exception:  # an Event is worth a log line, never a failed reconcile
+                log.exception(
+                    "cannot post event %s on %s/%s", event.reason, ref.namespace, ref.name
+                )
+        self._observe_status(ref, new)
+        return new
+
+    def _observe_status(self, ref: ObjectRef, status: SlurmJobStatus) -> None:
+        """Keep the poller's list and the jobs-by-phase gauge in step with a status."""
+        if status.phase is not None:
+            self.phases[ref.uid] = status.phase.value
+        attempt = status.current_attempt
+        live = status.phase is not None and not status.phase.is_terminal
+        if live and attempt is not None and attempt.job_id is not None and attempt.confirmed:
+            self.tracked[ref.uid] = Tracked(ref, attempt.job_id, attempt.sluid, attempt.staging_dir)
+        else:
+            self.tracked.pop(ref.uid, None)
+
+    def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+        """Called for every watch event: what the poller must follow."""
+        ref = ObjectRef.of(body)
+        if deleted:
+            self.forget(ref)
+            return
+        self._observe_status(ref, SlurmJobStatus.parse(body.get("status")))
+
+    def forget(self, ref: ObjectRef) -> None:
+        self.tracked.pop(ref.uid, None)
+        self.phases.pop(ref.uid, None)
+        self._secrets.pop(ref.uid, None)
+        self._locks.pop(ref.uid, None)
+
+    async def _secret_values(self, ref: ObjectRef, spec: SlurmJobSpec) -> dict[str, str]:
+        values: dict[str, str] = {}
+        for env in spec.secret_env:
+            source = env.value_from
+            assert source is not None  # secret_env holds only valueFrom entries
+            values[env.name] = await self.kube.read_secret_value(
+                ref.namespace, source.secret_key_ref.name, source.secret_key_ref.key
+            )
+        self._secrets[ref.uid] = values
+        return values
+
+    async def _redactions(self, ref: ObjectRef, body: Mapping[str, Any]) -> list[str]:
+        if ref.uid not in self._secrets:
+            try:
+                await self._secret_values(ref, parse_spec(body.get("spec")))
+            except (SpecError, SecretError):
+                return []
+        return list(self._secrets.get(ref.uid, {}).values())
+
+    # -- submission ---------------------------------------------------------------------
+
+    async def reconcile(self, ref: ObjectRef) -> None:
+        """Drive a resource's submission side one step (create, resume and spec updates)."""
+        async with self._lock(ref.uid):
+            body = await self._fresh(ref)
+            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            status = SlurmJobStatus.parse(body.get("status"))
+            step = next_step(status)
+            if step is Step.SUBMIT:
+                await self._submit(ref, body, status)
+            elif step is Step.ADOPT:
+                await self._adopt(ref, body, status)
+            elif step is Step.CONFIRM:
+                await self._confirm(ref, body, status)
+            else:
+                self._observe_status(ref, status)
+
+    async def _submit(
+        self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
+    ) -> None:
+        generation, now = _generation(body), _now()
+        try:
+            spec = parse_spec(body.get("spec"))
+        except SpecError as exc:
+            await self._apply(ref, status, invalid_spec(status, exc.messages, generation, now))
+            return
+        try:
+            secrets = await self._secret_values(ref, spec)
+        except SecretError as exc:
+            await self._apply(
+                ref, status, waiting(status, "SecretNotFound", str(exc), generation, now)
+            )
+            raise RetryLater(str(exc), 30) from exc
+        try:
+            client = await self.slurm()
+        except (SlurmError, TokenError) as exc:
+            reason = "SlurmAuthFailed" if isinstance(exc, SlurmAuthError) else "SlurmUnavailable"
+            await self._apply(ref, status, waiting(status, reason, str(exc), generation, now))
+            raise RetryLater(str(exc), 30) from exc
+        number = len(status.attempts) + 1
+        try:
+            prepared = prepare_attempt(
+                spec,
+                self.site,
+                namespace=ref.namespace,
+                name=ref.name,
+                uid=ref.uid,
+                attempt=number,
+                api_version=client.version,
+                secret_values=secrets,
+            )
+        except SpecError as exc:
+            await self._apply(ref, status, invalid_spec(status, exc.messages, generation, now))
+            return
+        except (RenderError, PreflightError) as exc:
+            await self._apply(ref, status, invalid_spec(status, [str(exc)], generation, now))
+            return
+        launch = prepared.rendered.launch
+        staging = prepared.rendered.staging_dir
+        recorded = await self._apply(
+            ref,
+            status,
+            record_attempt(
+                status,
+                number=number,
+                job_name=launch.job_name,
+                staging_dir=str(staging),
+                generation=generation,
+                now=now,
+            ),
+        )
+        try:
+            receipt = await stage_and_submit(client, prepared, self.settings)
+        except ArtifactError as exc:
+            await aremove_attempt(staging)
+            self.metrics.submissions_total.labels(result="rejected").inc()
+            await self._apply(ref, recorded, rejected(recorded, str(exc), generation, _now()))
+            return
+        except SlurmRejected as exc:
+            self.metrics.submissions_total.labels(result="rejected").inc()
+            if exc.job_id is not None:
+                # Slurm created a record despite refusing the job (200 + errors): end it.
+                await self._cancel_quietly(client, exc.job_id)
+            await aremove_attempt(staging)
+            await self._apply(ref, recorded, rejected(recorded, str(exc), generation, _now()))
+            return
+        except SlurmAmbiguous as exc:
+            self.metrics.submissions_total.labels(result="ambiguous").inc()
+            await self._apply(ref, recorded, unconfirmed(recorded, str(exc), generation, _now()))
+            raise RetryLater(str(exc), self.settings.poll_interval) from exc
+        except (SlurmError, TokenError, StagingError, OSError) as exc:
+            result = "auth" if isinstance(exc, SlurmAuthError | TokenError) else "transient"
+            self.metrics.submissions_total.labels(result=result).inc()
+            await aremove_attempt(staging)
+            reason = "SlurmAuthFailed" if result == "auth" else "SubmitFailed"
+            await self._apply(
+                ref, recorded, not_submitted(recorded, reason, str(exc), generation, _now())
+            )
+            raise RetryLater(str(exc), 30) from exc
+        self.metrics.submissions_total.labels(result="accepted").inc()
+        done = await self._apply(
+            ref, recorded, submitted(recorded, receipt.job_id, generation, _now())
+        )
+        await self._confirm(ref, body, done)
+
+    async def _confirm(
+        self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
+    ) -> None:
+        """Fetch the job once by its numeric id: record the SLUID, take its state."""
+        attempt = status.current_attempt
+        assert attempt is not None
+        assert attempt.job_id is not None
+        client = await self.slurm()
+        try:
+            views = await client.get_job(attempt.job_id)
+        except SlurmNotFound as exc:
+            raise RetryLater(f"job {attempt.job_id} not visible yet", 2) from exc
+        except SlurmError as exc:
+            raise RetryLater(str(exc), 10) from exc
+        leader = _leader(views)
+        new = confirmed(status, leader.sluid)
+        await self._apply(ref, status, observed(new, observe(views), _generation(body), _now()))
+
+    async def _adopt(self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus) -> None:
+        """The last POST's answer was lost: look for the job by its unique name and adopt it."""
+        attempt = status.current_attempt
+        assert attempt is not None
+        generation = _generation(body)
+        try:
+            client = await self.slurm()
+            found = await client.find_by_name(attempt.job_name)
+        except SlurmError as exc:
+            raise RetryLater(str(exc), self.settings.poll_interval) from exc
+        mine = [
+            job
+            for job in found
+            if (ident := naming.parse_comment(job.comment)) is None
+            or (ident.uid == ref.uid and ident.attempt == attempt.number)
+        ]
+        leaders = sorted(
+            {j.het_job_id or j.job_id: j for j in mine}.values(),
+            key=lambda j: (j.sluid or "", j.job_id),
+        )
+        if not leaders:
+            await self._apply(
+                ref,
+                status,
+                unconfirmed(status, "the job is not visible in Slurm yet", generation, _now()),
+            )
+            raise RetryLater(f"job {attempt.job_name} not found yet", self.settings.poll_interval)
+        keep, extra = leaders[0], leaders[1:]
+        for duplicate in extra:
+            await self._cancel_quietly(client, duplicate.job_id)
+            await self.kube.post_event(
+                ref,
+                "Warning",
+                "DuplicateCancelled",
+                f"Slurm job {duplicate.job_id} duplicated attempt {attempt.number} "
+                f"(kept {keep.job_id}); cancelled",
+            )
+        self.metrics.adoptions_total.labels(how="name").inc()
+        adopted = await self._apply(
+            ref,
+            status,
+            submitted(status, keep.job_id, generation, _now(), sluid=keep.sluid, adopted=True),
+        )
+        await self._confirm(ref, body, adopted)
+
+    async def _cancel_quietly(self, client: SlurmClient, ref: int | str) -> None:
+        try:
+            await client.cancel(ref)
+        except SlurmNotFound:
+            pass
+        except SlurmError:
+            log.exception("cannot cancel Slurm job %s", ref)
+
+    # -- following jobs -----------------------------------------------------------------
+
+    async def refresh(
+        self,
+        tracked: Tracked,
+        views: Sequence[SlurmJobView] | None,
+        *,
+        logs_only: bool = False,
+    ) -> None:
+        """Fold a changed Slurm state (None: the job is gone from the controller) and the log
+        tails into the resource's status; `logs_only` when only the log files moved."""
+        ref = tracked.ref
+        async with self._lock(ref.uid):
+            body = await self._fresh(ref)
+            if body is None:
+                self.forget(ref)
+                return
+            status = SlurmJobStatus.parse(body.get("status"))
+            attempt = status.current_attempt
+            if attempt is None or attempt.job_id != tracked.job_id:
+                self._observe_status(ref, status)
+                return
+            generation, now = _generation(body), _now()
+            if logs_only:
+                transition = Transition(status)
+            else:
+                if views is None:
+                    views = await self._from_accounting(attempt)
+                if not views:
+                    transition = lost(
+                        status,
+                        f"Slurm job {attempt.job_id} is no longer known to the controller and "
+                        "there is no accounting record; it is not resubmitted",
+                        generation,
+                        now,
+                    )
+                else:
+                    transition = observed(status, observe(views), generation, now)
+            new = transition.status
+            if attempt.staging_dir:
+                new = with_logs(new, await self._logs(ref, body, attempt.staging_dir))
+            await self._apply(ref, status, Transition(new, transition.events))
+
+    async def _logs(self, ref: ObjectRef, body: Mapping[str, Any], staging_dir: str) -> Logs:
+        base = Path(staging_dir)
+        return await aread_logs(
+            base / STDOUT_FILE, base / STDERR_FILE, await self._redactions(ref, body)
+        )
+
+    async def _from_accounting(self, attempt: Attempt) -> list[SlurmJobView]:
+        client = await self.slurm()
+        try:
+            return await client.get_job_accounting(lifecycle_ref(client, attempt))
+        except (SlurmUnsupported, SlurmNotFound):
+            return []
+
+    # -- deletion -----------------------------------------------------------------------
+
+    async def finalize(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
+        """Cancel the job unless it is final, wait for its end, archive the log tails, remove
+        the staging directory; raises RetryLater while the job is still ending."""
+        async with self._lock(ref.uid):
+            status = SlurmJobStatus.parse(body.get("status"))
+            attempt = status.current_attempt
+            live = status.phase is None or not status.phase.is_terminal
+            if attempt is not None and live:
+                client = await self.slurm()
+                await self._end_job(ref, client, attempt)
+                fresh = await self._fresh(ref)
+                if fresh is not None and attempt.staging_dir:
+                    current = SlurmJobStatus.parse(fresh.get("status"))
+                    logs = await self._logs(ref, fresh, attempt.staging_dir)
+                    await self._apply(ref, current, Transition(with_logs(current, logs)))
+            await aremove_resource_dir(self.settings.storage_root, ref.namespace, ref.name, ref.uid)
+        self.forget(ref)
+
+    async def _end_job(self, ref: ObjectRef, client: SlurmClient, attempt: Attempt) -> None:
+        if attempt.job_id is None:
+            # An unconfirmed submission may still have created a job: cancel what carries
+            # this attempt's name and identity.
+            for job in await client.find_by_name(attempt.job_name):
+                ident = naming.parse_comment(job.comment)
+                if ident is None or (ident.uid == ref.uid and ident.attempt == attempt.number):
+                    await self._cancel_quietly(client, job.job_id)
+            return
+        target = lifecycle_ref(client, attempt)
+        try:
+            await client.cancel(target)
+        except SlurmNotFound:
+            return
+        deadline = asyncio.get_running_loop().time() + self.settings.delete_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                views = await client.get_job(target)
+            except SlurmNotFound:
+                return
+            if all(v.is_final for v in views):
+                await self.kube.post_event(
+                    ref, "Normal", "Cancelled", f"Slurm job {attempt.job_id} cancelled on deletion"
+                )
+                return
+            await asyncio.sleep(0.5)
+        raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+
+
+def _leader(views: Sequence[SlurmJobView]) -> SlurmJobView:
+    return min(views, key=lambda v: (v.het_job_offset or 0, v.job_id))

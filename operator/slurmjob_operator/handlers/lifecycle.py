@@ -1,0 +1,74 @@
+"""Operator-wide handlers: settings, the shared clients and the poller, their cleanup, login."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+
+from slurmjob_operator import GROUP
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller import Controller
+from slurmjob_operator.kube import KubeApi
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.poller import Poller
+from slurmjob_operator.slurm.connect import open_transport
+
+log = logging.getLogger(__name__)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Our own prefix for everything kopf stores on the resources.
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # The operator posts its own Events for transitions; kopf's only for its own trouble.
+    settings.posting.level = logging.WARNING
+    # Watch streams are re-established before proxies and load balancers cut them.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 30
+
+    config = Settings.from_env()
+    kube = await KubeApi.connect()
+    transport = open_transport(config)
+    metrics = Metrics()
+    if config.metrics_port:
+        metrics.start_http_server(config.metrics_port)
+    controller = Controller(config, kube, transport, metrics)
+    memo.controller = controller
+    memo.poller = asyncio.create_task(Poller(controller).run(), name="slurmjob-poller")
+    log.info(
+        "slurmjob-operator started: slurmrestd %s, profile %s, storage root %s",
+        config.slurm_rest_url,
+        config.slurm_runtime_profile.value,
+        config.storage_root,
+    )
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    poller = memo.get("poller")
+    if poller is not None:
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+    controller: Controller | None = memo.get("controller")
+    if controller is not None:
+        await controller.transport.close()
+        await controller.kube.close()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's ServiceAccount in a cluster, else the kubeconfig (KUBECONFIG)."""
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+    return info or kopf.login_with_kubeconfig(**kwargs)

@@ -1,0 +1,55 @@
+"""SlurmJob handlers: each unpacks what kopf gives and delegates to the controller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from slurmjob_operator import GROUP, PLURAL, VERSION
+from slurmjob_operator.controller import Controller, RetryLater
+from slurmjob_operator.kube import ObjectRef
+
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+def _controller(memo: kopf.Memo) -> Controller:
+    controller: Controller = memo.controller
+    return controller
+
+
+async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
+    try:
+        await _controller(memo).reconcile(ObjectRef.of(body))
+    except RetryLater as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+
+
+@kopf.on.create(*RESOURCE)
+async def created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)
+
+
+@kopf.on.resume(*RESOURCE)
+async def resumed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)
+
+
+@kopf.on.update(*RESOURCE, field="spec")
+async def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)
+
+
+@kopf.on.delete(*RESOURCE)
+async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        await _controller(memo).finalize(ObjectRef.of(body), body)
+    except RetryLater as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+
+
+@kopf.on.event(*RESOURCE)
+def watched(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    controller: Controller | None = memo.get("controller")
+    if controller is not None:
+        controller.observe_body(body, deleted=type == "DELETED")

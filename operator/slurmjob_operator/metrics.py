@@ -1,0 +1,228 @@
+"""Prometheus metrics of the operator, on a registry of their own.
+
+Nothing is registered or served at import time: a `Metrics` instance creates its collectors on
+the registry it is given (a fresh `CollectorRegistry` by default, so tests are isolated), and
+`Metrics.start_http_server` serves that registry on `/metrics` when the operator asks for it.
+
+Requests per poll cycle are counted through a context variable: `on_request` (the slurmrestd
+client's callback) adds to the cycle that is open *in the calling task's context*, so requests
+made by the poll sweep and the tasks it spawns count, while a submit running concurrently in a
+handler does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, get_args
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from slurmjob_operator.api.status import Phase
+
+__all__ = [
+    "PREFIX",
+    "SUBMISSION_RESULTS",
+    "Metrics",
+    "PollCycle",
+    "SubmissionResult",
+]
+
+PREFIX: Final = "slurmjob_operator"
+
+SubmissionResult = Literal["accepted", "rejected", "ambiguous", "transient", "auth"]
+SUBMISSION_RESULTS: tuple[str, ...] = get_args(SubmissionResult)
+
+# slurmrestd answers in milliseconds for one job and takes seconds for a full /jobs at scale.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CYCLE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class PollCycle:
+    """One open poll cycle: how many slurmrestd requests it made, and (once closed) how long
+    it took."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+
+    def count(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+
+class Metrics:
+    """The operator's metrics, all named `slurmjob_operator_*`.
+
+    Collectors (attributes, for direct use):
+
+    * `submissions_total{result}`: submit POSTs by outcome (`SUBMISSION_RESULTS`).
+    * `adoptions_total{how}`: jobs found again instead of submitted (e.g. `how="name"`).
+    * `transitions_total{phase}`: phase changes, by the new phase.
+    * `slurmrestd_request_seconds{endpoint,method,status_class}`: latency histogram; endpoint
+      is the path template, status_class "2xx".."5xx", "timeout" or "error".
+    * `poll_cycle_seconds`: histogram of poll cycle durations.
+    * `poll_requests`: slurmrestd requests made by the last finished poll cycle.
+    * `jobs{phase}`: tracked SlurmJobs by phase (`set_jobs_by_phase`).
+    * `token_expiry_seconds`: seconds until the slurmrestd token expires (`set_token_expiry`,
+      or `.set()` directly); NaN when unknown.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self.submissions_total = Counter(
+            f"{PREFIX}_submissions",
+            "Job submissions to slurmrestd, by result.",
+            ["result"],
+            registry=reg,
+        )
+        self.adoptions_total = Counter(
+            f"{PREFIX}_adoptions",
+            "Slurm jobs adopted (found again after a lost answer or a restart) instead of "
+            "submitted, by how they were found.",
+            ["how"],
+            registry=reg,
+        )
+        self.transitions_total = Counter(
+            f"{PREFIX}_transitions",
+            "SlurmJob phase transitions, by the new phase.",
+            ["phase"],
+            registry=reg,
+        )
+        self.slurmrestd_request_seconds = Histogram(
+            f"{PREFIX}_slurmrestd_request_seconds",
+            "Latency of slurmrestd requests, by endpoint template, method and status class.",
+            ["endpoint", "method", "status_class"],
+            buckets=REQUEST_BUCKETS,
+            registry=reg,
+        )
+        self.poll_cycle_seconds = Histogram(
+            f"{PREFIX}_poll_cycle_seconds",
+            "Duration of one poll cycle over all tracked jobs.",
+            buckets=CYCLE_BUCKETS,
+            registry=reg,
+        )
+        self.poll_requests = Gauge(
+            f"{PREFIX}_poll_requests",
+            "slurmrestd requests made by the last poll cycle.",
+            registry=reg,
+        )
+        self.jobs = Gauge(
+            f"{PREFIX}_jobs",
+            "Tracked SlurmJobs, by phase.",
+            ["phase"],
+            registry=reg,
+        )
+        self.token_expiry_seconds = Gauge(
+            f"{PREFIX}_token_expiry_seconds",
+            "Seconds until the slurmrestd token expires (NaN when unknown).",
+            registry=reg,
+        )
+        self.token_expiry_seconds.set(float("nan"))
+        for result in SUBMISSION_RESULTS:
+            self.submissions_total.labels(result=result)
+        for phase in Phase:
+            self.transitions_total.labels(phase=phase.value)
+            self.jobs.labels(phase=phase.value).set(0)
+        self._job_phases: set[str] = {p.value for p in Phase}
+        self._cycle: ContextVar[PollCycle | None] = ContextVar(
+            f"{PREFIX}_poll_cycle_{id(self)}", default=None
+        )
+        self._server: Any = None
+        self._server_thread: threading.Thread | None = None
+
+    # -- counters ----------------------------------------------------------------------
+
+    def count_submission(self, result: SubmissionResult) -> None:
+        if result not in SUBMISSION_RESULTS:
+            raise ValueError(f"unknown submission result {result!r}")
+        self.submissions_total.labels(result=result).inc()
+
+    def count_adoption(self, how: str) -> None:
+        self.adoptions_total.labels(how=how).inc()
+
+    def count_transition(self, phase: Phase | str) -> None:
+        self.transitions_total.labels(phase=str(phase)).inc()
+
+    # -- slurmrestd requests and poll cycles ---------------------------------------------
+
+    def on_request(self, endpoint: str, method: str, status_class: str, seconds: float) -> None:
+        """The slurmrestd client's `OnRequest` callback."""
+        self.slurmrestd_request_seconds.labels(
+            endpoint=endpoint, method=method.upper(), status_class=status_class
+        ).observe(max(0.0, seconds))
+        current = self._cycle.get()
+        if current is not None:
+            current.count()
+
+    @contextlib.contextmanager
+    def cycle(self) -> Iterator[PollCycle]:
+        """Measure one poll cycle: its duration goes to `poll_cycle_seconds` and the number of
+        slurmrestd requests made inside it (this context and tasks started from it) to
+        `poll_requests`. Also recorded when the body raises. Usable around `await`s."""
+        current = PollCycle()
+        token = self._cycle.set(current)
+        try:
+            yield current
+        finally:
+            self._cycle.reset(token)
+            current.seconds = time.monotonic() - current.started
+            self.poll_cycle_seconds.observe(current.seconds)
+            self.poll_requests.set(current.requests)
+
+    # -- gauges ------------------------------------------------------------------------
+
+    def set_jobs_by_phase(self, counts: Mapping[str, int]) -> None:
+        """Set `jobs{phase}` from this cycle's counts; phases not in `counts` read 0."""
+        given = {str(phase): n for phase, n in counts.items()}
+        for phase in self._job_phases - given.keys():
+            self.jobs.labels(phase=phase).set(0)
+        for phase, n in given.items():
+            self.jobs.labels(phase=phase).set(n)
+        self._job_phases |= given.keys()
+
+    def set_token_expiry(self, expires_at: datetime | None, *, now: datetime | None = None) -> None:
+        """`token_expiry_seconds` = expires_at - now (negative once expired); NaN when the
+        expiry is unknown. Call it every poll cycle."""
+        if expires_at is None:
+            self.token_expiry_seconds.set(float("nan"))
+            return
+        if expires_at.tzinfo is None:
+            raise ValueError("expires_at must be timezone-aware")
+        moment = now if now is not None else datetime.now(tz=UTC)
+        self.token_expiry_seconds.set((expires_at - moment).total_seconds())
+
+    # -- serving -----------------------------------------------------------------------
+
+    def start_http_server(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104
+        """Serve this registry on http://addr:port/metrics in a daemon thread; port 0 means
+        disabled (nothing is started)."""
+        if port == 0:
+            return
+        if self._server is not None:
+            raise RuntimeError("the metrics server is already running")
+        server, thread = prometheus_client.start_http_server(port, addr, registry=self.registry)
+        self._server, self._server_thread = server, thread
+
+    def stop_http_server(self) -> None:
+        """Stop the server `start_http_server` started (no-op when none runs)."""
+        server, thread = self._server, self._server_thread
+        self._server = self._server_thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def sample(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """One sample's current value (full name, e.g. `slurmjob_operator_jobs`), for tests
+        and the CLI."""
+        return self.registry.get_sample_value(name, dict(labels or {}))

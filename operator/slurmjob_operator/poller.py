@@ -1,0 +1,164 @@
+"""One cheap sweep of slurmrestd per poll interval for every tracked job.
+
+v0.0.40+: `GET /jobs/state` for the tracked ids (batched), then `GET /job/{id}` only for the
+jobs whose state changed since the last sweep. v0.0.38 has no `/jobs/state`: `GET /jobs` with
+`update_time` answers 304 when nothing changed, the whole list otherwise (which then carries
+every detail, so no per-job GET is needed). Either way the number of requests per interval
+does not grow with the number of unchanged jobs. Log tails are re-read only for jobs whose log
+files changed (size or mtime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.controller import Controller, Tracked, lifecycle_ref
+from slurmjob_operator.logs import tail_signature
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
+from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView
+from slurmjob_operator.staging import STDERR_FILE, STDOUT_FILE
+
+log = logging.getLogger(__name__)
+
+StateKey = tuple[tuple[str, ...], ...]
+
+
+def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
+    """What identifies "no change" for a job: each component's raw state, in a fixed order."""
+    return tuple(sorted(tuple(sorted(e.raw_state)) for e in entries))
+
+
+def group_states(entries: Iterable[JobStateEntry]) -> dict[int, list[JobStateEntry]]:
+    """`/jobs/state` entries by the leader's job id (het components share it)."""
+    groups: dict[int, list[JobStateEntry]] = defaultdict(list)
+    for entry in entries:
+        groups[entry.job_id].append(entry)
+    return groups
+
+
+def group_views(views: Iterable[SlurmJobView]) -> dict[int, list[SlurmJobView]]:
+    groups: dict[int, list[SlurmJobView]] = defaultdict(list)
+    for view in views:
+        groups[view.het_job_id or view.job_id].append(view)
+    return groups
+
+
+class Poller:
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self._seen: dict[int, StateKey] = {}
+        self._logs: dict[int, tuple[object, object]] = {}
+        self._list_since: datetime | None = None
+
+    async def run(self) -> None:
+        interval = self.controller.settings.poll_interval
+        while True:
+            started = time.monotonic()
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop outlives any one bad cycle
+                log.exception("poll cycle failed")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def cycle(self) -> None:
+        controller = self.controller
+        metrics = controller.metrics
+        with metrics.cycle():
+            expires = controller.token.expires_at
+            if expires is not None:
+                metrics.token_expiry_seconds.set((expires - datetime.now(tz=UTC)).total_seconds())
+            metrics.set_jobs_by_phase(Counter(controller.phases.values()))
+            tracked = {t.job_id: t for t in controller.tracked.values()}
+            self._forget_untracked(tracked)
+            if not tracked:
+                return
+            try:
+                client = await controller.slurm()
+                changed = await self._changed(client, tracked)
+            except SlurmError as exc:
+                log.warning("poll: slurmrestd: %s", exc)
+                return
+            for job_id, views in changed.items():
+                await self._refresh(tracked[job_id], views)
+            for job_id, item in tracked.items():
+                if job_id not in changed and self._logs_changed(item):
+                    await self._refresh(item, None, logs_only=True)
+
+    def _forget_untracked(self, tracked: dict[int, Tracked]) -> None:
+        for job_id in list(self._seen):
+            if job_id not in tracked:
+                self._seen.pop(job_id, None)
+                self._logs.pop(job_id, None)
+
+    async def _changed(
+        self, client: SlurmClient, tracked: dict[int, Tracked]
+    ) -> dict[int, list[SlurmJobView] | None]:
+        """Job id -> fresh views (None: gone from the controller) for jobs whose state moved."""
+        out: dict[int, list[SlurmJobView] | None] = {}
+        if client.dialect.supports_jobs_state:
+            entries = await client.jobs_state(sorted(tracked))
+            groups = group_states(entries.values())
+            for job_id, item in tracked.items():
+                group = groups.get(job_id)
+                if group is None:
+                    out[job_id] = await self._details(client, item)
+                    continue
+                key = state_key(group)
+                if self._seen.get(job_id) != key:
+                    out[job_id] = await self._details(client, item)
+            return out
+        since = self._list_since
+        self._list_since = datetime.now(tz=UTC) - timedelta(seconds=1)
+        listing = await client.list_jobs(update_time=since)
+        if listing.not_modified:
+            return out
+        groups_v = group_views(listing.jobs)
+        for job_id, item in tracked.items():
+            views = groups_v.get(job_id)
+            if views is None:
+                out[job_id] = await self._details(client, item)
+            elif self._seen.get(job_id) != state_key(views):
+                out[job_id] = views
+        return out
+
+    async def _details(self, client: SlurmClient, item: Tracked) -> list[SlurmJobView] | None:
+        attempt = Attempt(number=1, job_name="", job_id=item.job_id, sluid=item.sluid)
+        try:
+            return await client.get_job(lifecycle_ref(client, attempt))
+        except SlurmNotFound:
+            return None
+
+    async def _refresh(
+        self,
+        item: Tracked,
+        views: Sequence[SlurmJobView] | None,
+        *,
+        logs_only: bool = False,
+    ) -> None:
+        try:
+            await self.controller.refresh(item, views, logs_only=logs_only)
+        except Exception:
+            log.exception("cannot refresh %s/%s", item.ref.namespace, item.ref.name)
+            return
+        if views is not None and not logs_only:
+            self._seen[item.job_id] = state_key(views)
+        self._logs[item.job_id] = self._signature(item)
+
+    def _signature(self, item: Tracked) -> tuple[object, object]:
+        if not item.staging_dir:
+            return (None, None)
+        base = Path(item.staging_dir)
+        return (tail_signature(base / STDOUT_FILE), tail_signature(base / STDERR_FILE))
+
+    def _logs_changed(self, item: Tracked) -> bool:
+        return self._logs.get(item.job_id) != self._signature(item)

@@ -1,0 +1,342 @@
+"""The decision core: given the status and what happened, the next step and the new status.
+
+Pure functions only (no I/O, `now` passed in): the kopf handlers, the poller and `submit`
+call them and carry out what they return. Every function returns a `Transition`: the whole
+new status plus the Events worth posting; writing nothing when nothing visible changed is the
+caller's job (`changed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from slurmjob_operator.api.status import (
+    Attempt,
+    ConditionStatus,
+    Logs,
+    Phase,
+    SlurmJobStatus,
+    rfc3339,
+    set_condition,
+)
+from slurmjob_operator.states import Observation
+
+SUBMITTED = "Submitted"
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+READY = "Ready"
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    status: SlurmJobStatus
+    events: tuple[Event, ...] = field(default_factory=tuple)
+
+
+class Step(StrEnum):
+    """What the submission side must do next for a resource."""
+
+    SUBMIT = "Submit"  # no live attempt: render, record, POST
+    ADOPT = "Adopt"  # the last POST's answer was lost: find the job by name before anything else
+    CONFIRM = "Confirm"  # job id known, receipt not yet confirmed (SLUID not recorded)
+    TRACK = "Track"  # submitted and confirmed: the poller follows it
+    DONE = "Done"  # final, or refused: nothing to do
+
+
+def next_step(status: SlurmJobStatus) -> Step:
+    attempt = status.current_attempt
+    if attempt is None:
+        # Nothing was ever submitted (a spec refused earlier is checked again: it may be fixed).
+        return Step.SUBMIT
+    if status.phase is not None and status.phase.is_terminal:
+        return Step.DONE
+    if attempt.job_id is None:
+        return Step.ADOPT
+    if not attempt.confirmed:
+        return Step.CONFIRM
+    return Step.TRACK
+
+
+def changed(old: SlurmJobStatus, new: SlurmJobStatus) -> bool:
+    return old.dump() != new.dump()
+
+
+def _ready_for(phase: Phase) -> ConditionStatus:
+    return "True" if phase in (Phase.QUEUED, Phase.RUNNING, Phase.SUCCEEDED) else "False"
+
+
+def _with_conditions(
+    status: SlurmJobStatus,
+    updates: Sequence[tuple[str, ConditionStatus, str, str]],
+    generation: int | None,
+    now: datetime,
+) -> SlurmJobStatus:
+    conditions = list(status.conditions)
+    for type_, cond_status, reason, message in updates:
+        conditions = set_condition(conditions, type_, cond_status, reason, message, generation, now)
+    return status.model_copy(update={"conditions": conditions, "observed_generation": generation})
+
+
+def _replace_attempt(status: SlurmJobStatus, attempt: Attempt) -> list[Attempt]:
+    return [*status.attempts[:-1], attempt]
+
+
+def _phase_event(old: Phase | None, new: Phase, reason: str, message: str) -> tuple[Event, ...]:
+    if old == new:
+        return ()
+    failed = new in (Phase.FAILED, Phase.UNKNOWN, Phase.CANCELLED)
+    return (Event(WARNING if failed else NORMAL, reason, message or f"phase {new.value}"),)
+
+
+def invalid_spec(
+    status: SlurmJobStatus, messages: Sequence[str], generation: int | None, now: datetime
+) -> Transition:
+    """The spec cannot be run here: say why, submit nothing, retry nothing."""
+    message = "; ".join(messages)
+    new = _with_conditions(
+        status,
+        [
+            (READY, "False", "InvalidSpec", message),
+            (SUBMITTED, "False", "InvalidSpec", "nothing was submitted"),
+            (FAILED, "True", "InvalidSpec", message),
+        ],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.FAILED, "message": message})
+    events = () if status.message == message else (Event(WARNING, "InvalidSpec", message),)
+    return Transition(new, events)
+
+
+def waiting(
+    status: SlurmJobStatus, reason: str, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """Nothing submitted yet, and something outside the spec blocks it (a missing Secret,
+    slurmrestd unreachable, refused credentials); the handler tries again later."""
+    new = _with_conditions(
+        status,
+        [(READY, "False", reason, message), (SUBMITTED, "False", reason, message)],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.PENDING, "message": message})
+    events = () if status.message == message else (Event(WARNING, reason, message),)
+    return Transition(new, events)
+
+
+def record_attempt(
+    status: SlurmJobStatus,
+    *,
+    number: int,
+    job_name: str,
+    staging_dir: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """Written before the POST, so a crash after it leaves a trace to adopt the job by."""
+    previous = status.current_attempt
+    attempt = Attempt(
+        number=number,
+        job_name=job_name,
+        staging_dir=staging_dir,
+        submitted_at=rfc3339(now),
+        retry_of=previous.number if previous is not None and previous.job_id else None,
+    )
+    message = f"submitting attempt {number} as Slurm job name {job_name}"
+    new = _with_conditions(
+        status,
+        [(SUBMITTED, "Unknown", "Submitting", message)],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.SUBMITTING,
+            "attempts": [*status.attempts, attempt],
+            "message": message,
+        }
+    )
+    return Transition(new)
+
+
+def not_submitted(
+    status: SlurmJobStatus, reason: str, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """The POST certainly did not create a job (nothing was sent, or credentials refused):
+    forget the recorded attempt so the next try reuses its number."""
+    attempt = status.current_attempt
+    attempts = status.attempts
+    if attempt is not None and attempt.job_id is None:
+        attempts = attempts[:-1]
+    base = status.model_copy(update={"attempts": attempts})
+    return waiting(base, reason, message, generation, now)
+
+
+def unconfirmed(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """The POST may have created a job whose answer was lost: never submit again until it is
+    found (or declared lost by a person)."""
+    text = f"submission unconfirmed: {message}; searching for the job by name before any resubmit"
+    new = _with_conditions(
+        status,
+        [
+            (SUBMITTED, "Unknown", "SubmissionUnconfirmed", text),
+            (READY, "False", "SubmissionUnconfirmed", text),
+        ],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.SUBMITTING, "message": text})
+    events = () if status.message == text else (Event(WARNING, "SubmissionUnconfirmed", text),)
+    return Transition(new, events)
+
+
+def rejected(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """Slurm refused the job description: final, with Slurm's own words."""
+    attempt = status.current_attempt
+    attempts = status.attempts
+    if attempt is not None:
+        attempts = _replace_attempt(status, attempt.model_copy(update={"reason": "Rejected"}))
+    text = f"Slurm refused the job: {message}"
+    new = _with_conditions(
+        status.model_copy(update={"attempts": attempts}),
+        [
+            (SUBMITTED, "False", "SubmitRejected", text),
+            (FAILED, "True", "SubmitRejected", text),
+            (SUCCEEDED, "False", "SubmitRejected", text),
+            (READY, "False", "SubmitRejected", text),
+        ],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.FAILED, "message": text, "completion_time": rfc3339(now)})
+    return Transition(new, (Event(WARNING, "SubmitRejected", text),))
+
+
+def submitted(
+    status: SlurmJobStatus,
+    job_id: int,
+    generation: int | None,
+    now: datetime,
+    *,
+    sluid: str | None = None,
+    adopted: bool = False,
+) -> Transition:
+    """Slurm gave (or, when adopting, showed) the job id of the current attempt."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("no attempt to attach a job id to")
+    attempt = attempt.model_copy(
+        update={"job_id": job_id, "sluid": sluid or attempt.sluid, "confirmed": adopted}
+    )
+    how = "adopted" if adopted else "submitted"
+    text = f"attempt {attempt.number} {how} as Slurm job {job_id}" + (
+        f" ({sluid})" if sluid else ""
+    )
+    new = _with_conditions(
+        status,
+        [
+            (SUBMITTED, "True", "Adopted" if adopted else "Accepted", text),
+            (READY, "True", "Queued", text),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.QUEUED,
+            "attempts": _replace_attempt(status, attempt),
+            "slurm_job_id": job_id,
+            "message": text,
+        }
+    )
+    return Transition(new, (Event(NORMAL, "Adopted" if adopted else "Submitted", text),))
+
+
+def confirmed(status: SlurmJobStatus, sluid: str | None) -> SlurmJobStatus:
+    """The receipt was checked against Slurm (and the SLUID recorded where there is one)."""
+    attempt = status.current_attempt
+    if attempt is None:
+        return status
+    attempt = attempt.model_copy(update={"confirmed": True, "sluid": sluid or attempt.sluid})
+    return status.model_copy(update={"attempts": _replace_attempt(status, attempt)})
+
+
+def observed(
+    status: SlurmJobStatus, obs: Observation, generation: int | None, now: datetime
+) -> Transition:
+    """Fold what Slurm says about the current attempt into the status."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(
+        update={
+            "native_state": obs.native_state,
+            "native_flags": list(obs.native_flags),
+            "reason": obs.slurm_reason,
+            "exit_code": obs.exit_code,
+            "signal": obs.signal,
+            "started_at": rfc3339(obs.started_at) if obs.started_at else attempt.started_at,
+            "finished_at": _finished(attempt, obs, now),
+        }
+    )
+    phase = obs.phase
+    updates: list[tuple[str, ConditionStatus, str, str]] = [
+        (RUNNING, "True" if phase is Phase.RUNNING else "False", obs.reason, obs.message),
+        (READY, _ready_for(phase), obs.reason, obs.message),
+    ]
+    if obs.final:
+        updates.append(
+            (SUCCEEDED, "True" if phase is Phase.SUCCEEDED else "False", obs.reason, obs.message)
+        )
+        updates.append(
+            (FAILED, "True" if phase is Phase.FAILED else "False", obs.reason, obs.message)
+        )
+    start = status.start_time or attempt.started_at
+    new = _with_conditions(status, updates, generation, now).model_copy(
+        update={
+            "phase": phase,
+            "attempts": _replace_attempt(status, attempt),
+            "nodes": obs.nodes or status.nodes,
+            "start_time": start,
+            "completion_time": attempt.finished_at if obs.final else None,
+            "message": obs.message,
+        }
+    )
+    return Transition(new, _phase_event(status.phase, phase, obs.reason, obs.message))
+
+
+def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:
+    """When the job ended: Slurm's end time, else when the end was first seen."""
+    if not obs.final:
+        return None
+    if obs.finished_at is not None:
+        return rfc3339(obs.finished_at)
+    return attempt.finished_at or rfc3339(now)
+
+
+def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:
+    """The controller no longer knows the job and there is no accounting to ask: Unknown,
+    never a resubmit."""
+    new = _with_conditions(
+        status,
+        [(READY, "False", "JobLost", message), (RUNNING, "False", "JobLost", message)],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.UNKNOWN, "message": message})
+    return Transition(new, _phase_event(status.phase, Phase.UNKNOWN, "JobLost", message))
+
+
+def with_logs(status: SlurmJobStatus, logs: Logs) -> SlurmJobStatus:
+    return status.model_copy(update={"logs": logs})

@@ -1,0 +1,361 @@
+"""Bounded log tails: caps, cuts, UTF-8, redaction, memory."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmjob_operator import logs
+from slurmjob_operator.api.status import Logs, LogTail
+from slurmjob_operator.logs import (
+    aread_logs,
+    aread_tail,
+    read_logs,
+    read_tail,
+    redact_text,
+    tail_signature,
+)
+
+MB = 1024 * 1024
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+class ReadSpy:
+    """Wraps the file `read_tail` opens and records every read size."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads: list[int] = []
+        real_open = Path.open
+        spy = self
+
+        class Wrapped:
+            def __init__(self, f: Any) -> None:
+                self._f = f
+
+            def read(self, n: int = -1) -> bytes:
+                spy.reads.append(n)
+                data: bytes = self._f.read(n)
+                return data
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._f, name)
+
+            def __enter__(self) -> Wrapped:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self._f.close()
+
+        def fake_open(path: Path, *args: Any, **kwargs: Any) -> Any:
+            return Wrapped(real_open(path, *args, **kwargs))
+
+        monkeypatch.setattr(Path, "open", fake_open)
+
+
+# -- basics ------------------------------------------------------------------------------
+
+
+def test_missing_file_is_none(tmp_path: Path) -> None:
+    assert read_tail(tmp_path / "nope.out") is None
+    write(tmp_path / "file", "x")
+    assert read_tail(tmp_path / "file" / "below") is None  # a path component is a file
+
+
+def test_small_file_whole(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "one\ntwo\nthree\n")
+    assert read_tail(p) == LogTail(tail="one\ntwo\nthree\n", truncated=False, bytes=14, lines=3)
+
+
+def test_last_line_without_newline_counts(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "one\ntwo")
+    tail = read_tail(p)
+    assert tail is not None
+    assert (tail.tail, tail.lines, tail.truncated) == ("one\ntwo", 2, False)
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", b"")
+    assert read_tail(p) == LogTail(tail="", truncated=False, bytes=0, lines=0)
+
+
+def test_caps_must_be_positive(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "x\n")
+    with pytest.raises(ValueError, match="at least 1"):
+        read_tail(p, max_bytes=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        read_tail(p, max_lines=0)
+
+
+# -- the byte cap ------------------------------------------------------------------------
+
+
+def test_exactly_at_the_byte_limit_is_whole(tmp_path: Path) -> None:
+    line = b"0123456789abcde\n"  # 16 bytes
+    p = write(tmp_path / "a.out", line * 64)  # 1024 bytes
+    tail = read_tail(p, max_bytes=1024)
+    assert tail is not None
+    assert (tail.truncated, tail.lines, tail.bytes) == (False, 64, 1024)
+    assert tail.tail == (line * 64).decode()
+
+
+def test_one_byte_over_on_a_line_boundary_drops_only_that_line(tmp_path: Path) -> None:
+    body = b"0123456789abcde\n" * 64
+    p = write(tmp_path / "a.out", b"\n" + body)  # the cut falls right after a newline
+    tail = read_tail(p, max_bytes=len(body))
+    assert tail is not None
+    assert tail.tail == body.decode()
+    assert (tail.truncated, tail.lines, tail.bytes) == (True, 64, len(body) + 1)
+
+
+def test_mid_line_cut_drops_the_partial_line(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "first line here\nsecond\nthird\n")
+    tail = read_tail(p, max_bytes=16)  # starts inside "first line here"'s end
+    assert tail is not None
+    assert tail.tail == "second\nthird\n"
+    assert (tail.truncated, tail.lines) == (True, 2)
+
+
+def test_one_long_line_keeps_its_end(tmp_path: Path) -> None:
+    # A progress bar without newlines: dropping "the partial line" would leave nothing.
+    p = write(tmp_path / "a.out", "x" * 1000 + "\rdone")
+    tail = read_tail(p, max_bytes=100)
+    assert tail is not None
+    assert tail.tail == ("x" * 1000 + "\rdone")[-100:]
+    assert (tail.truncated, tail.lines) == (True, 1)
+
+
+def test_multibyte_character_split_at_the_cut(tmp_path: Path) -> None:
+    text = "é" * 100  # two bytes each, no newline: the single-line path
+    p = write(tmp_path / "a.out", text)
+    tail = read_tail(p, max_bytes=51)  # the cut lands inside a character
+    assert tail is not None
+    assert tail.tail == "é" * 25
+    assert "\ufffd" not in tail.tail
+    # With lines, a character split by the cut is in the dropped partial line.
+    p = write(tmp_path / "b.out", "€€€€\nzwölf €\n")
+    tail = read_tail(p, max_bytes=len("€\nzwölf €\n".encode()) + 1)
+    assert tail is not None
+    assert tail.tail == "zwölf €\n"
+
+
+def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", b"ok \xff\xfe bytes\n")
+    tail = read_tail(p)
+    assert tail is not None
+    assert tail.tail == "ok \ufffd\ufffd bytes\n"
+
+
+def test_huge_file_is_read_with_bounded_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "huge.out"
+    with p.open("wb") as f:
+        f.truncate(50 * MB)  # sparse: 50 MB of NULs without writing them
+        f.seek(50 * MB)
+        f.write(b"".join(b"line %06d\n" % i for i in range(20000)))
+    size = p.stat().st_size
+    spy = ReadSpy(monkeypatch)
+    tracemalloc.start()
+    try:
+        tail = read_tail(p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert tail is not None
+    assert spy.reads == [64 * 1024 + 1]
+    assert peak < 2 * MB
+    assert tail.bytes == size
+    assert tail.truncated
+    assert tail.lines == 2000
+    assert tail.tail.endswith("line 019999\n")
+    assert tail.tail.startswith("line 018000\n")
+
+
+# -- the line cap ------------------------------------------------------------------------
+
+
+def test_line_cap(tmp_path: Path) -> None:
+    lines = [f"{i}\n" for i in range(5000)]
+    p = write(tmp_path / "a.out", "".join(lines))
+    tail = read_tail(p)
+    assert tail is not None
+    assert tail.tail == "".join(lines[-2000:])
+    assert (tail.lines, tail.truncated) == (2000, True)
+
+
+def test_exactly_max_lines_is_not_truncated(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "x\n" * 2000)
+    tail = read_tail(p)
+    assert tail is not None
+    assert (tail.lines, tail.truncated) == (2000, False)
+    p = write(tmp_path / "b.out", "x\n" * 1999 + "x")
+    tail = read_tail(p)
+    assert tail is not None
+    assert (tail.lines, tail.truncated) == (2000, False)
+
+
+# -- redaction ---------------------------------------------------------------------------
+
+
+def test_redaction(tmp_path: Path) -> None:
+    content = "token=s3cr3t-value\nuser abc pw hunter2\nagain s3cr3t-value!\n"
+    p = write(tmp_path / "a.out", content)
+    tail = read_tail(p, redact=["s3cr3t-value", "abc", "", "hunter2"])
+    assert tail is not None
+    assert tail.tail == "token=***\nuser abc pw ***\nagain ***!\n"
+    assert p.read_text() == content  # only the returned text is redacted
+
+
+def test_longer_secret_wins_over_its_substring() -> None:
+    assert redact_text("key=abcdefgh", ["abcd", "abcdefgh"]) == "key=***"
+
+
+def test_secret_spanning_the_cut_is_hidden(tmp_path: Path) -> None:
+    secret = "SUPERSECRETVALUE"
+    p = write(tmp_path / "a.out", "x" * 50 + secret + "y" * 40)
+    # The read starts 10 characters into the secret: its end must not leak.
+    tail = read_tail(p, max_bytes=6 + 40, redact=[secret])
+    assert tail is not None
+    assert tail.tail == "***" + "y" * 40
+    assert "VALUE" not in tail.tail
+
+
+def test_secret_being_written_at_the_end_is_hidden(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "ok\nexport TOKEN=SUPERSEC")
+    tail = read_tail(p, redact=["SUPERSECRETVALUE"])
+    assert tail is not None
+    assert tail.tail == "ok\nexport TOKEN=***"
+
+
+def test_multi_line_secret_cut_by_the_line_cap(tmp_path: Path) -> None:
+    key = "-----BEGIN KEY-----\nAAAAline1\nBBBBline2\n-----END KEY-----"
+    p = write(tmp_path / "a.out", f"start\n{key}\nafter\n")
+    tail = read_tail(p, max_lines=3, redact=[key])
+    assert tail is not None
+    assert tail.tail == "***\n***\nafter\n"
+    whole = read_tail(p, redact=[key])
+    assert whole is not None
+    assert whole.tail == "start\n***\nafter\n"
+    assert whole.lines == 3
+
+
+def test_short_values_are_not_redacted() -> None:
+    assert redact_text("a 123 b", ["123", ""]) == "a 123 b"
+
+
+# -- both files, async, signature --------------------------------------------------------
+
+
+def test_read_logs(tmp_path: Path) -> None:
+    out = write(tmp_path / "job.out", "hello\n")
+    err = write(tmp_path / "job.err", "oops pw=hunter22\n")
+    got = read_logs(out, err, ["hunter22"])
+    assert got.stdout is not None
+    assert got.stderr is not None
+    assert got.stdout.tail == "hello\n"
+    assert got.stderr.tail == "oops pw=***\n"
+    assert read_logs(out, tmp_path / "missing.err") == Logs(stdout=got.stdout, stderr=None)
+    assert read_logs(out, out).stderr is None  # one file: not stored twice
+    assert read_logs(out, None).stderr is None
+    link = tmp_path / "link.err"
+    link.symlink_to(out)
+    assert read_logs(out, link).stderr is None
+    small = read_logs(out, err, max_bytes=4, max_lines=1)
+    assert small.stderr is not None
+    assert small.stderr.truncated
+
+
+async def test_async_variants(tmp_path: Path) -> None:
+    out = write(tmp_path / "job.out", "a\nb\n")
+    err = write(tmp_path / "job.err", "c\n")
+    assert await aread_tail(out, max_lines=1) == read_tail(out, max_lines=1)
+    assert await aread_tail(tmp_path / "nope") is None
+    assert await aread_logs(out, err, ()) == read_logs(out, err)
+
+
+def test_tail_signature(tmp_path: Path) -> None:
+    p = tmp_path / "a.out"
+    assert tail_signature(p) is None
+    write(p, "one\n")
+    first = tail_signature(p)
+    assert first is not None
+    assert first[0] == 4
+    assert tail_signature(p) == first
+    with p.open("ab") as f:
+        f.write(b"two\n")
+    os.utime(p, ns=(first[1] + 1_000_000_000, first[1] + 1_000_000_000))
+    second = tail_signature(p)
+    assert second is not None
+    assert second != first
+    assert second[0] == 8
+
+
+def test_module_defaults_match_the_seed() -> None:
+    assert (logs.DEFAULT_MAX_BYTES, logs.DEFAULT_MAX_LINES) == (65536, 2000)
+
+
+# -- properties --------------------------------------------------------------------------
+
+line_text = st.text(
+    alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\n"), max_size=30
+)
+files = st.lists(line_text, max_size=30).map(lambda ls: "\n".join(ls)) | st.lists(
+    line_text, max_size=30
+).map(lambda ls: "".join(f"{s}\n" for s in ls))
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300)
+@given(
+    content=files,
+    max_bytes=st.integers(min_value=1, max_value=300),
+    max_lines=st.integers(min_value=1, max_value=40),
+)
+def test_tail_is_a_bounded_suffix(
+    tmp_path: Path, content: str, max_bytes: int, max_lines: int
+) -> None:
+    p = write(tmp_path / "prop.out", content)
+    data = content.encode()
+    tail = read_tail(p, max_bytes=max_bytes, max_lines=max_lines)
+    assert tail is not None
+    text = tail.tail
+    assert content.endswith(text)
+    assert len(text.encode()) <= max_bytes
+    assert tail.lines <= max_lines
+    assert tail.lines == (text.count("\n") + (1 if text and not text.endswith("\n") else 0))
+    assert tail.bytes == len(data)
+    if not tail.truncated:
+        assert text == content
+    else:
+        before = content[: len(content) - len(text)]
+        # Whole lines only, except when the read was one single (long) line.
+        starts_a_line = before == "" or before.endswith("\n")
+        single_line_fallback = "\n" not in text.rstrip("\n")
+        assert starts_a_line or single_line_fallback
+        if len(data) <= max_bytes:
+            assert text.count("\n") + (0 if text.endswith("\n") else 1) == max_lines
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
+@given(
+    before=st.text(alphabet="ab \n", max_size=80),
+    after=st.text(alphabet="ab \n", max_size=80),
+    max_bytes=st.integers(min_value=1, max_value=200),
+)
+def test_a_secret_never_leaks(tmp_path: Path, before: str, after: str, max_bytes: int) -> None:
+    secret = "XYZW1234"
+    p = write(tmp_path / "prop.out", before + secret + after)
+    tail = read_tail(p, max_bytes=max_bytes, redact=[secret])
+    assert tail is not None
+    for k in range(4, len(secret) + 1):
+        for i in range(len(secret) - k + 1):
+            assert secret[i : i + k] not in tail.tail
