@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -80,6 +81,11 @@ def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+class _QuietWatchHandler(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Handler 'watched' succeeded" not in record.getMessage()
+
+
 def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     import kopf
 
@@ -92,6 +98,9 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
     )
+    # kopf logs every successful handler call; the watch-event handler runs on every status
+    # write, so its "succeeded" lines would drown the log.
+    logging.getLogger("kopf.objects").addFilter(_QuietWatchHandler())
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,

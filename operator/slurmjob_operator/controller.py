@@ -493,8 +493,12 @@ class Controller:
             except SlurmNotFound:
                 return
             if all(v.is_final for v in views):
+                via = f" through its SLUID {target}" if isinstance(target, str) else ""
                 await self.kube.post_event(
-                    ref, "Normal", "Cancelled", f"Slurm job {attempt.job_id} cancelled on deletion"
+                    ref,
+                    "Normal",
+                    "Cancelled",
+                    f"Slurm job {attempt.job_id} cancelled{via} on deletion",
                 )
                 return
             await asyncio.sleep(0.5)

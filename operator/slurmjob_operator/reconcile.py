@@ -96,10 +96,12 @@ def _replace_attempt(status: SlurmJobStatus, attempt: Attempt) -> list[Attempt]:
 
 
 def _phase_event(old: Phase | None, new: Phase, reason: str, message: str) -> tuple[Event, ...]:
+    """One Event per phase change, its reason the new phase (the detail in the message)."""
     if old == new:
         return ()
     failed = new in (Phase.FAILED, Phase.UNKNOWN, Phase.CANCELLED)
-    return (Event(WARNING if failed else NORMAL, reason, message or f"phase {new.value}"),)
+    text = f"{reason}: {message}" if message else reason
+    return (Event(WARNING if failed else NORMAL, new.value, text),)
 
 
 def invalid_spec(

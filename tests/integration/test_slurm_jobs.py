@@ -8,7 +8,6 @@ container runtimes are the testbed's stand-ins (see tests/testbed/).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.sitefiles import runtime_id, site_env
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import parse_spec
@@ -32,10 +32,6 @@ from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
 
 pytestmark = pytest.mark.integration
 
-SIF_BYTES = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"testbed runtime" * 64
-# A SquashFS 4.0 superblock: magic, then major/minor version at offset 28.
-SQSH_BYTES = b"hsqs" + b"\0" * 24 + (4).to_bytes(2, "little") + b"\0" * 66 + b"testbed runtime" * 64
-
 
 @dataclass(frozen=True)
 class Bed:
@@ -45,73 +41,13 @@ class Bed:
     namespace: str
 
 
-def _write_runtime(root: Path, name: str, content: bytes, owner: tuple[int, int]) -> str:
-    path = root / "runtimes" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_bytes() != content:
-        path.write_bytes(content)
-    os.chown(path.parent, *owner)
-    path.chmod(0o644)
-    return hashlib.sha256(content).hexdigest()
-
-
 @pytest.fixture(params=["apptainer", "enroot-pyxis"])
 def profile(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 def _bed(testbed: SlurmTestbed, profile: str, tmp_path: Path) -> Bed:
-    root = testbed.storage_root
-    owner = (testbed.uid, testbed.gid)
-    sif = _write_runtime(root, "testbed.sif", SIF_BYTES, owner)
-    sqsh = _write_runtime(root, "testbed.sqsh", SQSH_BYTES, owner)
-    registry = tmp_path / "runtimes.yaml"
-    registry.write_text(
-        json.dumps(
-            {
-                "runtimes": [
-                    {
-                        "id": "custom-sif",
-                        "format": "sif",
-                        "path": "runtimes/testbed.sif",
-                        "sha256": sif,
-                    },
-                    {
-                        "id": "custom-sqsh",
-                        "format": "sqsh",
-                        "path": "runtimes/testbed.sqsh",
-                        "sha256": sqsh,
-                    },
-                ]
-            }
-        )
-    )
-    series = tmp_path / "series.yaml"
-    series.write_text(
-        json.dumps(
-            {
-                "series": [
-                    {"name": "h100", "slurmConstraint": "h100", "gpusPerNode": 2},
-                    {"name": "a100", "slurmConstraint": "a100", "gpusPerNode": 2},
-                ]
-            }
-        )
-    )
-    settings = Settings.from_env(
-        {
-            "SLURMJOB_SLURM_REST_URL": testbed.rest_url,
-            "SLURMJOB_SLURM_REST_API_VERSION": "auto",
-            "SLURMJOB_SLURM_REST_USER": testbed.user,
-            "SLURMJOB_SLURM_JWT_KEY_FILE": str(testbed.jwt_key_file),
-            "SLURMJOB_SLURM_PARTITION": testbed.partition,
-            "SLURMJOB_SLURM_RUNTIME_PROFILE": profile,
-            "SLURMJOB_STORAGE_ROOT": str(root),
-            "SLURMJOB_STAGING_OWNER": f"{testbed.uid}:{testbed.gid}",
-            "SLURMJOB_SLURM_JOB_PATH": testbed.job_path,
-            "SLURMJOB_RUNTIME_REGISTRY_FILE": str(registry),
-            "SLURMJOB_GPU_SERIES_FILE": str(series),
-        }
-    )
+    settings = Settings.from_env(site_env(testbed, profile, tmp_path))
     return Bed(testbed, settings, Site.load(settings), f"it-{uuid.uuid4().hex[:10]}")
 
 
@@ -127,7 +63,7 @@ async def client(bed: Bed) -> AsyncIterator[SlurmClient]:
 
 
 def _spec(bed: Bed, command: list[str], **overrides: Any) -> dict[str, Any]:
-    runtime = "custom-sif" if bed.settings.slurm_runtime_profile == "apptainer" else "custom-sqsh"
+    runtime = runtime_id(bed.settings.slurm_runtime_profile)
     spec: dict[str, Any] = {
         "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime},
         "command": command,

@@ -1,0 +1,406 @@
+"""End to end: `kubectl apply` against a real kube-apiserver, the operator as a separate
+process (`slurmjob-operator run`), and a real Slurm underneath.
+
+Slurm 26.05 (v0.0.45, SLUID) carries the full set; Slurm 22.05 (v0.0.38, no SLUID) a smoke
+subset proving the name-only path. Each operator watches its own namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.integration.sitefiles import runtime_id, site_env
+from tests.k8s.kube import KubeTestbed
+from tests.testbed.slurm import SlurmTestbed
+
+from slurmjob_operator.config import Settings
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, open_transport
+from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds/slurmjob.io_slurmjobs.yaml"
+OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
+
+
+@dataclass
+class Operator:
+    """One `slurmjob-operator run` process for one namespace and one Slurm cluster."""
+
+    kube: KubeTestbed
+    testbed: SlurmTestbed
+    namespace: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(OPERATOR), "run", "-n", self.namespace],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- kubectl helpers ------------------------------------------------------------------
+
+    def apply(self, name: str, spec: dict[str, Any]) -> None:
+        manifest = {
+            "apiVersion": "slurmjob.io/v1alpha1",
+            "kind": "SlurmJob",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": spec,
+        }
+        self.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        proc = self.kube.kubectl(
+            "get", "slurmjob", name, "-n", self.namespace, "-o", "json", check=False
+        )
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr:
+                return None
+            raise AssertionError(proc.stderr)
+        obj: dict[str, Any] = json.loads(proc.stdout)
+        return obj
+
+    def wait_for(
+        self,
+        name: str,
+        done: Callable[[dict[str, Any]], bool],
+        within: float = 60,
+        what: str = "",
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + within
+        obj: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            obj = self.get(name)
+            if obj is not None and done(obj):
+                return obj
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.5)
+        status = json.dumps((obj or {}).get("status"), indent=1)
+        raise AssertionError(
+            f"{name}: {what} not reached in {within} s; status {status}\n"
+            f"operator log:\n{self.log_tail()}"
+        )
+
+    def wait_phase(self, name: str, *phases: str, within: float = 60) -> dict[str, Any]:
+        return self.wait_for(
+            name,
+            lambda o: (o.get("status") or {}).get("phase") in phases,
+            within,
+            f"phase {'/'.join(phases)}",
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        proc = self.kube.kubectl(
+            "get",
+            "events",
+            "-n",
+            self.namespace,
+            "--field-selector",
+            f"involvedObject.name={name}",
+            "-o",
+            "json",
+        )
+        items: list[dict[str, Any]] = json.loads(proc.stdout)["items"]
+        return items
+
+    def slurm_jobs_named(self, job_name: str) -> list[SlurmJobView]:
+        async def find() -> list[SlurmJobView]:
+            settings = Settings.from_env(self.env)
+            async with open_transport(settings) as transport:
+                client: SlurmClient = await connect(settings, transport)
+                return await client.find_by_name(job_name)
+
+        return asyncio.run(find())
+
+    def slurm_job(self, job_id: int) -> list[SlurmJobView]:
+        async def get() -> list[SlurmJobView]:
+            settings = Settings.from_env(self.env)
+            async with open_transport(settings) as transport:
+                client: SlurmClient = await connect(settings, transport)
+                return await client.get_job(job_id)
+
+        return asyncio.run(get())
+
+
+@pytest.fixture(scope="module")
+def crd(kube: KubeTestbed) -> None:
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+
+
+def _operator(
+    kube: KubeTestbed, testbed: SlurmTestbed, tmp: Path, profile: str = "apptainer"
+) -> Iterator[Operator]:
+    namespace = f"e2e-{testbed.name.replace('.', '')}-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", namespace)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp),
+        **kube.env(),
+        **site_env(testbed, profile, tmp),
+        "SLURMJOB_POLL_INTERVAL": "1",
+        "SLURMJOB_METRICS_PORT": "0",
+        "SLURMJOB_DELETE_TIMEOUT": "30",
+    }
+    op = Operator(kube, testbed, namespace, env, tmp / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(f"--- operator log ({namespace}) ---\n{op.log_tail(200)}")
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def op_2605(
+    kube: KubeTestbed, crd: None, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("op2605"))
+
+
+@pytest.fixture(scope="module")
+def op_2205(
+    kube: KubeTestbed, crd: None, slurm_2205: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    yield from _operator(kube, slurm_2205, tmp_path_factory.mktemp("op2205"))
+
+
+def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime_id(profile)},
+        "command": command,
+        "pools": [{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}],
+        "timeLimit": "10m",
+    }
+    spec.update(extra)
+    return spec
+
+
+def het_spec(command: list[str], second_series: str = "a100") -> dict[str, Any]:
+    return {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-sif"},
+        "command": command,
+        "pools": [
+            {
+                "name": "policy",
+                "gpuSeries": "h100",
+                "nodes": 1,
+                "gpusPerNode": 2,
+                "cpus": 1,
+                "memoryGb": 1,
+            },
+            {
+                "name": "rollout",
+                "gpuSeries": second_series,
+                "nodes": 1,
+                "gpusPerNode": 2,
+                "cpus": 1,
+                "memoryGb": 1,
+            },
+        ],
+        "timeLimit": "10m",
+    }
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), None
+    )
+
+
+def _attempt(obj: dict[str, Any]) -> dict[str, Any]:
+    attempt: dict[str, Any] = obj["status"]["attempts"][-1]
+    return attempt
+
+
+# -- Slurm 26.05: the full set ------------------------------------------------------------
+
+
+@pytest.mark.slurm2605
+def test_cpu_job_succeeds_with_its_stdout_tail(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("cpu", cpu_spec(["bash", "-c", "echo hello-from-slurm; echo warn >&2"]))
+    obj = op.wait_phase("cpu", "Succeeded", "Failed", "Cancelled")
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert "hello-from-slurm" in obj["status"]["logs"]["stdout"]["tail"]
+    attempt = _attempt(obj)
+    assert attempt["confirmed"] is True
+    assert attempt["sluid"].startswith("s")
+    assert attempt["exitCode"] == 0
+    assert obj["status"]["slurmJobId"] == attempt["jobId"]
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    # `kubectl wait` works on the condition.
+    op.kube.kubectl(
+        "wait", "--for=condition=Succeeded", "--timeout=5s", "slurmjob/cpu", "-n", op.namespace
+    )
+    reasons = [e["reason"] for e in op.events("cpu")]
+    assert "Submitted" in reasons
+    assert "Succeeded" in reasons
+
+
+@pytest.mark.slurm2605
+def test_exit_3_fails_with_exit_code_and_stderr_tail(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("fails", cpu_spec(["bash", "-c", "echo it-broke >&2; exit 3"]))
+    obj = op.wait_phase("fails", "Succeeded", "Failed", "Cancelled")
+    assert obj["status"]["phase"] == "Failed"
+    assert _attempt(obj)["exitCode"] == 3
+    assert "it-broke" in obj["status"]["logs"]["stderr"]["tail"]
+    failed = _condition(obj, "Failed")
+    assert failed is not None
+    assert failed["status"] == "True"
+
+
+@pytest.mark.slurm2605
+def test_heterogeneous_gpu_job_succeeds_on_both_nodes(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("het", het_spec(["bash", "-c", "sleep 2; echo world=$WORLD_SIZE"]))
+    obj = op.wait_phase("het", "Succeeded", "Failed", "Cancelled", within=90)
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert set(obj["status"]["nodes"].split(",")) == {"n1", "n2"}
+    assert "world=2" in obj["status"]["logs"]["stdout"]["tail"]
+
+
+@pytest.mark.slurm2605
+def test_deleting_a_running_job_cancels_it_through_its_sluid(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("long", cpu_spec(["sleep", "600"]))
+    obj = op.wait_phase("long", "Running")
+    attempt = _attempt(obj)
+    staging = Path(attempt["stagingDir"])
+    assert staging.is_dir()
+    op.kube.kubectl("delete", "slurmjob", "long", "-n", op.namespace, "--timeout=60s", timeout=70)
+    assert op.get("long") is None
+    [job] = op.slurm_job(attempt["jobId"])
+    assert job.base_state is BaseState.CANCELLED
+    messages = [e["message"] for e in op.events("long") if e["reason"] == "Cancelled"]
+    assert any(attempt["sluid"] in m for m in messages), messages
+    assert not staging.parent.exists(), "the staging directory is removed on deletion"
+
+
+@pytest.mark.slurm2605
+def test_deleting_a_finished_job_leaves_no_staging_directory(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("short", cpu_spec(["true"]))
+    obj = op.wait_phase("short", "Succeeded")
+    staging = Path(_attempt(obj)["stagingDir"])
+    assert staging.is_dir()
+    op.kube.kubectl("delete", "slurmjob", "short", "-n", op.namespace, "--timeout=60s", timeout=70)
+    assert op.get("short") is None
+    assert not staging.parent.exists()
+
+
+@pytest.mark.slurm2605
+def test_invalid_manifests_reach_nothing_in_slurm(op_2605: Operator) -> None:
+    op = op_2605
+    # Refused by the CRD itself (CEL): the apiserver answers with the rule's message.
+    bad = cpu_spec(["true"])
+    bad["framework"]["image"] = "nvcr.io/nvidia/pytorch:24.01"
+    manifest = {
+        "apiVersion": "slurmjob.io/v1alpha1",
+        "kind": "SlurmJob",
+        "metadata": {"name": "with-image", "namespace": op.namespace},
+        "spec": bad,
+    }
+    proc = op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert proc.returncode != 0
+    assert "image" in proc.stderr
+    # Accepted by the schema, refused against the site: the series has no constraint.
+    op.apply("no-constraint", het_spec(["true"], second_series="l40s"))
+    obj = op.wait_for(
+        "no-constraint",
+        lambda o: (_condition(o, "Ready") or {}).get("reason") == "InvalidSpec",
+        what="Ready=False InvalidSpec",
+    )
+    ready = _condition(obj, "Ready")
+    assert ready is not None
+    assert ready["status"] == "False"
+    assert "spec.pools[1].gpuSeries" in ready["message"]
+    assert obj["status"].get("attempts", []) == []
+    uid8 = obj["metadata"]["uid"][:8]
+    assert op.slurm_jobs_named(f"sj-{op.namespace}-no-constraint-{uid8}-a1") == []
+    assert "InvalidSpec" in [e["reason"] for e in op.events("no-constraint")]
+
+
+@pytest.mark.slurm2605
+def test_operator_killed_and_restarted_submits_nothing_twice(op_2605: Operator) -> None:
+    op = op_2605
+    names = [f"restart-{i}" for i in range(3)]
+    for name in names:
+        op.apply(name, cpu_spec(["bash", "-c", "sleep 4; echo done"]))
+    time.sleep(1.0)  # some are mid-submit, some queued
+    op.kill()
+    op.start()
+    for name in names:
+        obj = op.wait_phase(name, "Succeeded", "Failed", "Cancelled", within=90)
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        attempts = obj["status"]["attempts"]
+        assert len(attempts) == 1
+        jobs = op.slurm_jobs_named(attempts[0]["jobName"])
+        leaders = {j.het_job_id or j.job_id for j in jobs}
+        assert leaders == {attempts[0]["jobId"]}, jobs
+
+
+# -- Slurm 22.05: the name-only path ------------------------------------------------------
+
+
+@pytest.mark.slurm2205
+def test_2205_cpu_job_succeeds_without_sluid(op_2205: Operator) -> None:
+    op = op_2205
+    op.apply("cpu", cpu_spec(["bash", "-c", "echo hello-2205"]))
+    obj = op.wait_phase("cpu", "Succeeded", "Failed", "Cancelled")
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert "hello-2205" in obj["status"]["logs"]["stdout"]["tail"]
+    assert "sluid" not in _attempt(obj)
+
+
+@pytest.mark.slurm2205
+def test_2205_delete_running_job_cancels_it(op_2205: Operator) -> None:
+    op = op_2205
+    op.apply("long", cpu_spec(["sleep", "600"]))
+    obj = op.wait_phase("long", "Running")
+    job_id = _attempt(obj)["jobId"]
+    op.kube.kubectl("delete", "slurmjob", "long", "-n", op.namespace, "--timeout=60s", timeout=70)
+    [job] = op.slurm_job(job_id)
+    assert job.base_state is BaseState.CANCELLED
