@@ -1,0 +1,152 @@
+"""The poller's cost: one sweep per interval, details only for jobs whose state moved."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.controller import Tracked
+from slurmjob_operator.kube import ObjectRef
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.poller import Poller
+from slurmjob_operator.slurm.client import JobListResult
+from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.slurm.jobview import BaseState, JobStateEntry, SlurmJobView
+
+
+@dataclass
+class FakeClient:
+    states: dict[int, str]
+    jobs_state_supported: bool = True
+    calls: list[str] = field(default_factory=list)
+    last_change: int = 0
+    metrics: Metrics | None = None
+
+    def _count(self, name: str) -> None:
+        # The real client reports every request through its on_request callback.
+        self.calls.append(name)
+        if self.metrics is not None:
+            self.metrics.on_request(f"/slurm/v0.0.45/{name}", "GET", "2xx", 0.001)
+
+    @property
+    def dialect(self) -> Any:
+        return SimpleNamespace(
+            supports_jobs_state=self.jobs_state_supported, supports_sluid_paths=False
+        )
+
+    def _view(self, job_id: int) -> SlurmJobView:
+        state = self.states[job_id]
+        return SlurmJobView(job_id=job_id, raw_state=(state,), base_state=BaseState(state))
+
+    async def jobs_state(self, ids: Sequence[int]) -> dict[int, JobStateEntry]:
+        self._count("jobs_state")
+        return {
+            i: JobStateEntry(
+                raw_job_id=str(i),
+                job_id=i,
+                raw_state=(self.states[i],),
+                base_state=BaseState(self.states[i]),
+            )
+            for i in ids
+            if i in self.states
+        }
+
+    async def get_job(self, ref: int | str) -> list[SlurmJobView]:
+        self._count("get_job")
+        job_id = int(ref)
+        if job_id not in self.states:
+            raise SlurmNotFound("gone")
+        return [self._view(job_id)]
+
+    async def list_jobs(self, update_time: datetime | None = None) -> JobListResult:
+        self._count("list_jobs")
+        if update_time is not None and self.last_change == 0:
+            return JobListResult(not_modified=True)
+        self.last_change = 0
+        return JobListResult(jobs=tuple(self._view(i) for i in self.states))
+
+
+class FakeController:
+    def __init__(self, client: FakeClient, job_ids: Sequence[int]) -> None:
+        self.client = client
+        self.settings = SimpleNamespace(poll_interval=1.0)
+        self.metrics = Metrics()
+        self.token = SimpleNamespace(expires_at=None)
+        self.phases: dict[str, str] = {}
+        self.tracked = {
+            f"uid-{i}": Tracked(ObjectRef("ns", f"job-{i}", f"uid-{i}"), i, None, None)
+            for i in job_ids
+        }
+        self.refreshed: list[tuple[int, bool, bool]] = []
+
+    async def slurm(self) -> FakeClient:
+        return self.client
+
+    async def refresh(
+        self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
+    ) -> None:
+        self.refreshed.append((tracked.job_id, views is None, logs_only))
+
+
+def make(n: int, *, jobs_state: bool = True) -> tuple[Poller, FakeController, FakeClient]:
+    client = FakeClient({i: "RUNNING" for i in range(1, n + 1)}, jobs_state_supported=jobs_state)
+    controller = FakeController(client, list(range(1, n + 1)))
+    client.metrics = controller.metrics
+    return Poller(controller), controller, client  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", [1, 50, 2000])
+async def test_unchanged_jobs_cost_one_request_per_cycle(n: int) -> None:
+    poller, controller, client = make(n)
+    await poller.cycle()  # first sight: every job's details once
+    assert client.calls.count("get_job") == n
+    client.calls.clear()
+    controller.refreshed.clear()
+    for _ in range(3):
+        await poller.cycle()
+    assert client.calls == ["jobs_state"] * 3
+    assert controller.refreshed == []
+    assert controller.metrics.sample("slurmjob_operator_poll_requests") == 1
+
+
+async def test_only_the_changed_job_is_fetched() -> None:
+    poller, controller, client = make(100)
+    await poller.cycle()
+    client.calls.clear()
+    controller.refreshed.clear()
+    client.states[42] = "COMPLETED"
+    await poller.cycle()
+    assert client.calls == ["jobs_state", "get_job"]
+    assert controller.refreshed == [(42, False, False)]
+
+
+async def test_a_vanished_job_is_handed_over_as_gone() -> None:
+    poller, controller, client = make(3)
+    await poller.cycle()
+    controller.refreshed.clear()
+    del client.states[2]
+    await poller.cycle()
+    assert controller.refreshed == [(2, True, False)]
+
+
+async def test_v0038_not_modified_listing_costs_one_request() -> None:
+    poller, controller, client = make(500, jobs_state=False)
+    await poller.cycle()
+    assert client.calls == ["list_jobs"]  # the full list carries the details: no per-job GET
+    assert len(controller.refreshed) == 500
+    client.calls.clear()
+    controller.refreshed.clear()
+    await poller.cycle()
+    assert client.calls == ["list_jobs"]
+    assert controller.refreshed == []
+
+
+async def test_nothing_tracked_means_no_request() -> None:
+    poller, _, client = make(0)
+    await poller.cycle()
+    assert client.calls == []
