@@ -1,5 +1,6 @@
-# THE test command is `make test`: it installs what it needs (venv, Debian's Slurm on the host
-# and Slurm 26.05 in a cached chroot), then runs ruff, mypy (strict) and pytest.
+# THE test command is `make test`: it installs what it needs (venv, Debian's Slurm on the host,
+# Slurm 26.05 in a cached chroot, a kube-apiserver built from Go modules), then runs ruff,
+# mypy (strict) and pytest.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -20,8 +21,11 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+# Debian's Slurm on the host, Slurm 26.05 in a cached chroot, and kube-apiserver, etcd,
+# kubectl and helm built from the Go module proxy (cached; about 13 minutes the first time).
 testbed:
 	bash tests/testbed/install.sh
+	bash tests/k8s/build.sh
 
 lint: venv
 	$(BIN)/ruff check operator tests

@@ -17,6 +17,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(_REPO_ROOT) not in sys.path:  # tests/ is not a package; make tests.testbed importable
     sys.path.insert(0, str(_REPO_ROOT))
 
+from tests.k8s.fixtures import KubeTestbed, kube  # noqa: E402, F401
 from tests.testbed.slurm import (  # noqa: E402
     SlurmTestbed,
     TestbedError,

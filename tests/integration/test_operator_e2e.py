@@ -280,6 +280,39 @@ def test_cpu_job_succeeds_with_its_stdout_tail(op_2605: Operator) -> None:
 
 
 @pytest.mark.slurm2605
+def test_secret_env_reaches_the_job_but_never_the_status(op_2605: Operator) -> None:
+    op = op_2605
+    secret_value = "tok-" + uuid.uuid4().hex
+    op.kube.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "hf",
+        "-n",
+        op.namespace,
+        f"--from-literal=token={secret_value}",
+    )
+    op.apply(
+        "secret",
+        cpu_spec(
+            ["bash", "-c", 'echo "token=$HF_TOKEN len=${#HF_TOKEN}"'],
+            env=[
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+            ],
+        ),
+    )
+    obj = op.wait_phase("secret", "Succeeded", "Failed", "Cancelled")
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    tail = obj["status"]["logs"]["stdout"]["tail"]
+    assert f"len={len(secret_value)}" in tail  # the job saw the real value...
+    assert secret_value not in json.dumps(obj)  # ...which the status never shows
+    assert "token=***" in tail
+    staging = Path(_attempt(obj)["stagingDir"])
+    assert not (staging / "secrets.env").exists()
+    assert secret_value not in (staging / "job.sh").read_text()
+
+
+@pytest.mark.slurm2605
 def test_exit_3_fails_with_exit_code_and_stderr_tail(op_2605: Operator) -> None:
     op = op_2605
     op.apply("fails", cpu_spec(["bash", "-c", "echo it-broke >&2; exit 3"]))

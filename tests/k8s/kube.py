@@ -1,0 +1,716 @@
+"""Start and stop the local Kubernetes API server used by the integration tests.
+
+An envtest-style control plane: etcd and kube-apiserver on 127.0.0.1 (no controller-manager,
+scheduler or kubelet, so Pods never run, there is no garbage collection and deleted namespaces
+stay Terminating). RBAC is on; the admin is a client certificate in group ``system:masters``.
+
+* etcd: client ``http://127.0.0.1:22379``, peer 22380, data in ``/srv/slurmjob-testbed/k8s``;
+* kube-apiserver: ``https://127.0.0.1:22443`` with a CA, serving and client certificates and a
+  service-account signing key made with the ``openssl`` CLI (kept across restarts);
+* binaries: built once by ``tests/k8s/build.sh`` into ``/var/cache/slurmjob-testbed/k8s``.
+
+CLI (used by ``make dev-up``)::
+
+    python -m tests.k8s.kube up        # start (or re-use) and print KUBECONFIG=... etc.
+    python -m tests.k8s.kube down
+    python -m tests.k8s.kube status
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+GOMOD_DIR = HERE / "gomod"
+CACHE_DIR = Path(os.environ.get("SLURMJOB_TESTBED_K8S_CACHE", "/var/cache/slurmjob-testbed/k8s"))
+BASE = Path("/srv/slurmjob-testbed/k8s")
+PKI_DIR = BASE / "pki"
+RUN_DIR = BASE / "run"
+LOG_DIR = BASE / "log"
+ETCD_DATA = BASE / "etcd-data"
+USERS_DIR = BASE / "users"
+HOME_DIR = BASE / "home"  # kubectl discovery cache and helm's config/cache/data
+KUBECONFIG = BASE / "admin.kubeconfig"
+KEEP_ENV = "SLURMJOB_TESTBED_KEEP"
+
+HOST = "127.0.0.1"
+ETCD_PORT = 22379
+ETCD_PEER_PORT = 22380
+APISERVER_PORT = 22443
+SERVER = f"https://{HOST}:{APISERVER_PORT}"
+SERVICE_CIDR = "10.0.0.0/24"
+ADMIN_USER = "testbed-admin"
+ADMIN_GROUP = "system:masters"
+CERT_DAYS = 3650
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Daemons do not fork; keep their Popen so they are reaped after stop (no zombies, no
+# ResourceWarning while the session runs).
+_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
+
+
+class TestbedError(RuntimeError):
+    """The Kubernetes test bed could not be built, started or stopped."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def _require_version(wrapper: str, module: str) -> str:
+    """The version ``module`` is required at in the wrapper module ``gomod/<wrapper>/go.mod``."""
+    go_mod = GOMOD_DIR / wrapper / "go.mod"
+    for line in go_mod.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["require"]:
+            parts = parts[1:]
+        if len(parts) >= 2 and parts[0] == module:
+            return parts[1]
+    raise TestbedError(f"no require line for {module} in {go_mod}")
+
+
+def versions() -> dict[str, str]:
+    """Component -> version, read from the wrapper go.mod files (as build.sh does)."""
+    k8s = _require_version("kube", "k8s.io/kubernetes")
+    return {
+        "etcd": _require_version("etcd", "go.etcd.io/etcd/server/v3"),
+        "kube-apiserver": k8s,
+        "kubectl": k8s,
+        "helm": _require_version("helm", "helm.sh/helm/v3"),
+    }
+
+
+def binaries() -> dict[str, Path]:
+    """Component -> cached binary; raises if build.sh has not built one of them yet."""
+    found = {c: CACHE_DIR / f"{c}-{v}" / c for c, v in versions().items()}
+    missing = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
+    if missing:
+        raise TestbedError(
+            "Kubernetes test-bed binaries missing: "
+            + ", ".join(missing)
+            + "; run `bash tests/k8s/build.sh` first (make test does; a cold build takes a while)"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- the handle
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeTestbed:
+    """What a test needs to talk to the running API server."""
+
+    kubeconfig: Path
+    server: str
+    kubectl_bin: Path
+    helm_bin: Path
+    ca_file: Path
+    version: str
+    home: Path
+
+    def env(self) -> dict[str, str]:
+        """Environment for kubectl/helm/kopf: KUBECONFIG plus caches kept out of $HOME."""
+        return {
+            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECACHEDIR": str(self.home / "kube-cache"),
+            "HELM_CACHE_HOME": str(self.home / "helm-cache"),
+            "HELM_CONFIG_HOME": str(self.home / "helm-config"),
+            "HELM_DATA_HOME": str(self.home / "helm-data"),
+        }
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        input: str | None,
+        check: bool,
+        timeout: float,
+        kubeconfig: Path | None,
+    ) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": SYSTEM_PATH, "HOME": str(self.home), **self.env()}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        try:
+            proc = subprocess.run(
+                list(argv),
+                input=input,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise TestbedError(f"{' '.join(argv)} timed out after {timeout:.0f} s") from exc
+        if check and proc.returncode != 0:
+            raise TestbedError(
+                f"{' '.join(argv)} failed (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+            )
+        return proc
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 30,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl as the admin (or as ``kubeconfig``'s user); raises on failure if check."""
+        return self._run([str(self.kubectl_bin), *args], input, check, timeout, kubeconfig)
+
+    def helm(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run helm against the test bed. Pods never run here: do not use --wait."""
+        return self._run([str(self.helm_bin), *args], input, check, timeout, None)
+
+    def apply(
+        self,
+        manifest: Path | str,
+        *args: str,
+        server_side: bool = True,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply`` a file (Path, or str without newline) or YAML text (str with one).
+
+        Server-side apply (field manager ``slurmjob-testbed``, forcing conflicts) by default.
+        """
+        flags = ["--server-side", "--force-conflicts", "--field-manager=slurmjob-testbed"]
+        argv = ["apply", *(flags if server_side else []), *args]
+        if isinstance(manifest, str) and "\n" in manifest:
+            return self.kubectl(*argv, "-f", "-", input=manifest, check=check)
+        return self.kubectl(*argv, "-f", str(manifest), check=check)
+
+    def wait_established(self, crd_name: str, timeout: float = 30) -> None:
+        """Wait until a CustomResourceDefinition is Established (served)."""
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={int(timeout)}s",
+            f"crd/{crd_name}",
+            timeout=timeout + 10,
+        )
+
+    def kubeconfig_for(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig for a non-admin ``user`` (client cert; ``groups`` as its O= fields).
+
+        With RBAC on, such a user can do nothing until a (Cluster)RoleBinding grants it.
+        """
+        return _user_kubeconfig(user, tuple(groups))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _log(msg: str) -> None:
+    print(f"[k8s-testbed] {msg}", file=sys.stderr, flush=True)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+    return f"--- last {lines} lines of {path} ---\n" + "\n".join(text[-lines:])
+
+
+def _wait(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float,
+    logs: Sequence[Path],
+    interval: float = 0.1,
+    detail: Callable[[], str] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(_tail(p) for p in logs)
+            last = f"\nlast answer: {detail()}" if detail else ""
+            raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}{last}\n{tails}")
+        time.sleep(interval)
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, comm: str) -> bool:
+    """True if pid is a live (non-zombie) process whose command name starts with comm."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    name = stat_text[stat_text.find("(") + 1 : stat_text.rfind(")")]
+    state = stat_text[stat_text.rfind(")") + 2 :].split()[0]
+    return state not in ("Z", "X") and name.startswith(comm[:15])
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _daemons() -> list[tuple[str, Path]]:
+    """(command name, pid file) of every daemon, in stop order."""
+    return [
+        ("kube-apiserver", RUN_DIR / "kube-apiserver.pid"),
+        ("etcd", RUN_DIR / "etcd.pid"),
+    ]
+
+
+def _stop_pid(comm: str, pid_file: Path, timeout: float = 15) -> None:
+    pid = _read_pid(pid_file)
+    if pid is not None and _pid_alive(pid, comm):
+        _log(f"stopping {comm} (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid, comm) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
+        if _pid_alive(pid, comm):
+            _log(f"{comm} (pid {pid}) ignored SIGTERM for {timeout:.0f} s; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        _reap(pid)
+    child = _CHILDREN.pop(comm, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+    pid_file.unlink(missing_ok=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_owner(port: int) -> str:
+    out = subprocess.run(
+        ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=False
+    ).stdout
+    return out.strip() or "(unknown process)"
+
+
+_CLIENT_EXT = (
+    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    "extendedKeyUsage=clientAuth\n"
+)
+
+
+def _openssl(*args: str) -> None:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"openssl {' '.join(args)} failed (rc {proc.returncode}):\n{proc.stderr}"
+        )
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _sign_cert(name: str, subject: str, extensions: str) -> None:
+    """PKI_DIR/<name>.key + <name>.crt signed by the test-bed CA (written atomically)."""
+    key, csr, crt = (PKI_DIR / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+    ext_file = PKI_DIR / f"{name}.ext"
+    ext_file.write_text(extensions)
+    tmp_key = PKI_DIR / f"{name}.key.tmp"
+    tmp_crt = PKI_DIR / f"{name}.crt.tmp"
+    _openssl(
+        "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(tmp_key)
+    )
+    _openssl("req", "-new", "-key", str(tmp_key), "-subj", subject, "-out", str(csr))
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(PKI_DIR / "ca.crt"),
+        "-CAkey", str(PKI_DIR / "ca.key"), "-set_serial", str(int.from_bytes(os.urandom(8), "big")),
+        "-days", str(CERT_DAYS), "-sha256", "-extfile", str(ext_file), "-out", str(tmp_crt),
+    )  # fmt: skip
+    tmp_key.chmod(0o600)
+    tmp_key.replace(key)
+    tmp_crt.replace(crt)
+    csr.unlink(missing_ok=True)
+    ext_file.unlink(missing_ok=True)
+
+
+def _ensure_pki() -> None:
+    """CA, apiserver serving cert, admin client cert and SA key pair (made once, then kept)."""
+    PKI_DIR.mkdir(parents=True, exist_ok=True)
+    PKI_DIR.chmod(0o700)
+    ca_key, ca_crt = PKI_DIR / "ca.key", PKI_DIR / "ca.crt"
+    if not (ca_key.is_file() and ca_crt.is_file()):
+        _log("generating the test-bed CA")
+        for f in PKI_DIR.iterdir():  # everything else was signed by the old CA
+            f.unlink()
+        tmp_key = PKI_DIR / "ca.key.tmp"
+        _openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_key),
+            "-out", str(ca_crt), "-days", str(CERT_DAYS), "-sha256",
+            "-subj", "/CN=slurmjob-testbed-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        )  # fmt: skip
+        tmp_key.chmod(0o600)
+        tmp_key.replace(ca_key)
+    if not (PKI_DIR / "apiserver.crt").is_file() or not (PKI_DIR / "apiserver.key").is_file():
+        service_ip = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+        sans = [
+            f"IP:{HOST}",
+            f"IP:{service_ip}",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
+        _sign_cert(
+            "apiserver",
+            "/CN=kube-apiserver",
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage=serverAuth\nsubjectAltName={','.join(sans)}\n",
+        )
+    if not (PKI_DIR / "admin.crt").is_file() or not (PKI_DIR / "admin.key").is_file():
+        _sign_cert("admin", f"/O={ADMIN_GROUP}/CN={ADMIN_USER}", _CLIENT_EXT)
+    if not (PKI_DIR / "sa.key").is_file() or not (PKI_DIR / "sa.pub").is_file():
+        tmp = PKI_DIR / "sa.key.tmp"
+        _openssl(
+            "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(tmp)
+        )
+        _openssl("pkey", "-in", str(tmp), "-pubout", "-out", str(PKI_DIR / "sa.pub"))
+        tmp.chmod(0o600)
+        tmp.replace(PKI_DIR / "sa.key")
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _kubeconfig_text(user: str, cert: Path, key: Path) -> str:
+    """A self-contained kubeconfig (data embedded), as JSON (which is YAML)."""
+    config: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "slurmjob-testbed",
+                "cluster": {
+                    "server": SERVER,
+                    "certificate-authority-data": _b64(PKI_DIR / "ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": _b64(cert),
+                    "client-key-data": _b64(key),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": f"{user}@slurmjob-testbed",
+                "context": {"cluster": "slurmjob-testbed", "user": user, "namespace": "default"},
+            }
+        ],
+        "current-context": f"{user}@slurmjob-testbed",
+        "preferences": {},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        _write_private(path, text)
+
+
+def _user_kubeconfig(user: str, groups: tuple[str, ...]) -> Path:
+    if not user or any(c in user + "".join(groups) for c in "/=,+\n\\\"'"):
+        raise TestbedError(f"unsupported user or group name: {user!r} {groups!r}")
+    tag = "-".join([user, *groups]).replace(":", "_")
+    path = USERS_DIR / f"{tag}.kubeconfig"
+    if path.is_file():
+        return path
+    USERS_DIR.mkdir(parents=True, exist_ok=True)
+    name = f"user-{tag}"
+    subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+    _sign_cert(name, subject, _CLIENT_EXT)
+    _write_private(path, _kubeconfig_text(user, PKI_DIR / f"{name}.crt", PKI_DIR / f"{name}.key"))
+    return path
+
+
+def _ssl_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(PKI_DIR / "ca.crt"))
+    ctx.load_cert_chain(str(PKI_DIR / "admin.crt"), str(PKI_DIR / "admin.key"))
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3) -> tuple[int, str]:
+    """(HTTP status, body) of a GET; status 0 with the error text when it did not connect."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def _etcd_ok() -> tuple[bool, str]:
+    status, body = _get(f"http://{HOST}:{ETCD_PORT}/health")
+    try:
+        healthy = status == 200 and json.loads(body).get("health") == "true"
+    except ValueError:
+        healthy = False
+    return healthy, f"HTTP {status}: {body[:300]}"
+
+
+def _apiserver_ok(path: str = "/readyz") -> tuple[bool, str]:
+    try:
+        ctx = _ssl_context()
+    except (OSError, ssl.SSLError) as exc:
+        return False, str(exc)
+    status, body = _get(SERVER + path, ctx)
+    return status == 200, f"HTTP {status}: {body[:500]}"
+
+
+def _healthy() -> bool:
+    for comm, pid_file in _daemons():
+        pid = _read_pid(pid_file)
+        if pid is None or not _pid_alive(pid, comm):
+            return False
+    return _apiserver_ok()[0] and KUBECONFIG.is_file()
+
+
+def _spawn(comm: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=BASE,
+            env={"PATH": SYSTEM_PATH, "HOME": str(HOME_DIR)},
+            start_new_session=True,
+        )
+    _CHILDREN[comm] = proc
+    (RUN_DIR / f"{comm}.pid").write_text(f"{proc.pid}\n")
+    return proc
+
+
+def _alive_check(
+    comm: str, proc: subprocess.Popen[bytes], log: Path, ok: Callable[[], tuple[bool, str]]
+) -> tuple[Callable[[], bool], Callable[[], str]]:
+    last = [""]
+
+    def check() -> bool:
+        if proc.poll() is not None:
+            raise TestbedError(f"{comm} exited with rc {proc.returncode}\n{_tail(log, 40)}")
+        good, last[0] = ok()
+        return good
+
+    return check, lambda: last[0]
+
+
+def _start_daemons(bins: dict[str, Path]) -> None:
+    t0 = time.monotonic()
+    etcd_log = LOG_DIR / "etcd.log"
+    etcd = _spawn(
+        "etcd",
+        [
+            str(bins["etcd"]),
+            "--name=testbed",
+            f"--data-dir={ETCD_DATA}",
+            f"--listen-client-urls=http://{HOST}:{ETCD_PORT}",
+            f"--advertise-client-urls=http://{HOST}:{ETCD_PORT}",
+            f"--listen-peer-urls=http://{HOST}:{ETCD_PEER_PORT}",
+            f"--initial-advertise-peer-urls=http://{HOST}:{ETCD_PEER_PORT}",
+            f"--initial-cluster=testbed=http://{HOST}:{ETCD_PEER_PORT}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ],
+        etcd_log,
+    )
+    check, detail = _alive_check("etcd", etcd, etcd_log, _etcd_ok)
+    _wait("etcd /health", check, 20, [etcd_log], detail=detail)
+    t_etcd = time.monotonic() - t0
+
+    api_log = LOG_DIR / "kube-apiserver.log"
+    pki = PKI_DIR
+    api = _spawn(
+        "kube-apiserver",
+        [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers=http://{HOST}:{ETCD_PORT}",
+            f"--bind-address={HOST}",
+            f"--advertise-address={HOST}",  # no default route here: do not guess an address
+            f"--secure-port={APISERVER_PORT}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-issuer={SERVER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            # No controller-manager creates the `default` ServiceAccount in namespaces.
+            "--disable-admission-plugins=ServiceAccount",
+            # The `kubernetes` Service would get a loopback endpoint, which validation rejects.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+        ],
+        api_log,
+    )
+    check, detail = _alive_check("kube-apiserver", api, api_log, _apiserver_ok)
+    _wait("kube-apiserver /readyz", check, 60, [api_log, etcd_log], interval=0.2, detail=detail)
+    check, detail = _alive_check(
+        "kube-apiserver", api, api_log, lambda: _apiserver_ok("/api/v1/namespaces/default")
+    )
+    _wait("namespace default", check, 15, [api_log], detail=detail)
+    total = time.monotonic() - t0
+    _log(f"etcd + kube-apiserver up in {total:.2f} s (etcd {t_etcd:.2f} s)")
+
+
+def _testbed() -> KubeTestbed:
+    bins = binaries()
+    return KubeTestbed(
+        kubeconfig=KUBECONFIG,
+        server=SERVER,
+        kubectl_bin=bins["kubectl"],
+        helm_bin=bins["helm"],
+        ca_file=PKI_DIR / "ca.crt",
+        version=versions()["kube-apiserver"],
+        home=HOME_DIR,
+    )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def keep_requested() -> bool:
+    return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
+
+
+def start_testbed(reuse: bool | None = None) -> KubeTestbed:
+    """Start etcd + kube-apiserver from an empty etcd and wait until the API is ready.
+
+    With ``reuse`` (default: $SLURMJOB_TESTBED_KEEP is set) an already running, ready API
+    server (live pids in the pid files and /readyz answering the admin) is used as is.
+    Stale daemons from earlier runs are stopped through their pid files first.
+    """
+    if os.geteuid() != 0:
+        raise TestbedError("the Kubernetes test bed must be started as root")
+    if shutil.which("openssl") is None:
+        raise TestbedError("openssl is missing (apt-get install openssl)")
+    bins = binaries()
+    if reuse is None:
+        reuse = keep_requested()
+    for d in (BASE, RUN_DIR, LOG_DIR, HOME_DIR):
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _ensure_pki()
+    _write_if_changed(
+        KUBECONFIG, _kubeconfig_text(ADMIN_USER, PKI_DIR / "admin.crt", PKI_DIR / "admin.key")
+    )
+    if reuse and _healthy():
+        _log("re-using the running kube-apiserver")
+        return _testbed()
+    stop_testbed()
+    busy = [p for p in (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT) if not _port_free(p)]
+    if busy:
+        owners = "\n".join(f"port {p}: {_port_owner(p)}" for p in busy)
+        raise TestbedError(
+            f"ports of the Kubernetes test bed are taken by something else:\n{owners}"
+        )
+    shutil.rmtree(ETCD_DATA, ignore_errors=True)
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
+    LOG_DIR.mkdir(mode=0o755)
+    try:
+        _start_daemons(bins)
+    except BaseException:
+        stop_testbed()
+        raise
+    return _testbed()
+
+
+def stop_testbed() -> None:
+    """Stop kube-apiserver and etcd through their pid files (data and certificates are kept)."""
+    for comm, pid_file in _daemons():
+        _stop_pid(comm, pid_file)
+
+
+def testbed_status() -> str:
+    parts = []
+    for comm, pid_file in _daemons():
+        pid = _read_pid(pid_file)
+        alive = pid is not None and _pid_alive(pid, comm)
+        parts.append(f"{comm}={'up' if alive else 'down'}")
+    parts.append(f"readyz={'ok' if _apiserver_ok()[0] else 'down'}")
+    return " ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0] not in ("up", "down", "status"):
+        print("usage: python -m tests.k8s.kube up|down|status")
+        return 2
+    try:
+        if args[0] == "up":
+            tb = start_testbed(reuse=True)
+            print(f"KUBECONFIG={tb.kubeconfig}")
+            print(f"SLURMJOB_TESTBED_K8S_SERVER={tb.server}")
+            print(f"SLURMJOB_TESTBED_KUBECTL={tb.kubectl_bin}")
+            print(f"SLURMJOB_TESTBED_HELM={tb.helm_bin}")
+        elif args[0] == "down":
+            stop_testbed()
+        else:
+            print(f"kubernetes: {testbed_status()}")
+            print(f"KUBECONFIG={KUBECONFIG}")
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
