@@ -110,6 +110,73 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    from slurmjob_operator.api.status import Phase
+    from slurmjob_operator.config import Settings
+    from slurmjob_operator.local import (
+        LocalInputError,
+        LocalOptions,
+        LocalResult,
+        LocalRunner,
+        default_state_dir,
+        load_secrets_file,
+        logging_to,
+        object_key,
+    )
+    from slurmjob_operator.pipeline import render_manifest
+
+    err: TextIO = getattr(args, "err", None) or sys.stderr
+    if not args.timeout > 0:
+        raise InputError(f"--timeout: must be a positive number of seconds, got {args.timeout:g}")
+    try:
+        if args.secrets_file is not None:
+            load_secrets_file(args.secrets_file)  # refuse a malformed file before anything runs
+        manifest: Mapping[str, Any] = {}
+        if args.file is not None:
+            manifest = _load_manifest(args.file, stdin)
+            namespace, name = object_key(manifest, args.namespace)
+        else:
+            namespace = args.namespace or "default"
+            name = args.status or args.cancel
+            object_key({"metadata": {"name": name}}, namespace)  # the same name rules
+        settings = Settings.from_env()
+        if args.file is not None:
+            # The checks `render` makes (spec, site catalogs, rendering, preflight), so that
+            # a bad manifest is refused here with its field named and exit 2.
+            meta = {**(manifest.get("metadata") or {}), "name": name, "namespace": namespace}
+            render_manifest({**manifest, "metadata": meta}, api_version=NEWEST, settings=settings)
+        options = LocalOptions(
+            state_dir=args.state_dir or default_state_dir(),
+            secrets_file=args.secrets_file,
+            wait=args.wait,
+            timeout=args.timeout,
+            cancel_on_interrupt=args.cancel_on_interrupt,
+        )
+
+        async def run() -> LocalResult:
+            async with LocalRunner(settings, options, err) as runner:
+                if args.file is not None:
+                    return await runner.submit(manifest, namespace, name)
+                if args.status is not None:
+                    return await runner.status(namespace, name)
+                return await runner.cancel(namespace, name)
+
+        with logging_to(err, args.verbose):
+            result = asyncio.run(run())
+    except LocalInputError as exc:
+        raise InputError(str(exc)) from exc
+    out.write(json.dumps(result.status, indent=2) + "\n")
+    if result.removed and not result.interrupted:
+        return EXIT_OK
+    if result.invalid_spec:
+        return EXIT_INVALID
+    if result.timed_out or result.interrupted:
+        return EXIT_ERROR
+    if result.phase in (Phase.FAILED, Phase.CANCELLED, Phase.UNKNOWN):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurmjob-operator",
@@ -170,6 +237,70 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=("plain", "json"), default="plain")
     run.add_argument("-v", "--verbose", action="store_true", help="log more")
     run.set_defaults(handler=_cmd_run)
+
+    submit = sub.add_parser(
+        "submit",
+        help="submit a SlurmJob without Kubernetes (status kept in a local file)",
+        description=(
+            "The operator's core without Kubernetes, for trying a site before deploying: "
+            "submit a SlurmJob manifest through slurmrestd with the SLURMJOB_* settings, keep "
+            "its status in <state dir>/<namespace>/<name>.json, print Events and phase changes "
+            "on stderr and the final status as JSON on stdout. Exit codes: 0 Succeeded (or "
+            "submitted, without --wait), 1 Failed, Cancelled, Unknown, timed out or "
+            "interrupted, 2 invalid input."
+        ),
+    )
+    what = submit.add_mutually_exclusive_group(required=True)
+    what.add_argument("-f", "--file", help="SlurmJob manifest to submit, or - for stdin")
+    what.add_argument(
+        "--status",
+        metavar="NAME",
+        help="poll a job submitted earlier once (or until final with --wait), print its status",
+    )
+    what.add_argument(
+        "--cancel",
+        metavar="NAME",
+        help="cancel a job submitted earlier (if not final), remove its staging directory and "
+        "its state file",
+    )
+    submit.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace (default: the manifest's, else default)",
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="poll until the job is final or --timeout passes"
+    )
+    submit.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where job states are kept "
+        "(default: $XDG_STATE_HOME/slurmjob-operator or ~/.local/state/slurmjob-operator)",
+    )
+    submit.add_argument(
+        "--secrets-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML {secretName: {key: value}} for env valueFrom.secretKeyRef",
+    )
+    submit.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="seconds the whole command may take (submission retries and --wait; default 3600)",
+    )
+    submit.add_argument(
+        "--cancel-on-interrupt",
+        action="store_true",
+        help="Ctrl-C while waiting cancels the Slurm job (default: it keeps running)",
+    )
+    submit.add_argument("-v", "--verbose", action="store_true", help="log more")
+    submit.set_defaults(handler=_cmd_submit)
     return parser
 
 
@@ -189,6 +320,7 @@ def main(
     except SystemExit as exc:
         return EXIT_INVALID if exc.code not in (0, None) else EXIT_OK
     handler: Callable[[argparse.Namespace, TextIO, TextIO], int] = args.handler
+    args.err = err  # `submit` reports progress on stderr
     try:
         return handler(args, out, stdin)
     except SpecError as exc:

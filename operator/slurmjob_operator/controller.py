@@ -11,17 +11,17 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from slurmjob_operator import naming
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt, Logs, SlurmJobStatus, merge_patch
+from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus, merge_patch
 from slurmjob_operator.artifacts import ArtifactError
 from slurmjob_operator.config import Settings
-from slurmjob_operator.kube import KubeApi, ObjectRef, SecretError
+from slurmjob_operator.kube import ObjectRef, ResourceStore, SecretError
 from slurmjob_operator.logs import aread_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.pipeline import Site, prepare_attempt, stage_and_submit
@@ -34,16 +34,19 @@ from slurmjob_operator.reconcile import (
     invalid_spec,
     lost,
     next_step,
+    not_retried,
     not_submitted,
     observed,
     record_attempt,
     rejected,
+    retry_scheduled,
     submitted,
     unconfirmed,
     waiting,
     with_logs,
 )
 from slurmjob_operator.render import RenderError
+from slurmjob_operator.retries import decide
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider
@@ -64,7 +67,7 @@ from slurmjob_operator.staging import (
     aremove_attempt,
     aremove_resource_dir,
 )
-from slurmjob_operator.states import observe
+from slurmjob_operator.states import Observation, observe
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ class Controller:
     def __init__(
         self,
         settings: Settings,
-        kube: KubeApi,
+        kube: ResourceStore,
         transport: HttpTransport,
         metrics: Metrics,
         *,
@@ -127,6 +130,7 @@ class Controller:
         self._connecting = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
         self._secrets: dict[str, dict[str, str]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -179,7 +183,11 @@ class Controller:
         if status.phase is not None:
             self.phases[ref.uid] = status.phase.value
         attempt = status.current_attempt
-        live = status.phase is not None and not status.phase.is_terminal
+        live = (
+            status.phase is not None
+            and not status.phase.is_terminal
+            and status.next_attempt_at is None
+        )
         if live and attempt is not None and attempt.job_id is not None and attempt.confirmed:
             self.tracked[ref.uid] = Tracked(ref, attempt.job_id, attempt.sluid, attempt.staging_dir)
         else:
@@ -234,6 +242,12 @@ class Controller:
                 await self._adopt(ref, body, status)
             elif step is Step.CONFIRM:
                 await self._confirm(ref, body, status)
+            elif step is Step.RETRY:
+                due = _parse_time(status.next_attempt_at)
+                wait = (due - _now()).total_seconds() if due else 0.0
+                if wait > 0:
+                    raise RetryLater(f"retry due at {status.next_attempt_at}", wait)
+                await self._submit(ref, body, status)
             else:
                 self._observe_status(ref, status)
 
@@ -419,6 +433,7 @@ class Controller:
                 self._observe_status(ref, status)
                 return
             generation, now = _generation(body), _now()
+            obs: Observation | None = None
             if logs_only:
                 transition = Transition(status)
             else:
@@ -433,11 +448,62 @@ class Controller:
                         now,
                     )
                 else:
-                    transition = observed(status, observe(views), generation, now)
+                    obs = observe(views)
+                    transition = observed(status, obs, generation, now)
             new = transition.status
+            logs: Logs | None = None
             if attempt.staging_dir:
-                new = with_logs(new, await self._logs(ref, body, attempt.staging_dir))
-            await self._apply(ref, status, Transition(new, transition.events))
+                logs = await self._logs(ref, body, attempt.staging_dir)
+                new = with_logs(new, logs)
+            transition = Transition(new, transition.events)
+            if obs is not None and obs.final and obs.phase is Phase.FAILED:
+                transition = self._after_failure(body, transition, obs, logs, generation, now)
+            await self._apply(ref, status, transition)
+            if transition.status.next_attempt_at is not None:
+                self._retry_later(ref, transition.status.next_attempt_at)
+
+    def _after_failure(
+        self,
+        body: Mapping[str, Any],
+        transition: Transition,
+        obs: Observation,
+        logs: Logs | None,
+        generation: int | None,
+        now: datetime,
+    ) -> Transition:
+        """Ask the retry rules about a failed attempt; schedule a new one when they say so."""
+        try:
+            spec = parse_spec(body.get("spec"))
+        except SpecError:
+            return transition
+        tails = [logs.stdout, logs.stderr] if logs is not None else []
+        text = "\n".join(t.tail for t in tails if t is not None)
+        status = transition.status
+        decision = decide(spec.retry, obs, text, status.attempts[:-1])
+        if not decision.retries:
+            return Transition(not_retried(status, decision), transition.events)
+        scheduled = retry_scheduled(status, decision, generation, now)
+        return Transition(scheduled.status, transition.events + scheduled.events)
+
+    def _retry_later(self, ref: ObjectRef, due: str) -> None:
+        """Submit the scheduled retry when it is due (a restart finds it again on resume)."""
+
+        async def later() -> None:
+            when = _parse_time(due)
+            while True:
+                await asyncio.sleep(max(0.0, (when - _now()).total_seconds()) if when else 0)
+                try:
+                    await self.reconcile(ref)
+                    return
+                except RetryLater as exc:
+                    when = _now() + timedelta(seconds=exc.delay)
+                except Exception:
+                    log.exception("retry of %s/%s failed", ref.namespace, ref.name)
+                    return
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _logs(self, ref: ObjectRef, body: Mapping[str, Any], staging_dir: str) -> Logs:
         base = Path(staging_dir)
@@ -503,6 +569,12 @@ class Controller:
                 return
             await asyncio.sleep(0.5)
         raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def _leader(views: Sequence[SlurmJobView]) -> SlurmJobView:

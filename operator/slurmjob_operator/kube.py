@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
@@ -41,6 +41,23 @@ class ObjectRef:
     def of(cls, body: Mapping[str, Any]) -> ObjectRef:
         meta = body.get("metadata") or {}
         return cls(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+
+
+class ResourceStore(Protocol):
+    """Where the controller reads SlurmJobs and Secrets and writes status and Events: the
+    Kubernetes API (`KubeApi`) or, for `slurmjob-operator submit`, local files (`LocalStore`)."""
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_status(
+        self, ref: ObjectRef, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None: ...
+
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str: ...
+
+    async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class KubeApi:

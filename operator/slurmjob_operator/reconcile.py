@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from slurmjob_operator.api.status import (
@@ -22,6 +22,7 @@ from slurmjob_operator.api.status import (
     rfc3339,
     set_condition,
 )
+from slurmjob_operator.retries import RetryDecision
 from slurmjob_operator.states import Observation
 
 SUBMITTED = "Submitted"
@@ -54,6 +55,7 @@ class Step(StrEnum):
     ADOPT = "Adopt"  # the last POST's answer was lost: find the job by name before anything else
     CONFIRM = "Confirm"  # job id known, receipt not yet confirmed (SLUID not recorded)
     TRACK = "Track"  # submitted and confirmed: the poller follows it
+    RETRY = "Retry"  # the last attempt failed and a new one is scheduled (nextAttemptAt)
     DONE = "Done"  # final, or refused: nothing to do
 
 
@@ -64,6 +66,8 @@ def next_step(status: SlurmJobStatus) -> Step:
         return Step.SUBMIT
     if status.phase is not None and status.phase.is_terminal:
         return Step.DONE
+    if status.next_attempt_at is not None:
+        return Step.RETRY
     if attempt.job_id is None:
         return Step.ADOPT
     if not attempt.confirmed:
@@ -167,6 +171,9 @@ def record_attempt(
             "phase": Phase.SUBMITTING,
             "attempts": [*status.attempts, attempt],
             "message": message,
+            "next_attempt_at": None,
+            "slurm_job_id": None,
+            "completion_time": None,
         }
     )
     return Transition(new)
@@ -326,6 +333,47 @@ def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:
     if obs.finished_at is not None:
         return rfc3339(obs.finished_at)
     return attempt.finished_at or rfc3339(now)
+
+
+def retry_scheduled(
+    status: SlurmJobStatus,
+    decision: RetryDecision,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """The attempt failed and the retry rules give it another: Pending until `nextAttemptAt`."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing failed")
+    attempt = attempt.model_copy(update={"retry_action": decision.action.value})
+    new = _with_conditions(
+        status,
+        [
+            (READY, "False", "RetryScheduled", decision.message),
+            (RUNNING, "False", "RetryScheduled", decision.message),
+            (FAILED, "False", "RetryScheduled", decision.message),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.PENDING,
+            "attempts": _replace_attempt(status, attempt),
+            "message": decision.message,
+            "next_attempt_at": rfc3339(now + timedelta(seconds=decision.delay_seconds)),
+            "completion_time": None,
+        }
+    )
+    return Transition(new, (Event(WARNING, "RetryScheduled", decision.message),))
+
+
+def not_retried(status: SlurmJobStatus, decision: RetryDecision) -> SlurmJobStatus:
+    """A failed attempt the rules do not retry: say why on the attempt."""
+    attempt = status.current_attempt
+    if attempt is None:
+        return status
+    attempt = attempt.model_copy(update={"retry_action": decision.action.value})
+    return status.model_copy(update={"attempts": _replace_attempt(status, attempt)})
 
 
 def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:

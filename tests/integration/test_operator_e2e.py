@@ -8,6 +8,7 @@ subset proving the name-only path. Each operator watches its own namespace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -413,6 +414,88 @@ def test_operator_killed_and_restarted_submits_nothing_twice(op_2605: Operator) 
         jobs = op.slurm_jobs_named(attempts[0]["jobName"])
         leaders = {j.het_job_id or j.job_id for j in jobs}
         assert leaders == {attempts[0]["jobId"]}, jobs
+
+
+@pytest.mark.slurm2605
+def test_log_pattern_failure_is_retried_up_to_the_limit(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply(
+        "nccl",
+        cpu_spec(
+            [
+                "bash",
+                "-c",
+                "echo 'NCCL WARN Watchdog caught collective operation timeout' >&2; exit 1",
+            ],
+            retry={"limit": 2, "backoffSeconds": 0},
+        ),
+    )
+    obj = op.wait_for(
+        "nccl",
+        lambda o: (
+            (o.get("status") or {}).get("phase") == "Failed"
+            and len(o["status"].get("attempts", [])) == 3
+        ),
+        within=90,
+        what="Failed after 3 attempts",
+    )
+    attempts = obj["status"]["attempts"]
+    assert [a["retryAction"] for a in attempts] == ["Retry", "Retry", "Fail"]
+    assert [a.get("retryOf") for a in attempts] == [None, 1, 2]
+    assert len({a["jobName"] for a in attempts}) == 3
+    assert len({a["stagingDir"] for a in attempts}) == 3
+    assert len({a["jobId"] for a in attempts}) == 3
+    assert "RetryScheduled" in [e["reason"] for e in op.events("nccl")]
+
+
+@pytest.mark.slurm2605
+def test_plain_exit_1_fails_at_once(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply("plain", cpu_spec(["bash", "-c", "exit 1"], retry={"limit": 3, "backoffSeconds": 0}))
+    obj = op.wait_phase("plain", "Failed", "Succeeded")
+    assert obj["status"]["phase"] == "Failed"
+    time.sleep(2)  # nothing else comes
+    obj = op.get("plain") or {}
+    assert [a["retryAction"] for a in obj["status"]["attempts"]] == ["Fail"]
+
+
+@pytest.mark.slurm2605
+def test_node_failure_is_retried_as_a_new_attempt(op_2605: Operator) -> None:
+    op = op_2605
+    op.apply(
+        "nodefail",
+        cpu_spec(
+            [
+                "bash",
+                "-c",
+                'if [ "$SLURMJOB_ATTEMPT" = 1 ]; then sleep 300; else echo second-attempt-ok; fi',
+            ],
+            retry={"limit": 1, "backoffSeconds": 0},
+        ),
+    )
+    obj = op.wait_phase("nodefail", "Running")
+    node = obj["status"]["nodes"]
+    try:
+        op.testbed.scontrol("update", f"nodename={node}", "state=down", "reason=e2e-node-failure")
+        obj = op.wait_for(
+            "nodefail",
+            lambda o: (
+                (o.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                and len(o["status"].get("attempts", [])) == 2
+            ),
+            within=90,
+            what="second attempt finished",
+        )
+    finally:
+        # ReturnToService=2 may have brought the node back already (resume then refuses).
+        with contextlib.suppress(Exception):
+            op.testbed.scontrol("update", f"nodename={node}", "state=resume")
+    first, second = obj["status"]["attempts"]
+    assert first["nativeState"] == "NODE_FAIL"
+    assert first["retryAction"] == "Retry"
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert "second-attempt-ok" in obj["status"]["logs"]["stdout"]["tail"]
+    assert second["retryOf"] == 1
 
 
 # -- Slurm 22.05: the name-only path ------------------------------------------------------

@@ -29,6 +29,7 @@ from slurmjob_operator.api.spec import (
     Framework,
     Mount,
     Pool,
+    RetryRule,
     SlurmJobSpec,
 )
 from slurmjob_operator.api.status import SlurmJobStatus
@@ -84,6 +85,16 @@ _DURATION = r"^\s*([0-9]+|[0-9]+d([0-9]+h)?([0-9]+m)?|[0-9]+h([0-9]+m)?|[0-9]+m)
 # CEL for the rules of api.spec, keyed by the model whose node they sit on. Each mirrors a
 # pydantic validator; test_crd checks both refuse the same manifests.
 MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
+    RetryRule: (
+        Rule(
+            "(has(self.onStates) && size(self.onStates) > 0) || "
+            "(has(self.onReasons) && size(self.onReasons) > 0) || has(self.onExitCodes) || "
+            "has(self.onLogPattern)",
+            "a retry rule needs at least one of onStates, onReasons, onExitCodes, onLogPattern",
+            None,
+            _INVALID,
+        ),
+    ),
     Framework: (
         Rule(
             "!has(self.image)",

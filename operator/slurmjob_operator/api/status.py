@@ -120,6 +120,10 @@ class Attempt(_Model):
     retry_of: int | None = Field(
         default=None, ge=1, description="Number of the attempt this one retries."
     )
+    retry_action: str | None = Field(
+        default=None,
+        description="What the retry rules decided when this attempt failed: Retry, Ignore or Fail.",
+    )
 
 
 class LogTail(_Model):
@@ -161,6 +165,11 @@ class SlurmJobStatus(_Model):
     )
     message: str | None = Field(default=None, description="Human-readable summary.")
     logs: Logs | None = Field(default=None, description="Tails of the job's log files.")
+    next_attempt_at: str | None = Field(
+        default=None,
+        json_schema_extra=_RFC3339,
+        description="When the scheduled retry will be submitted.",
+    )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any] | None) -> SlurmJobStatus:

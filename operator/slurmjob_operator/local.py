@@ -1,0 +1,608 @@
+"""`slurmjob-operator submit`: the operator's core without Kubernetes, for trying a site.
+
+The same `Controller` and `Poller` the operator runs, on a `LocalStore` instead of the API
+server: each SlurmJob is a JSON file `<state dir>/<namespace>/<name>.json` (the whole object,
+status included, rewritten atomically), status writes are RFC 7386 merge patches as on the
+API server, Events are lines on stderr, and Secrets come from a YAML file
+`{secretName: {key: value}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from slurmjob_operator import GROUP, KIND, VERSION
+from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition, rfc3339
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller import Controller, RetryLater
+from slurmjob_operator.kube import ObjectRef, SecretError
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.poller import Poller
+from slurmjob_operator.reconcile import Step, next_step
+from slurmjob_operator.slurm.connect import open_transport
+
+log = logging.getLogger(__name__)
+
+APP_DIR = "slurmjob-operator"
+DEFAULT_NAMESPACE = "default"
+#: Kubernetes' rules for a custom resource's name (DNS subdomain) and a namespace (DNS label).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_NAMESPACE_RE = re.compile(rf"^{_LABEL}$")
+#: How often a `--cancel` or an interrupt retries a deletion the job is still ending for.
+_FINALIZE_TRIES = 3
+
+
+class LocalInputError(ValueError):
+    """Invalid input to `submit` (a name, a file, a conflict): exit code 2."""
+
+
+# -- files ------------------------------------------------------------------------------
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_STATE_HOME/slurmjob-operator`, else `~/.local/state/slurmjob-operator`."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_STATE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / APP_DIR
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".local" / "state" / APP_DIR
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: `patch` applied to `target` (neither is modified; a new value is returned).
+
+    An object patch merges key by key (null removes the key, objects recurse, anything else
+    replaces); a patch that is not an object replaces the target as a whole.
+    """
+    if not isinstance(patch, Mapping):
+        return patch
+    result: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text` so that a reader sees the old or the new file, never a mix
+    (temporary file in the same directory, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _create_exclusively(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write a new `path` atomically; FileExistsError when it already exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.link(tmp, path)  # fails when the name exists: nothing is overwritten
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def load_secrets_file(path: Path) -> dict[str, dict[str, str]]:
+    """`{secretName: {key: value}}` from YAML; every value a string (as in `stringData`)."""
+    label = f"--secrets-file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LocalInputError(f"{label}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LocalInputError(f"{label}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LocalInputError(f"{label}: expected a mapping {{secretName: {{key: value}}}}")
+    secrets: dict[str, dict[str, str]] = {}
+    for name, keys in data.items():
+        if not isinstance(name, str) or not isinstance(keys, dict):
+            raise LocalInputError(f"{label}: {name}: expected a mapping of keys to values")
+        values: dict[str, str] = {}
+        for key, value in keys.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise LocalInputError(
+                    f"{label}: {name}.{key}: expected a string value (quote numbers and booleans)"
+                )
+            values[key] = value
+        secrets[name] = values
+    return secrets
+
+
+# -- the store --------------------------------------------------------------------------
+
+
+class LocalStore:
+    """The controller's `ResourceStore` on local files (see the module docstring)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        secrets_file: Path | None = None,
+        events: TextIO | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.secrets_file = secrets_file
+        self._events = events
+
+    def path(self, namespace: str, name: str) -> Path:
+        _check_names(namespace, name)
+        return self.state_dir / namespace / f"{name}.json"
+
+    # -- synchronous helpers (small files) --------------------------------------------------
+
+    def load(self, namespace: str, name: str) -> dict[str, Any] | None:
+        path = self.path(namespace, name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            raise OSError(f"{path}: not a SlurmJob state file: {exc}") from exc
+        if not isinstance(body, dict):
+            raise OSError(f"{path}: not a SlurmJob state file")
+        return body
+
+    def save(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        path = self.path(str(meta.get("namespace")), str(meta.get("name")))
+        write_atomically(path, json.dumps(body, indent=2) + "\n")
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Store a new object; FileExistsError when one of that name exists."""
+        meta = body.get("metadata") or {}
+        path = self.path(str(meta.get("namespace")), str(meta.get("name")))
+        _create_exclusively(path, json.dumps(body, indent=2) + "\n")
+        return dict(body)
+
+    def remove(self, namespace: str, name: str) -> bool:
+        try:
+            self.path(namespace, name).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _secrets(self) -> dict[str, dict[str, str]]:
+        if self.secrets_file is None:
+            return {}
+        try:
+            return load_secrets_file(self.secrets_file)
+        except LocalInputError as exc:
+            raise SecretError(str(exc)) from exc
+
+    def emit(self, line: str) -> None:
+        if self._events is not None:
+            self._events.write(line + "\n")
+            self._events.flush()
+
+    # -- ResourceStore ------------------------------------------------------------------------
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.load(namespace, name)
+
+    async def patch_status(self, ref: ObjectRef, patch: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status; None when the object is gone or is another one (uid)."""
+        body = self.load(ref.namespace, ref.name)
+        if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
+            return None
+        before = (body.get("status") or {}).get("phase")
+        body["status"] = apply_merge_patch(body.get("status") or {}, dict(patch))
+        self.save(body)
+        after = body["status"].get("phase") if isinstance(body["status"], dict) else None
+        if after != before and after is not None:
+            self.emit(f"phase: {after}")
+        return body
+
+    async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
+        secrets = self._secrets()
+        where = f" in {self.secrets_file}" if self.secrets_file else " (no --secrets-file given)"
+        if name not in secrets:
+            raise SecretError(f"Secret {namespace}/{name} does not exist{where}")
+        if key not in secrets[name]:
+            raise SecretError(f"Secret {namespace}/{name} has no key {key!r}{where}")
+        return secrets[name][key]
+
+    async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        self.emit(f"{type_} {reason}: {message}")
+
+    async def close(self) -> None:
+        return None
+
+
+# -- objects ----------------------------------------------------------------------------
+
+
+def _check_names(namespace: str, name: str) -> None:
+    if not _NAMESPACE_RE.match(namespace) or len(namespace) > 63:
+        raise LocalInputError(
+            f"metadata.namespace: {namespace!r} is not a valid namespace "
+            "(lowercase letters, digits and '-', at most 63)"
+        )
+    if not _NAME_RE.match(name) or len(name) > 253:
+        raise LocalInputError(
+            f"metadata.name: {name!r} is not a valid name "
+            "(lowercase letters, digits, '-' and '.', at most 253)"
+        )
+
+
+def object_key(manifest: Mapping[str, Any], namespace: str | None = None) -> tuple[str, str]:
+    """(namespace, name) of a manifest; `namespace` (the -n option) must agree with it."""
+    meta = manifest.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        raise LocalInputError("metadata: expected an object")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise LocalInputError("metadata.name: required")
+    own = meta.get("namespace")
+    if own is not None and not isinstance(own, str):
+        raise LocalInputError("metadata.namespace: expected a string")
+    if own and namespace and own != namespace:
+        raise LocalInputError(
+            f"metadata.namespace: {own!r} does not match the namespace {namespace!r} given by -n"
+        )
+    ns = own or namespace or DEFAULT_NAMESPACE
+    _check_names(ns, name)
+    return ns, name
+
+
+def new_object(manifest: Mapping[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    """The stored object: the manifest's spec with the metadata the API server would add."""
+    meta = dict(manifest.get("metadata") or {})
+    labels = meta.get("labels")
+    annotations = meta.get("annotations")
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": str(uuid.uuid4()),
+        "generation": 1,
+        "creationTimestamp": rfc3339(datetime.now(tz=UTC)),
+    }
+    if isinstance(labels, dict):
+        metadata["labels"] = labels
+    if isinstance(annotations, dict):
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": manifest.get("spec"),
+    }
+
+
+# -- running the core -------------------------------------------------------------------
+
+
+@dataclass
+class LocalResult:
+    """How a `submit` command ended; the CLI turns it into an exit code."""
+
+    body: dict[str, Any] | None
+    timed_out: bool = False
+    interrupted: bool = False
+    removed: bool = False
+
+    @property
+    def status(self) -> dict[str, Any]:
+        status = (self.body or {}).get("status") or {}
+        return dict(status) if isinstance(status, dict) else {}
+
+    @property
+    def phase(self) -> Phase | None:
+        return SlurmJobStatus.parse(self.status).phase
+
+    @property
+    def invalid_spec(self) -> bool:
+        ready = get_condition(SlurmJobStatus.parse(self.status).conditions, "Ready")
+        return ready is not None and ready.reason == "InvalidSpec"
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    state_dir: Path
+    secrets_file: Path | None = None
+    wait: bool = False
+    timeout: float = 3600.0
+    cancel_on_interrupt: bool = False
+
+
+class _Interrupt:
+    """Ctrl-C as an event: the first one sets it; a second one interrupts the old way."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self._installed = False
+
+    def install(self) -> None:
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._fire)
+        except (NotImplementedError, RuntimeError, ValueError):
+            return  # not the main thread, or no signals here: Ctrl-C raises as usual
+        self._installed = True
+
+    def _fire(self) -> None:
+        self.event.set()
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        if self._installed:
+            self._installed = False
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+    @property
+    def fired(self) -> bool:
+        return self.event.is_set()
+
+    async def sleep(self, seconds: float) -> bool:
+        """Sleep; True when interrupted meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout=max(0.0, seconds))
+        return self.event.is_set()
+
+
+class LocalRunner:
+    """One controller over a `LocalStore` for one command, bounded by one deadline."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: LocalOptions,
+        err: TextIO,
+        argv0: str = "slurmjob-operator",
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self.err = err
+        self.argv0 = argv0
+        self.store = LocalStore(options.state_dir, secrets_file=options.secrets_file, events=err)
+        self.interrupt = _Interrupt()
+        self._controller: Controller | None = None
+        self._deadline = 0.0
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @property
+    def controller(self) -> Controller:
+        assert self._controller is not None, "use the runner inside `async with`"
+        return self._controller
+
+    async def __aenter__(self) -> LocalRunner:
+        transport = open_transport(self.settings)
+        try:
+            self._controller = Controller(self.settings, self.store, transport, Metrics())
+        except BaseException:
+            await transport.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + self.options.timeout
+        self.interrupt.install()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.interrupt.uninstall()
+        if self._controller is not None:
+            await self._controller.transport.close()
+
+    def _remaining(self) -> float:
+        return self._deadline - asyncio.get_running_loop().time()
+
+    def say(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def _hint(self, ref: ObjectRef) -> str:
+        where = f" -n {ref.namespace}"
+        if self.options.state_dir != default_state_dir():
+            where += f" --state-dir {self.options.state_dir}"
+        return (
+            f"look at it again: {self.argv0} submit --status {ref.name}{where}\n"
+            f"cancel it:        {self.argv0} submit --cancel {ref.name}{where}"
+        )
+
+    def _job_text(self, body: Mapping[str, Any] | None) -> str:
+        attempt = SlurmJobStatus.parse((body or {}).get("status")).current_attempt
+        if attempt is None:
+            return "the job"
+        if attempt.job_id is None:
+            return f"Slurm job {attempt.job_name}"
+        return f"Slurm job {attempt.job_id}"
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def _drive(self, ref: ObjectRef) -> bool:
+        """Run the submission side until it has nothing left to do (retrying what asks for
+        it); False when the deadline passed or Ctrl-C came first."""
+        while True:
+            try:
+                await self.controller.reconcile(ref)
+                return True
+            except RetryLater as exc:
+                if self.store.load(ref.namespace, ref.name) is None:
+                    return True
+                remaining = self._remaining()
+                if remaining <= 0:
+                    self.say(f"not done within --timeout {self.options.timeout:g} s: {exc}")
+                    return False
+                delay = min(exc.delay, remaining)
+                self.say(f"retrying in {delay:g} s: {exc}")
+                if await self.interrupt.sleep(delay):
+                    return False
+
+    async def _follow(self, ref: ObjectRef) -> bool:
+        """Poll until the phase is final (or nothing is followed any more); False when the
+        deadline passed or Ctrl-C came first."""
+        poller = Poller(self.controller)
+        interval = self.settings.poll_interval
+        while True:
+            body = self.store.load(ref.namespace, ref.name)
+            phase = SlurmJobStatus.parse((body or {}).get("status")).phase
+            if body is None or (phase is not None and phase.is_terminal):
+                return True
+            if ref.uid not in self.controller.tracked:
+                return True
+            remaining = self._remaining()
+            if remaining <= 0:
+                self.say(f"not final within --timeout {self.options.timeout:g} s")
+                return False
+            if await self.interrupt.sleep(min(interval, remaining)):
+                return False
+            await poller.cycle()
+
+    async def _finalize(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """Cancel the job if it is not final and clean up (the operator's deletion path)."""
+        body = self.store.load(ref.namespace, ref.name)
+        for attempt in range(_FINALIZE_TRIES):
+            if body is None:
+                return None
+            try:
+                await self.controller.finalize(ref, body)
+                break
+            except RetryLater as exc:
+                if attempt == _FINALIZE_TRIES - 1:
+                    raise
+                self.say(f"retrying in {exc.delay:g} s: {exc}")
+                await asyncio.sleep(exc.delay)
+            body = self.store.load(ref.namespace, ref.name)
+        return self.store.load(ref.namespace, ref.name)
+
+    async def _interrupted(self, ref: ObjectRef) -> LocalResult:
+        body = self.store.load(ref.namespace, ref.name)
+        job = self._job_text(body)
+        if self.options.cancel_on_interrupt:
+            self.say(f"interrupted: cancelling {job}")
+            body = await self._finalize(ref)
+            self.store.remove(ref.namespace, ref.name)
+            return LocalResult(body, interrupted=True, removed=True)
+        self.say(f"interrupted: {job} is left as it is\n{self._hint(ref)}")
+        return LocalResult(body, interrupted=True)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def submit(self, manifest: Mapping[str, Any], namespace: str, name: str) -> LocalResult:
+        try:
+            body = self.store.create(new_object(manifest, namespace, name))
+        except FileExistsError as exc:
+            old = self.store.load(namespace, name)
+            phase = SlurmJobStatus.parse((old or {}).get("status")).phase
+            raise LocalInputError(
+                f"metadata.name: {namespace}/{name} was already submitted "
+                f"(phase {phase.value if phase else 'none'}, "
+                f"state in {self.store.path(namespace, name)}); see it with "
+                f"`submit --status {name} -n {namespace}`, forget it with "
+                f"`submit --cancel {name} -n {namespace}`"
+            ) from exc
+        ref = ObjectRef.of(body)
+        self.say(f"{namespace}/{name}: uid {ref.uid}, state {self.store.path(namespace, name)}")
+        done = await self._drive(ref)
+        if self.interrupt.fired:
+            return await self._interrupted(ref)
+        if not done:
+            return self._timed_out(ref)
+        if self.options.wait:
+            done = await self._follow(ref)
+            if self.interrupt.fired:
+                return await self._interrupted(ref)
+            if not done:
+                return self._timed_out(ref)
+        return LocalResult(self.store.load(namespace, name))
+
+    def _timed_out(self, ref: ObjectRef) -> LocalResult:
+        body = self.store.load(ref.namespace, ref.name)
+        status = SlurmJobStatus.parse((body or {}).get("status"))
+        if status.current_attempt is not None:
+            self.say(f"{self._job_text(body)} is left as it is\n{self._hint(ref)}")
+        return LocalResult(body, timed_out=True)
+
+    async def status(self, namespace: str, name: str) -> LocalResult:
+        body = self._existing(namespace, name)
+        ref = ObjectRef.of(body)
+        status = SlurmJobStatus.parse(body.get("status"))
+        self.controller.observe_body(body)
+        if next_step(status) in (Step.ADOPT, Step.CONFIRM):
+            try:  # a submission whose answer was lost or not yet confirmed: look for it
+                await self.controller.reconcile(ref)
+            except RetryLater as exc:
+                self.say(f"not confirmed yet: {exc}")
+        if ref.uid in self.controller.tracked:
+            if self.options.wait:
+                done = await self._follow(ref)
+                if self.interrupt.fired:
+                    return await self._interrupted(ref)
+                if not done:
+                    return self._timed_out(ref)
+            else:
+                await Poller(self.controller).cycle()
+        return LocalResult(self.store.load(namespace, name))
+
+    async def cancel(self, namespace: str, name: str) -> LocalResult:
+        body = self._existing(namespace, name)
+        ref = ObjectRef.of(body)
+        final = await self._finalize(ref)
+        self.store.remove(namespace, name)
+        self.say(f"{namespace}/{name}: removed {self.store.path(namespace, name)}")
+        return LocalResult(final or body, removed=True)
+
+    def _existing(self, namespace: str, name: str) -> dict[str, Any]:
+        body = self.store.load(namespace, name)
+        if body is None:
+            raise LocalInputError(
+                f"{namespace}/{name}: nothing was submitted under that name "
+                f"(no {self.store.path(namespace, name)})"
+            )
+        return body
+
+
+@contextlib.contextmanager
+def logging_to(err: TextIO, verbose: bool) -> Iterator[None]:
+    """The core's warnings (and with -v its progress) as lines on `err` while it runs."""
+    logger = logging.getLogger("slurmjob_operator")
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
