@@ -18,7 +18,14 @@ from typing import Any
 from slurmjob_operator import naming
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus, merge_patch
+from slurmjob_operator.api.status import (
+    Attempt,
+    Logs,
+    Phase,
+    SlurmJobStatus,
+    get_condition,
+    merge_patch,
+)
 from slurmjob_operator.artifacts import ArtifactError
 from slurmjob_operator.config import Settings
 from slurmjob_operator.kube import ObjectRef, ResourceStore, SecretError
@@ -27,20 +34,25 @@ from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.pipeline import Site, prepare_attempt, stage_and_submit
 from slurmjob_operator.preflight import PreflightError
 from slurmjob_operator.reconcile import (
+    DECLARE_LOST_ANNOTATION,
+    SUSPENDED,
     Step,
     Transition,
     changed,
     confirmed,
+    declared_lost,
     invalid_spec,
     lost,
     next_step,
     not_retried,
     not_submitted,
     observed,
+    reachability,
     record_attempt,
     rejected,
     retry_scheduled,
     submitted,
+    suspension,
     unconfirmed,
     waiting,
     with_logs,
@@ -131,6 +143,7 @@ class Controller:
         self._locks: dict[str, asyncio.Lock] = {}
         self._secrets: dict[str, dict[str, str]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._reachable: bool | None = None
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -236,6 +249,11 @@ class Controller:
                 return
             status = SlurmJobStatus.parse(body.get("status"))
             step = next_step(status)
+            if step in (Step.SUBMIT, Step.RETRY):
+                gated = await self._gate(ref, body, status)
+                if gated is None:
+                    return
+                status = gated
             if step is Step.SUBMIT:
                 await self._submit(ref, body, status)
             elif step is Step.ADOPT:
@@ -248,8 +266,95 @@ class Controller:
                 if wait > 0:
                     raise RetryLater(f"retry due at {status.next_attempt_at}", wait)
                 await self._submit(ref, body, status)
+            elif step is Step.TRACK:
+                self._observe_status(ref, status)
+                await self._sync_hold(ref, body, status)
             else:
                 self._observe_status(ref, status)
+
+    async def _gate(
+        self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
+    ) -> SlurmJobStatus | None:
+        """spec.suspend before anything is submitted: None while suspended."""
+        generation, now = _generation(body), _now()
+        if _suspend_wanted(body):
+            await self._apply(
+                ref,
+                status,
+                suspension(
+                    status,
+                    True,
+                    "Suspended",
+                    "spec.suspend is true: nothing is submitted",
+                    generation,
+                    now,
+                ),
+            )
+            return None
+        cond = get_condition(status.conditions, SUSPENDED)
+        if cond is not None and cond.status == "True":
+            return await self._apply(
+                ref,
+                status,
+                suspension(status, False, "Resumed", "spec.suspend is false", generation, now),
+            )
+        return status
+
+    async def _sync_hold(
+        self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
+    ) -> None:
+        """Hold a queued job while spec.suspend is true; release it when it is false again."""
+        wanted = _suspend_wanted(body)
+        cond = get_condition(status.conditions, SUSPENDED)
+        held = cond is not None and cond.status == "True"
+        attempt = status.current_attempt
+        if wanted == held or attempt is None or attempt.job_id is None:
+            return
+        generation, now = _generation(body), _now()
+        client = await self.slurm()
+        if wanted and status.phase is not Phase.QUEUED:
+            transition = suspension(
+                status,
+                False,
+                "NotHeld",
+                "spec.suspend is true but the Slurm job already left the queue; Slurm holds "
+                "only pending jobs, so it keeps running",
+                generation,
+                now,
+            )
+        else:
+            try:
+                await client.hold(attempt.job_id, wanted)
+            except SlurmError as exc:
+                raise RetryLater(f"cannot {'hold' if wanted else 'release'}: {exc}", 10) from exc
+            verb = "held" if wanted else "released"
+            transition = suspension(
+                status,
+                wanted,
+                "Held" if wanted else "Released",
+                f"Slurm job {attempt.job_id} {verb} (spec.suspend is {str(wanted).lower()})",
+                generation,
+                now,
+            )
+        await self._apply(ref, status, transition)
+
+    async def report_reachability(self, reachable: bool, reason: str, message: str) -> None:
+        """slurmrestd answered (or refused) the last sweep: say so on every followed job,
+        once per change."""
+        if self._reachable is reachable:
+            return
+        self._reachable = reachable
+        for item in list(self.tracked.values()):
+            async with self._lock(item.ref.uid):
+                body = await self._fresh(item.ref)
+                if body is None:
+                    continue
+                status = SlurmJobStatus.parse(body.get("status"))
+                await self._apply(
+                    item.ref,
+                    status,
+                    reachability(status, reachable, reason, message, _generation(body), _now()),
+                )
 
     async def _submit(
         self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
@@ -362,6 +467,11 @@ class Controller:
         attempt = status.current_attempt
         assert attempt is not None
         generation = _generation(body)
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(DECLARE_LOST_ANNOTATION) == str(attempt.number):
+            after = await self._apply(ref, status, declared_lost(status, generation, _now()))
+            await self._submit(ref, body, after)
+            return
         try:
             client = await self.slurm()
             found = await client.find_by_name(attempt.job_name)
@@ -387,6 +497,7 @@ class Controller:
         keep, extra = leaders[0], leaders[1:]
         for duplicate in extra:
             await self._cancel_quietly(client, duplicate.job_id)
+            self.metrics.duplicates_total.inc()
             await self.kube.post_event(
                 ref,
                 "Warning",
@@ -569,6 +680,10 @@ class Controller:
                 return
             await asyncio.sleep(0.5)
         raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+
+
+def _suspend_wanted(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("spec") or {}).get("suspend", False))
 
 
 def _parse_time(text: str | None) -> datetime | None:

@@ -27,14 +27,22 @@ from typing import Any, TextIO
 import yaml
 
 from slurmjob_operator import GROUP, KIND, VERSION
-from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition, rfc3339
+from slurmjob_operator.api.status import (
+    Phase,
+    SlurmJobStatus,
+    get_condition,
+    merge_patch,
+    rfc3339,
+)
 from slurmjob_operator.config import Settings
-from slurmjob_operator.controller import Controller, RetryLater
+from slurmjob_operator.controller import Controller, RetryLater, lifecycle_ref
 from slurmjob_operator.kube import ObjectRef, SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.poller import Poller
-from slurmjob_operator.reconcile import Step, next_step
+from slurmjob_operator.reconcile import Step, changed, next_step, observed
 from slurmjob_operator.slurm.connect import open_transport
+from slurmjob_operator.slurm.errors import SlurmError
+from slurmjob_operator.states import observe
 
 log = logging.getLogger(__name__)
 
@@ -469,17 +477,26 @@ class LocalRunner:
                     return False
 
     async def _follow(self, ref: ObjectRef) -> bool:
-        """Poll until the phase is final (or nothing is followed any more); False when the
-        deadline passed or Ctrl-C came first."""
+        """Poll until the phase is final, submitting the retries the job's rules schedule on
+        the way; False when the deadline passed or Ctrl-C came first."""
         poller = Poller(self.controller)
         interval = self.settings.poll_interval
         while True:
             body = self.store.load(ref.namespace, ref.name)
-            phase = SlurmJobStatus.parse((body or {}).get("status")).phase
-            if body is None or (phase is not None and phase.is_terminal):
+            if body is None:
                 return True
+            status = SlurmJobStatus.parse(body.get("status"))
+            step = next_step(status)
+            if step is Step.DONE or _lost(status):
+                return True
+            if step is not Step.TRACK:  # a scheduled retry (or a submission to finish)
+                if not await self._drive(ref):
+                    return False
+                continue
             if ref.uid not in self.controller.tracked:
-                return True
+                self.controller.observe_body(body)
+                if ref.uid not in self.controller.tracked:
+                    return True  # nothing left to follow
             remaining = self._remaining()
             if remaining <= 0:
                 self.say(f"not final within --timeout {self.options.timeout:g} s")
@@ -503,7 +520,33 @@ class LocalRunner:
                 self.say(f"retrying in {exc.delay:g} s: {exc}")
                 await asyncio.sleep(exc.delay)
             body = self.store.load(ref.namespace, ref.name)
+        await self._record_end(ref)
         return self.store.load(ref.namespace, ref.name)
+
+    async def _record_end(self, ref: ObjectRef) -> None:
+        """After a cancel: fold the job's final state into the status (finalize ends the job
+        and archives the log tails, but leaves the phase to the poller, which is gone here)."""
+        body = self.store.load(ref.namespace, ref.name)
+        status = SlurmJobStatus.parse((body or {}).get("status"))
+        attempt = status.current_attempt
+        if body is None or attempt is None or attempt.job_id is None:
+            return
+        if status.phase is not None and status.phase.is_terminal:
+            return
+        try:
+            client = await self.controller.slurm()
+            views = await client.get_job(lifecycle_ref(client, attempt))
+        except SlurmError as exc:
+            log.warning("cannot read the final state of Slurm job %s: %s", attempt.job_id, exc)
+            return
+        if not views:
+            return
+        generation = (body.get("metadata") or {}).get("generation")
+        transition = observed(status, observe(views), generation, datetime.now(tz=UTC))
+        if changed(status, transition.status):
+            await self.store.patch_status(ref, merge_patch(status.dump(), transition.status.dump()))
+        for event in transition.events:
+            await self.store.post_event(ref, event.type, event.reason, event.message)
 
     async def _interrupted(self, ref: ObjectRef) -> LocalResult:
         body = self.store.load(ref.namespace, ref.name)
@@ -558,20 +601,20 @@ class LocalRunner:
         ref = ObjectRef.of(body)
         status = SlurmJobStatus.parse(body.get("status"))
         self.controller.observe_body(body)
-        if next_step(status) in (Step.ADOPT, Step.CONFIRM):
-            try:  # a submission whose answer was lost or not yet confirmed: look for it
+        if next_step(status) in (Step.ADOPT, Step.CONFIRM, Step.RETRY):
+            # A submission to confirm (or to find, its answer lost), or a retry that is due.
+            try:
                 await self.controller.reconcile(ref)
             except RetryLater as exc:
-                self.say(f"not confirmed yet: {exc}")
-        if ref.uid in self.controller.tracked:
-            if self.options.wait:
-                done = await self._follow(ref)
-                if self.interrupt.fired:
-                    return await self._interrupted(ref)
-                if not done:
-                    return self._timed_out(ref)
-            else:
-                await Poller(self.controller).cycle()
+                self.say(f"not now: {exc}")
+        if self.options.wait:
+            done = await self._follow(ref)
+            if self.interrupt.fired:
+                return await self._interrupted(ref)
+            if not done:
+                return self._timed_out(ref)
+        elif ref.uid in self.controller.tracked:
+            await Poller(self.controller).cycle()
         return LocalResult(self.store.load(namespace, name))
 
     async def cancel(self, namespace: str, name: str) -> LocalResult:
@@ -590,6 +633,12 @@ class LocalRunner:
                 f"(no {self.store.path(namespace, name)})"
             )
         return body
+
+
+def _lost(status: SlurmJobStatus) -> bool:
+    """Slurm no longer knows the job and has no record of it: Unknown for good."""
+    ready = get_condition(status.conditions, "Ready")
+    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == "JobLost"
 
 
 @contextlib.contextmanager

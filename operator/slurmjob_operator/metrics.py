@@ -65,6 +65,7 @@ class Metrics:
 
     * `submissions_total{result}`: submit POSTs by outcome (`SUBMISSION_RESULTS`).
     * `adoptions_total{how}`: jobs found again instead of submitted (e.g. `how="name"`).
+    * `duplicates_total`: Slurm jobs cancelled because they duplicated an attempt.
     * `transitions_total{phase}`: phase changes, by the new phase.
     * `slurmrestd_request_seconds{endpoint,method,status_class}`: latency histogram; endpoint
       is the path template, status_class "2xx".."5xx", "timeout" or "error".
@@ -89,6 +90,12 @@ class Metrics:
             "Slurm jobs adopted (found again after a lost answer or a restart) instead of "
             "submitted, by how they were found.",
             ["how"],
+            registry=reg,
+        )
+        self.duplicates_total = Counter(
+            f"{PREFIX}_duplicates",
+            "Slurm jobs cancelled because they carried the identity of an attempt that "
+            "already had an (older) job.",
             registry=reg,
         )
         self.transitions_total = Counter(

@@ -21,8 +21,9 @@ from pathlib import Path
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.controller import Controller, Tracked, lifecycle_ref
 from slurmjob_operator.logs import tail_signature
+from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
+from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
 from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView
 from slurmjob_operator.staging import STDERR_FILE, STDOUT_FILE
 
@@ -85,9 +86,16 @@ class Poller:
             try:
                 client = await controller.slurm()
                 changed = await self._changed(client, tracked)
-            except SlurmError as exc:
+            except (SlurmError, TokenError) as exc:
                 log.warning("poll: slurmrestd: %s", exc)
+                auth = isinstance(exc, SlurmAuthError | TokenError)
+                await controller.report_reachability(
+                    False,
+                    "SlurmAuthFailed" if auth else "SlurmUnavailable",
+                    f"slurmrestd {'refused the credentials' if auth else 'failed'}: {exc}",
+                )
                 return
+            await controller.report_reachability(True, "SlurmAnswering", "slurmrestd answers")
             for job_id, views in changed.items():
                 await self._refresh(tracked[job_id], views)
             for job_id, item in tracked.items():

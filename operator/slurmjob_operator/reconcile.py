@@ -30,6 +30,9 @@ RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 READY = "Ready"
+SUSPENDED = "Suspended"
+SLURM_REACHABLE = "SlurmReachable"
+DECLARE_LOST_ANNOTATION = "slurmjob.io/declare-lost"
 
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -69,7 +72,8 @@ def next_step(status: SlurmJobStatus) -> Step:
     if status.next_attempt_at is not None:
         return Step.RETRY
     if attempt.job_id is None:
-        return Step.ADOPT
+        # A person declared this unconfirmed submission lost: the only way past adoption.
+        return Step.SUBMIT if attempt.declared_lost else Step.ADOPT
     if not attempt.confirmed:
         return Step.CONFIRM
     return Step.TRACK
@@ -374,6 +378,71 @@ def not_retried(status: SlurmJobStatus, decision: RetryDecision) -> SlurmJobStat
         return status
     attempt = attempt.model_copy(update={"retry_action": decision.action.value})
     return status.model_copy(update={"attempts": _replace_attempt(status, attempt)})
+
+
+def declared_lost(status: SlurmJobStatus, generation: int | None, now: datetime) -> Transition:
+    """The annotation names the unconfirmed attempt: stop searching, allow a new attempt."""
+    attempt = status.current_attempt
+    if attempt is None or attempt.job_id is not None:
+        return Transition(status)
+    attempt = attempt.model_copy(update={"declared_lost": True, "reason": "DeclaredLost"})
+    text = (
+        f"attempt {attempt.number} ({attempt.job_name}) declared lost through the "
+        f"{DECLARE_LOST_ANNOTATION} annotation; its files are kept; a new attempt follows"
+    )
+    new = _with_conditions(
+        status,
+        [(SUBMITTED, "False", "DeclaredLost", text)],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "attempts": _replace_attempt(status, attempt),
+            "phase": Phase.PENDING,
+            "message": text,
+        }
+    )
+    return Transition(new, (Event(WARNING, "DeclaredLost", text),))
+
+
+def _flip_event(
+    status: SlurmJobStatus, type_: str, value: ConditionStatus, event: Event
+) -> tuple[Event, ...]:
+    old = next((c for c in status.conditions if c.type == type_), None)
+    return () if old is not None and old.status == value else (event,)
+
+
+def suspension(
+    status: SlurmJobStatus,
+    suspended: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """spec.suspend took effect (nothing submitted, or the queued job held) or was lifted."""
+    value: ConditionStatus = "True" if suspended else "False"
+    new = _with_conditions(status, [(SUSPENDED, value, reason, message)], generation, now)
+    if suspended and status.current_attempt is None:
+        new = new.model_copy(update={"phase": Phase.PENDING, "message": message})
+    events = _flip_event(status, SUSPENDED, value, Event(NORMAL, reason, message))
+    return Transition(new, events)
+
+
+def reachability(
+    status: SlurmJobStatus,
+    reachable: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """Whether slurmrestd answers with the operator's credentials (refused tokens come back
+    as HTTP 500 or 511, so this is the only place a user sees them)."""
+    value: ConditionStatus = "True" if reachable else "False"
+    new = _with_conditions(status, [(SLURM_REACHABLE, value, reason, message)], generation, now)
+    event = Event(NORMAL if reachable else WARNING, reason, message)
+    return Transition(new, _flip_event(status, SLURM_REACHABLE, value, event))
 
 
 def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:

@@ -498,6 +498,80 @@ def test_node_failure_is_retried_as_a_new_attempt(op_2605: Operator) -> None:
     assert second["retryOf"] == 1
 
 
+@pytest.mark.slurm2605
+def test_suspend_gates_submission_and_holds_a_queued_job(op_2605: Operator) -> None:
+    op = op_2605
+    # Suspended from the start: nothing reaches Slurm until it is lifted.
+    op.apply("gated", cpu_spec(["bash", "-c", "echo released"], suspend=True))
+    obj = op.wait_for(
+        "gated",
+        lambda o: (_condition(o, "Suspended") or {}).get("status") == "True",
+        what="Suspended=True",
+    )
+    assert obj["status"]["phase"] == "Pending"
+    assert obj["status"].get("attempts", []) == []
+    op.kube.kubectl(
+        "patch",
+        "slurmjob",
+        "gated",
+        "-n",
+        op.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": false}}',
+    )
+    obj = op.wait_phase("gated", "Succeeded", "Failed")
+    assert "released" in obj["status"]["logs"]["stdout"]["tail"]
+    # A queued job is held in Slurm while suspended, and released after.
+    blockers = [f"blocker-{i}" for i in range(2)]
+    for name in blockers:  # each takes a whole node (2 CPUs)
+        op.apply(
+            name,
+            cpu_spec(
+                ["sleep", "300"],
+                pools=[{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 2, "memoryGb": 1}],
+            ),
+        )
+    for name in blockers:
+        op.wait_phase(name, "Running")
+    op.apply("queued", cpu_spec(["bash", "-c", "echo ran-after-release"]))
+    op.wait_phase("queued", "Queued")
+    op.kube.kubectl(
+        "patch",
+        "slurmjob",
+        "queued",
+        "-n",
+        op.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": true}}',
+    )
+    obj = op.wait_for(
+        "queued",
+        lambda o: (_condition(o, "Suspended") or {}).get("reason") == "Held",
+        what="Suspended=True Held",
+    )
+    [job] = op.slurm_job(_attempt(obj)["jobId"])
+    assert job.reason == "JobHeldUser"
+    for name in blockers:
+        op.kube.kubectl("delete", "slurmjob", name, "-n", op.namespace, "--timeout=60s", timeout=70)
+    time.sleep(2)
+    assert (op.get("queued") or {})["status"]["phase"] == "Queued"  # held: does not start
+    op.kube.kubectl(
+        "patch",
+        "slurmjob",
+        "queued",
+        "-n",
+        op.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": false}}',
+    )
+    obj = op.wait_phase("queued", "Succeeded", "Failed")
+    assert obj["status"]["phase"] == "Succeeded"
+    assert (_condition(obj, "Suspended") or {}).get("reason") == "Released"
+
+
 # -- Slurm 22.05: the name-only path ------------------------------------------------------
 
 

@@ -87,6 +87,9 @@ class FakeController:
     async def slurm(self) -> FakeClient:
         return self.client
 
+    async def report_reachability(self, reachable: bool, reason: str, message: str) -> None:
+        self.reachable = reachable
+
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
     ) -> None:

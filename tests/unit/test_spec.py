@@ -605,7 +605,14 @@ def test_status_dump_is_camel_case_without_nulls() -> None:
     assert dumped["phase"] == "Queued"
     assert dumped["slurmJobId"] == 42
     assert dumped["attempts"] == [
-        {"number": 1, "jobName": "k8s-abc", "jobId": 42, "nativeFlags": [], "confirmed": False}
+        {
+            "number": 1,
+            "jobName": "k8s-abc",
+            "jobId": 42,
+            "nativeFlags": [],
+            "confirmed": False,
+            "declaredLost": False,
+        }
     ]
     assert dumped["logs"] == {
         "stdout": {"tail": "hi\n", "truncated": False, "bytes": 3, "lines": 1}

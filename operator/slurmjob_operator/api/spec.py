@@ -346,6 +346,13 @@ class SlurmJobSpec(_Model):
     mode: Mode = Field(
         default=Mode.BATCH, description="Only Batch: Playground and Deployment are refused."
     )
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "While true nothing is submitted, and a queued job is held in Slurm; setting it back "
+            "to false submits or releases it (the gate Kueue and GitOps tools use)."
+        ),
+    )
 
     @field_validator("command")
     @classmethod

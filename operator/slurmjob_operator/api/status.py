@@ -117,6 +117,13 @@ class Attempt(_Model):
     confirmed: bool = Field(
         default=False, description="Whether the submission receipt was confirmed with Slurm."
     )
+    declared_lost: bool = Field(
+        default=False,
+        description=(
+            "Set from the slurmjob.io/declare-lost annotation: an unconfirmed submission a "
+            "person checked by hand and declared lost, so a new attempt may be submitted."
+        ),
+    )
     retry_of: int | None = Field(
         default=None, ge=1, description="Number of the attempt this one retries."
     )

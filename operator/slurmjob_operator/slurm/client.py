@@ -552,6 +552,19 @@ class SlurmClient:
         self._accounting = True
         return self._parse(self._dialect.parse_accounting_jobs, answer, template)
 
+    async def hold(self, job_id: int, held: bool) -> tuple[SlurmMessage, ...]:
+        """Hold (or release) a pending job: `POST /job/{id}` with `{"hold": ...}`.
+
+        Job updates take the numeric id only (26.05 does not wire SLUIDs into updates).
+        Returns the warnings; per-job refusals arrive as errors (raised) or, on v0.0.40+,
+        as warnings in an HTTP 200, which are returned for the caller to show.
+        """
+        template = self._slurm("/job/{job_id}")
+        answer = await self._call(
+            "POST", template, self._slurm(f"/job/{job_id}"), body={"hold": held}
+        )
+        return answer.envelope.warnings
+
     async def cancel(self, ref: int | str, *, signal: str | None = None) -> CancelResult:
         """Cancel (or signal) a job. A job that already ended is a success
         (`already_done` where the version says so); an unknown job raises SlurmNotFound."""
