@@ -245,3 +245,47 @@ def test_attempt_model_round_trip() -> None:
     status = running_status()
     assert SlurmJobStatus.parse(status.dump()) == status
     assert isinstance(status.attempts[0], Attempt)
+
+
+def test_declared_lost_unblocks_a_new_attempt() -> None:
+    from slurmjob_operator.reconcile import declared_lost
+
+    t = declared_lost(unconfirmed(recorded(), "reset", 1, T0).status, 1, T0)
+    attempt = t.status.current_attempt
+    assert attempt is not None
+    assert attempt.declared_lost
+    assert attempt.job_id is None
+    assert next_step(t.status) is Step.SUBMIT
+    assert [e.reason for e in t.events] == ["DeclaredLost"]
+    second = record_attempt(
+        t.status, number=2, job_name="a2", staging_dir="/s/2", generation=1, now=T0
+    ).status
+    assert [a.number for a in second.attempts] == [1, 2]
+    assert second.attempts[1].retry_of is None  # attempt 1 never ran
+
+
+def test_declared_lost_ignores_a_confirmed_attempt() -> None:
+    from slurmjob_operator.reconcile import declared_lost
+
+    status = running_status()
+    assert declared_lost(status, 1, T0).status == status
+
+
+def test_suspension_and_reachability_post_only_on_flips() -> None:
+    from slurmjob_operator.reconcile import SLURM_REACHABLE, SUSPENDED, reachability, suspension
+
+    t = suspension(SlurmJobStatus(), True, "Suspended", "spec.suspend is true", 1, T0)
+    assert t.status.phase is Phase.PENDING
+    cond = get_condition(t.status.conditions, SUSPENDED)
+    assert cond is not None
+    assert cond.status == "True"
+    assert len(t.events) == 1
+    assert suspension(t.status, True, "Suspended", "again", 1, T0).events == ()
+    down = reachability(running_status(), False, "SlurmAuthFailed", "HTTP 511", 1, T0)
+    assert [e.type for e in down.events] == ["Warning"]
+    assert reachability(down.status, False, "SlurmAuthFailed", "HTTP 511", 1, T0).events == ()
+    up = reachability(down.status, True, "SlurmAnswering", "ok", 1, T0)
+    cond = get_condition(up.status.conditions, SLURM_REACHABLE)
+    assert cond is not None
+    assert cond.status == "True"
+    assert [e.type for e in up.events] == ["Normal"]
