@@ -35,6 +35,7 @@ from slurmjob_operator.pipeline import Site, prepare_attempt, stage_and_submit
 from slurmjob_operator.preflight import PreflightError
 from slurmjob_operator.reconcile import (
     DECLARE_LOST_ANNOTATION,
+    READY,
     SUSPENDED,
     Step,
     Transition,
@@ -144,6 +145,8 @@ class Controller:
         self._secrets: dict[str, dict[str, str]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._reachable: bool | None = None
+        # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
+        self._backoff = max(1.0, min(30.0, settings.poll_interval * 5))
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -196,10 +199,13 @@ class Controller:
         if status.phase is not None:
             self.phases[ref.uid] = status.phase.value
         attempt = status.current_attempt
+        ready = get_condition(status.conditions, READY)
         live = (
             status.phase is not None
             and not status.phase.is_terminal
             and status.next_attempt_at is None
+            # A job Slurm forgot without a trace cannot come back: stop asking for it.
+            and not (ready is not None and ready.reason == "JobLost")
         )
         if live and attempt is not None and attempt.job_id is not None and attempt.confirmed:
             self.tracked[ref.uid] = Tracked(ref, attempt.job_id, attempt.sluid, attempt.staging_dir)
@@ -371,13 +377,13 @@ class Controller:
             await self._apply(
                 ref, status, waiting(status, "SecretNotFound", str(exc), generation, now)
             )
-            raise RetryLater(str(exc), 30) from exc
+            raise RetryLater(str(exc), self._backoff) from exc
         try:
             client = await self.slurm()
         except (SlurmError, TokenError) as exc:
             reason = "SlurmAuthFailed" if isinstance(exc, SlurmAuthError) else "SlurmUnavailable"
             await self._apply(ref, status, waiting(status, reason, str(exc), generation, now))
-            raise RetryLater(str(exc), 30) from exc
+            raise RetryLater(str(exc), self._backoff) from exc
         number = len(status.attempts) + 1
         try:
             prepared = prepare_attempt(
@@ -437,7 +443,7 @@ class Controller:
             await self._apply(
                 ref, recorded, not_submitted(recorded, reason, str(exc), generation, _now())
             )
-            raise RetryLater(str(exc), 30) from exc
+            raise RetryLater(str(exc), self._backoff) from exc
         self.metrics.submissions_total.labels(result="accepted").inc()
         done = await self._apply(
             ref, recorded, submitted(recorded, receipt.job_id, generation, _now())
@@ -457,7 +463,7 @@ class Controller:
         except SlurmNotFound as exc:
             raise RetryLater(f"job {attempt.job_id} not visible yet", 2) from exc
         except SlurmError as exc:
-            raise RetryLater(str(exc), 10) from exc
+            raise RetryLater(str(exc), self._backoff) from exc
         leader = _leader(views)
         new = confirmed(status, leader.sluid)
         await self._apply(ref, status, observed(new, observe(views), _generation(body), _now()))

@@ -170,7 +170,11 @@ def crd(kube: KubeTestbed) -> None:
 
 
 def _operator(
-    kube: KubeTestbed, testbed: SlurmTestbed, tmp: Path, profile: str = "apptainer"
+    kube: KubeTestbed,
+    testbed: SlurmTestbed,
+    tmp: Path,
+    profile: str = "apptainer",
+    **overrides: str | None,
 ) -> Iterator[Operator]:
     namespace = f"e2e-{testbed.name.replace('.', '')}-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", namespace)
@@ -183,6 +187,11 @@ def _operator(
         "SLURMJOB_METRICS_PORT": "0",
         "SLURMJOB_DELETE_TIMEOUT": "30",
     }
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     op = Operator(kube, testbed, namespace, env, tmp / "operator.log")
     op.start()
     try:
@@ -570,6 +579,41 @@ def test_suspend_gates_submission_and_holds_a_queued_job(op_2605: Operator) -> N
     obj = op.wait_phase("queued", "Succeeded", "Failed")
     assert obj["status"]["phase"] == "Succeeded"
     assert (_condition(obj, "Suspended") or {}).get("reason") == "Released"
+
+
+@pytest.mark.slurm2605
+def test_refused_token_is_reported_and_a_rotated_file_recovers_without_restart(
+    kube: KubeTestbed, crd: None, slurm_2605: SlurmTestbed, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "slurm-jwt"
+    token_file.write_text("SLURM_JWT=not.a.valid-token\n")
+    ops = _operator(
+        kube,
+        slurm_2605,
+        tmp_path,
+        SLURMJOB_SLURM_JWT_KEY_FILE=None,
+        SLURMJOB_SLURM_JWT_FILE=str(token_file),
+    )
+    op = next(ops)
+    try:
+        op.apply("auth", cpu_spec(["bash", "-c", "echo authenticated"]))
+        obj = op.wait_for(
+            "auth",
+            lambda o: (_condition(o, "Ready") or {}).get("reason") == "SlurmAuthFailed",
+            what="Ready=False SlurmAuthFailed",
+        )
+        assert obj["status"]["phase"] == "Pending"
+        assert obj["status"].get("attempts", []) == []
+        assert "SlurmAuthFailed" in [e["reason"] for e in op.events("auth")]
+        # Rotate the token file: the operator re-reads it, no restart.
+        token_file.write_text(f"SLURM_JWT={slurm_2605.token(600)}\n")
+        obj = op.wait_phase("auth", "Succeeded", "Failed", within=90)
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        assert op.proc is not None
+        assert op.proc.poll() is None  # the same process throughout
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(ops)
 
 
 # -- Slurm 22.05: the name-only path ------------------------------------------------------
