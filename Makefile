@@ -7,8 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
+SLURM ?= 26.05
 
-.PHONY: test venv testbed lint unit pytest crd docs clean
+.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down
 
 test: venv testbed lint pytest
 
@@ -41,6 +42,15 @@ unit: venv
 
 crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
+
+# A person's own test clusters (see README, "Local development cluster"): the same installs and
+# builds as `make test`, then Slurm $(SLURM) and kube-apiserver started (or re-used) and .dev/env
+# written. dev-down stops only what dev-up started.
+dev-up: venv testbed
+	$(BIN)/python -m tests.testbed.dev up --slurm $(SLURM)
+
+dev-down: venv
+	$(BIN)/python -m tests.testbed.dev down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

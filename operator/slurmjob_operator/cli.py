@@ -166,7 +166,7 @@ def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     except LocalInputError as exc:
         raise InputError(str(exc)) from exc
     out.write(json.dumps(result.status, indent=2) + "\n")
-    if result.removed and not result.interrupted:
+    if args.cancel is not None:
         return EXIT_OK
     if result.invalid_spec:
         return EXIT_INVALID

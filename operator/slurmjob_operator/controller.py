@@ -489,8 +489,12 @@ class Controller:
             if (ident := naming.parse_comment(job.comment)) is None
             or (ident.uid == ref.uid and ident.attempt == attempt.number)
         ]
+        # One entry per job, as its leader component (a het job's components share a name).
+        groups: dict[int, list[SlurmJobView]] = {}
+        for job in mine:
+            groups.setdefault(job.het_job_id or job.job_id, []).append(job)
         leaders = sorted(
-            {j.het_job_id or j.job_id: j for j in mine}.values(),
+            (_leader(views) for views in groups.values()),
             key=lambda j: (j.sluid or "", j.job_id),
         )
         if not leaders:

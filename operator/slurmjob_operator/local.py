@@ -472,7 +472,7 @@ class LocalRunner:
                     self.say(f"not done within --timeout {self.options.timeout:g} s: {exc}")
                     return False
                 delay = min(exc.delay, remaining)
-                self.say(f"retrying in {delay:g} s: {exc}")
+                self.say(f"retrying in {delay:.1f} s: {exc}")
                 if await self.interrupt.sleep(delay):
                     return False
 
@@ -517,7 +517,7 @@ class LocalRunner:
             except RetryLater as exc:
                 if attempt == _FINALIZE_TRIES - 1:
                     raise
-                self.say(f"retrying in {exc.delay:g} s: {exc}")
+                self.say(f"retrying in {exc.delay:.1f} s: {exc}")
                 await asyncio.sleep(exc.delay)
             body = self.store.load(ref.namespace, ref.name)
         await self._record_end(ref)
@@ -550,14 +550,38 @@ class LocalRunner:
 
     async def _interrupted(self, ref: ObjectRef) -> LocalResult:
         body = self.store.load(ref.namespace, ref.name)
+        if self._never_submitted(body):
+            self.say("interrupted before anything was submitted")
+            self._forget(ref)
+            return LocalResult(body, interrupted=True, removed=True)
         job = self._job_text(body)
         if self.options.cancel_on_interrupt:
             self.say(f"interrupted: cancelling {job}")
             body = await self._finalize(ref)
-            self.store.remove(ref.namespace, ref.name)
+            self._forget(ref)
             return LocalResult(body, interrupted=True, removed=True)
         self.say(f"interrupted: {job} is left as it is\n{self._hint(ref)}")
         return LocalResult(body, interrupted=True)
+
+    def _timed_out(self, ref: ObjectRef) -> LocalResult:
+        body = self.store.load(ref.namespace, ref.name)
+        if self._never_submitted(body):
+            self.say("nothing was submitted")
+            self._forget(ref)
+            return LocalResult(body, timed_out=True, removed=True)
+        self.say(f"{self._job_text(body)} is left as it is\n{self._hint(ref)}")
+        return LocalResult(body, timed_out=True)
+
+    @staticmethod
+    def _never_submitted(body: Mapping[str, Any] | None) -> bool:
+        return SlurmJobStatus.parse((body or {}).get("status")).current_attempt is None
+
+    def _forget(self, ref: ObjectRef) -> None:
+        """Remove the state file (so the name can be submitted again)."""
+        if self.store.remove(ref.namespace, ref.name):
+            self.say(
+                f"{ref.namespace}/{ref.name}: removed {self.store.path(ref.namespace, ref.name)}"
+            )
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -589,13 +613,6 @@ class LocalRunner:
                 return self._timed_out(ref)
         return LocalResult(self.store.load(namespace, name))
 
-    def _timed_out(self, ref: ObjectRef) -> LocalResult:
-        body = self.store.load(ref.namespace, ref.name)
-        status = SlurmJobStatus.parse((body or {}).get("status"))
-        if status.current_attempt is not None:
-            self.say(f"{self._job_text(body)} is left as it is\n{self._hint(ref)}")
-        return LocalResult(body, timed_out=True)
-
     async def status(self, namespace: str, name: str) -> LocalResult:
         body = self._existing(namespace, name)
         ref = ObjectRef.of(body)
@@ -621,8 +638,7 @@ class LocalRunner:
         body = self._existing(namespace, name)
         ref = ObjectRef.of(body)
         final = await self._finalize(ref)
-        self.store.remove(namespace, name)
-        self.say(f"{namespace}/{name}: removed {self.store.path(namespace, name)}")
+        self._forget(ref)
         return LocalResult(final or body, removed=True)
 
     def _existing(self, namespace: str, name: str) -> dict[str, Any]:
