@@ -36,6 +36,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 30
+    # The CRD and the namespaces are fixed at start: no Namespace listing or CRD watching, so
+    # the ServiceAccount needs no cluster-wide verbs beyond the SlurmJobs themselves.
+    settings.scanning.disabled = True
 
     config = Settings.from_env()
     kube = await KubeApi.connect()

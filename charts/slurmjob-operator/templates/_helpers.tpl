@@ -1,0 +1,121 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "slurmjob-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slurmjob-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "slurmjob-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slurmjob-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "slurmjob-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "slurmjob-operator.labels" -}}
+helm.sh/chart: {{ include "slurmjob-operator.chart" . }}
+{{ include "slurmjob-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "slurmjob-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "slurmjob-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "slurmjob-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The catalogs ConfigMap: the user's, or the one this chart renders. */}}
+{{- define "slurmjob-operator.catalogsConfigMap" -}}
+{{- default (printf "%s-catalogs" (include "slurmjob-operator.fullname" .)) .Values.catalogs.existingConfigMap }}
+{{- end }}
+
+{{- define "slurmjob-operator.templatesEnabled" -}}
+{{- if or .Values.templates.existingConfigMap .Values.templates.files }}true{{ end }}
+{{- end }}
+
+{{/* The key of the auth Secret. */}}
+{{- define "slurmjob-operator.authKey" -}}
+{{- if .Values.slurm.auth.key }}
+{{- .Values.slurm.auth.key }}
+{{- else if eq .Values.slurm.auth.mode "signingKey" }}
+{{- "jwt_hs256.key" }}
+{{- else }}
+{{- "token" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The RBAC rules, one list for the ClusterRole and every Role. Each rule is a call the operator
+makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks).
+*/}}
+{{- define "slurmjob-operator.rules" -}}
+# kopf: watch SlurmJobs, patch its finalizer and progress annotations on them; the operator
+# reads the live object before every write.
+- apiGroups: ["slurmjob.io"]
+  resources: ["slurmjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+# kopf and the operator write status through the status subresource.
+- apiGroups: ["slurmjob.io"]
+  resources: ["slurmjobs/status"]
+  verbs: ["patch"]
+# Phase-change Events from the operator and kopf's own warnings (core/v1 Events only).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.rbac.secrets }}
+# env[].valueFrom.secretKeyRef: the referenced Secret is read once per submission.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- end }}
+
+{{/* Settings that cannot work together fail the render with the value named. */}}
+{{- define "slurmjob-operator.validate" -}}
+{{- $_ := required "slurm.restUrl is required (the base URL of slurmrestd)" .Values.slurm.restUrl }}
+{{- $_ = required "slurm.auth.existingSecret is required (a Secret with the slurmrestd JWT or the jwt_key)" .Values.slurm.auth.existingSecret }}
+{{- if and (eq .Values.slurm.auth.mode "signingKey") (not .Values.slurm.user) }}
+{{- fail "slurm.user is required with slurm.auth.mode=signingKey (the user the minted tokens are for)" }}
+{{- end }}
+{{- if and .Values.storage.existingClaim .Values.storage.hostPath.path }}
+{{- fail "storage: set only one of existingClaim and hostPath.path" }}
+{{- end }}
+{{- if not (or .Values.storage.existingClaim .Values.storage.hostPath.path) }}
+{{- fail "storage: set storage.existingClaim or storage.hostPath.path (the shared storage root)" }}
+{{- end }}
+{{- if and .Values.slurm.caBundle.configMap.name .Values.slurm.caBundle.secret.name }}
+{{- fail "slurm.caBundle: set only one of configMap.name and secret.name" }}
+{{- end }}
+{{- if and .Values.templates.existingConfigMap .Values.templates.files }}
+{{- fail "templates: set only one of existingConfigMap and files" }}
+{{- end }}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.name is required when serviceAccount.create is false" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,586 @@
+"""The Helm chart against the real kube-apiserver: `helm lint` and `helm template` over every
+`ci/*-values.yaml`, the rendered manifests accepted by `kubectl apply --dry-run=server`, and an
+operator that authenticates as the chart's ServiceAccount (a token minted by the API server, not
+the admin certificate) running a CPU job on Slurm 26.05 to Succeeded, with `kubectl auth can-i`
+proving what that ServiceAccount can and cannot do."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.integration.sitefiles import site_env
+from tests.integration.test_operator_e2e import CRD, OPERATOR, Operator, cpu_spec
+from tests.k8s.kube import KubeTestbed
+from tests.testbed.slurm import SlurmTestbed
+
+from slurmjob_operator.metrics import Metrics
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "slurmjob-operator"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+CI_NAMESPACE = "slurmjob-chart-ci"  # release namespace of the dry-run installs
+CI_WATCHED = ("slurmjob-ci-a", "slurmjob-ci-b")  # ci/namespaced-values.yaml's watchNamespaces
+
+# The Prometheus Operator's kinds, reduced to what lets the API server accept the objects.
+MONITORING_CRDS = [("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule")]
+
+
+def _monitoring_crd(plural: str, kind: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _ids(path: Path) -> str:
+    return path.name.removesuffix("-values.yaml")
+
+
+def render(
+    kube: KubeTestbed,
+    *args: str,
+    release: str = "ci",
+    namespace: str = CI_NAMESPACE,
+    check: bool = True,
+) -> list[dict[str, Any]]:
+    proc = kube.helm("template", release, str(CHART), "-n", namespace, *args, check=check)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr)
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def render_error(kube: KubeTestbed, *args: str) -> str:
+    proc = kube.helm("template", "ci", str(CHART), *args, check=False)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = of_kind(docs, "Deployment")
+    return dep
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(docs)["env"]}
+
+
+def volumes(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"]}
+
+
+def ensure_namespace(kube: KubeTestbed, name: str) -> None:
+    kube.apply(
+        yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ----------------------------------------------------------------------- lint and render
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=_ids)
+def test_helm_lint_strict(kube: KubeTestbed, values: Path) -> None:
+    kube.helm("lint", "--strict", str(CHART), "-f", str(values))
+
+
+def test_default_install_is_cluster_wide_restricted_and_single(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/default-values.yaml"))
+    dep = deployment(docs)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    c = container(docs)
+    assert c["args"] == ["run", "--liveness=http://0.0.0.0:8080/healthz", "--log-format=json"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+    # The restricted Pod Security Standard.
+    pod_sc = dep["spec"]["template"]["spec"]["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    assert isinstance(pod_sc["runAsUser"], int)
+    assert isinstance(pod_sc["runAsGroup"], int)
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert volumes(docs)["tmp"]["emptyDir"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    # Token file from the Secret; hostPath storage; catalogs from the chart's ConfigMap.
+    env = env_of(docs)
+    assert env["SLURMJOB_SLURM_JWT_FILE"] == "/etc/slurmjob/auth/token"
+    assert "SLURMJOB_SLURM_JWT_KEY_FILE" not in env
+    assert "SLURMJOB_STAGING_OWNER" not in env
+    assert env["SLURMJOB_STORAGE_ROOT"] == "/var/lib/slurmjob"
+    assert env["SLURMJOB_METRICS_PORT"] == "9090"
+    assert volumes(docs)["slurm-auth"]["secret"]["secretName"] == "slurmrestd-jwt"
+    assert volumes(docs)["slurm-auth"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert volumes(docs)["storage"]["hostPath"] == {"path": "/lustre/slurmjob", "type": "Directory"}
+    (catalogs,) = of_kind(docs, "ConfigMap")
+    assert yaml.safe_load(catalogs["data"]["runtime-registry.yaml"]) == {"runtimes": []}
+    # Cluster-wide RBAC, metrics Service, no monitoring objects.
+    assert [d["kind"] for d in docs if "Role" in d["kind"]] == ["ClusterRole", "ClusterRoleBinding"]
+    (svc,) = of_kind(docs, "Service")
+    assert svc["spec"]["ports"][0]["port"] == 9090
+    assert not of_kind(docs, "ServiceMonitor")
+    assert not of_kind(docs, "PrometheusRule")
+
+
+def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
+    assert not of_kind(docs, "ClusterRole")
+    assert not of_kind(docs, "ClusterRoleBinding")
+    roles = of_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(CI_WATCHED)
+    for role in roles:
+        resources = {res for rule in role["rules"] for res in rule["resources"]}
+        assert "secrets" not in resources  # rbac.secrets: false
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(CI_WATCHED)
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "ci-slurmjob-operator", "namespace": CI_NAMESPACE}
+        ]
+    args = container(docs)["args"]
+    assert [a for a in args if a.startswith("--namespace=")] == [
+        f"--namespace={ns}" for ns in CI_WATCHED
+    ]
+    env = env_of(docs)
+    assert env["SLURMJOB_SLURM_JWT_KEY_FILE"] == "/etc/slurmjob/auth/jwt.key"
+    assert env["SLURMJOB_SLURM_REST_USER"] == "slurmjob"
+    assert "SLURMJOB_SLURM_JWT_FILE" not in env
+    assert volumes(docs)["storage"]["persistentVolumeClaim"] == {"claimName": "slurmjob-shared"}
+    assert deployment(docs)["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 4001
+
+
+def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/signing-key-pvc-values.yaml"))
+    env = env_of(docs)
+    assert env["SLURMJOB_SLURM_JWT_LIFESPAN"] == "900"
+    assert env["SLURMJOB_SLURM_STORAGE_ROOT"] == "/lustre/slurmjob"
+    assert env["SLURMJOB_SLURM_CA_BUNDLE"] == "/etc/slurmjob/ca/ca.crt"
+    assert env["SLURMJOB_SLURM_RUNTIME_PROFILE"] == "apptainer"
+    assert env["SLURMJOB_SLURM_REST_API_VERSION"] == "v0.0.45"
+    assert env["SLURMJOB_TEMPLATES_DIR"] == "/etc/slurmjob/templates"
+    vols = volumes(docs)
+    assert vols["slurm-auth"]["secret"]["items"] == [{"key": "jwt_hs256.key", "path": "jwt.key"}]
+    assert vols["ca-bundle"]["secret"]["items"] == [{"key": "ca.pem", "path": "ca.crt"}]
+    assert vols["templates"]["configMap"]["items"] == [
+        {"key": "runtime__apptainer.sh.j2", "path": "runtime/apptainer.sh.j2"}
+    ]
+    mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+    assert mounts["storage"]["subPath"] == "operator"
+    assert container(docs)["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
+    config_maps = {cm["metadata"]["name"]: cm for cm in of_kind(docs, "ConfigMap")}
+    registry = yaml.safe_load(
+        config_maps["ci-slurmjob-operator-catalogs"]["data"]["runtime-registry.yaml"]
+    )
+    assert registry["runtimes"][0]["id"] == "custom-python"
+    series = yaml.safe_load(config_maps["ci-slurmjob-operator-catalogs"]["data"]["gpu-series.yaml"])
+    assert series["series"][1] == {"name": "l40s", "gpusPerNode": 4}
+    assert (
+        "site copy"
+        in config_maps["ci-slurmjob-operator-templates"]["data"]["runtime__apptainer.sh.j2"]
+    )
+
+
+def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/monitoring-values.yaml"))
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    (svc,) = of_kind(docs, "Service")
+    assert monitor["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+        assert svc["metadata"]["labels"][key] == value
+    (rule,) = of_kind(docs, "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {
+        "SlurmJobOperatorSlurmAuthFailing",
+        "SlurmJobOperatorTokenExpiringSoon",
+        "SlurmJobOperatorSubmissionsUnconfirmed",
+        "SlurmJobOperatorPollErrors",
+    } <= alerts.keys()
+    assert alerts["SlurmJobOperatorSubmissionsUnconfirmed"]["for"] == "15m"
+    # Every series name and label in the expressions exists in the operator's registry (plus
+    # `namespace`, which the ServiceMonitor's scrape adds).
+    metrics = Metrics()
+    metrics.on_request("/slurm/v0.0.45/ping", "GET", "2xx", 0.01)
+    metrics.count_adoption("name")
+    known: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            known.setdefault(sample.name, set()).update(sample.labels)
+    for name, alert in alerts.items():
+        for metric, selector in re.findall(
+            r"(slurmjob_operator_\w+)(?:\{([^}]*)\})?", alert["expr"]
+        ):
+            assert metric in known, f"{name}: unknown metric {metric}"
+            labels = set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)", selector))
+            assert labels <= known[metric] | {"namespace"}, f"{name}: {metric}{{{selector}}}"
+    env = env_of(docs)
+    assert env["TZ"] == "UTC"
+    assert env["SLURMJOB_METRICS_PORT"] == "9191"
+    assert env["SLURMJOB_SLURM_PARTITION"] == "gpu"
+    vols = volumes(docs)
+    assert vols["catalogs"]["configMap"]["name"] == "site-catalogs"
+    assert vols["ca-bundle"]["configMap"] == {
+        "name": "site-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert not of_kind(docs, "ConfigMap")  # catalogs and templates are the user's
+
+
+def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None:
+    docs = render(
+        kube,
+        "-f",
+        str(CHART / "ci/monitoring-values.yaml"),
+        "--set",
+        "metrics.port=0",
+    )
+    assert not of_kind(docs, "Service")
+    assert not of_kind(docs, "ServiceMonitor")
+    assert not of_kind(docs, "PrometheusRule")
+    assert env_of(docs)["SLURMJOB_METRICS_PORT"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--set", "storage.hostPath.path=/x", "--set", "slurm.auth.existingSecret=s"],
+            "slurm.restUrl is required",
+        ),
+        (
+            ["--set", "storage.hostPath.path=/x", "--set", "slurm.restUrl=http://s:6820"],
+            "slurm.auth.existingSecret is required",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "storage.hostPath.path="],
+            "storage: set storage.existingClaim or storage.hostPath.path",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "storage.existingClaim=pvc"],
+            "set only one of existingClaim and hostPath.path",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "slurm.auth.mode=signingKey"],
+            "slurm.user is required with slurm.auth.mode=signingKey",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "slurm.restURL=http://typo"],
+            "additional properties 'restURL' not allowed",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "slurm.runtimeProfile=docker"],
+            "runtimeProfile",
+        ),
+        (["-f", "ci/default-values.yaml", "--set", "watchNamespaces[0]=Bad_NS"], "watchNamespaces"),
+    ],
+    ids=[
+        "no-url",
+        "no-secret",
+        "no-storage",
+        "two-storages",
+        "key-no-user",
+        "typo",
+        "profile",
+        "bad-namespace",
+    ],
+)
+def test_bad_values_fail_the_render_naming_the_value(
+    kube: KubeTestbed, args: list[str], message: str
+) -> None:
+    args = [str(CHART / a) if a.startswith("ci/") else a for a in args]
+    assert message in render_error(kube, *args)
+
+
+# ----------------------------------------------------------------------- server dry run
+
+
+@pytest.fixture(scope="module")
+def ci_cluster(kube: KubeTestbed) -> None:
+    """The namespaces the ci values name, and stand-ins for the Prometheus Operator's CRDs
+    (this API server has none). Both are left in place: other runs may use them at once."""
+    for ns in (CI_NAMESPACE, *CI_WATCHED):
+        ensure_namespace(kube, ns)
+    for plural, kind in MONITORING_CRDS:
+        name = f"{plural}.monitoring.coreos.com"
+        if kube.kubectl("get", "crd", name, check=False).returncode != 0:
+            kube.apply(yaml.safe_dump(_monitoring_crd(plural, kind)))
+        kube.wait_established(name)
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=_ids)
+def test_rendered_manifests_pass_server_dry_run(
+    kube: KubeTestbed, ci_cluster: None, values: Path
+) -> None:
+    text = kube.helm("template", "ci", str(CHART), "-n", CI_NAMESPACE, "-f", str(values)).stdout
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    # Every namespaced object names its namespace, so no `-n` here.
+    assert all(d["metadata"].get("namespace") for d in docs if not d["kind"].startswith("Cluster"))
+    proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
+    assert "Deployment" in {d["kind"] for d in docs}
+
+
+# ------------------------------------------------------- the chart's ServiceAccount, for real
+
+
+def can_i(kube: KubeTestbed, subject: str, *args: str) -> bool:
+    proc = kube.kubectl("auth", "can-i", f"--as={subject}", *args, check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), proc.stderr
+    return answer == "yes"
+
+
+def apply_rbac(kube: KubeTestbed, release: str, namespace: str, *values: str) -> None:
+    text = kube.helm(
+        "template", release, str(CHART), "-n", namespace,
+        "-f", str(CHART / "ci/default-values.yaml"), *values,
+        "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+    ).stdout  # fmt: skip
+    kube.apply(text)
+
+
+def sa_kubeconfig(kube: KubeTestbed, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig holding a token the API server minted for the ServiceAccount."""
+    token = kube.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testbed", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "testbed", "user": sa}}],
+        "current-context": sa,
+    }
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class ChartOperator(Operator):
+    """`slurmjob-operator run` with exactly the arguments of the chart's Deployment, as the
+    chart's ServiceAccount (`subject`, living in `op_namespace`)."""
+
+    args: list[str] = field(default_factory=list)
+    subject: str = ""
+    op_namespace: str = ""
+    health_port: int = 0
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(OPERATOR), *self.args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def sa_operator(
+    kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ChartOperator]:
+    """The chart installed with watchNamespaces=[<jobs ns>] (its ServiceAccount and RBAC for
+    real, not the Deployment: no pods run here) and the operator started as that
+    ServiceAccount with the Deployment's arguments."""
+    tmp = tmp_path_factory.mktemp("chart-sa")
+    suffix = uuid.uuid4().hex[:6]
+    release, op_ns, jobs_ns = f"sj-{suffix}", f"chart-op-{suffix}", f"chart-jobs-{suffix}"
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+    for ns in (op_ns, jobs_ns):
+        kube.kubectl("create", "namespace", ns)
+    health = free_port()
+    values = ["--set", f"watchNamespaces={{{jobs_ns}}}", "--set", f"health.port={health}"]
+    apply_rbac(kube, release, op_ns, *values)
+    docs = render(
+        kube, "-f", str(CHART / "ci/default-values.yaml"), *values,
+        release=release, namespace=op_ns,
+    )  # fmt: skip
+    sa = deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp),
+        **site_env(slurm_2605, "apptainer", tmp),
+        "KUBECONFIG": str(sa_kubeconfig(kube, op_ns, sa, tmp / "sa.kubeconfig")),
+        "SLURMJOB_POLL_INTERVAL": "1",
+        "SLURMJOB_METRICS_PORT": "0",
+        "SLURMJOB_DELETE_TIMEOUT": "30",
+    }
+    op = ChartOperator(
+        kube,
+        slurm_2605,
+        jobs_ns,
+        env,
+        tmp / "operator.log",
+        args=container(docs)["args"],
+        subject=f"system:serviceaccount:{op_ns}:{sa}",
+        op_namespace=op_ns,
+        health_port=health,
+    )
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(f"--- operator log ({jobs_ns}) ---\n{op.log_tail(200)}")
+        for ns in (op_ns, jobs_ns):
+            kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.mark.slurm2605
+def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: ChartOperator) -> None:
+    op = sa_operator
+    assert op.args[0] == "run"
+    assert f"--namespace={op.namespace}" in op.args
+    # The secretKeyRef path needs `get secrets`, which rbac.secrets (default true) grants.
+    op.kube.kubectl(
+        "create", "secret", "generic", "hf", "-n", op.namespace, "--from-literal=token=s3cret"
+    )
+    op.apply(
+        "cpu",
+        cpu_spec(
+            ["bash", "-c", 'echo "hello-from-sa len=${#HF_TOKEN}"'],
+            env=[
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+            ],
+        ),
+    )
+    obj = op.wait_phase("cpu", "Succeeded", "Failed", "Cancelled", within=90)
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert "hello-from-sa len=6" in obj["status"]["logs"]["stdout"]["tail"]
+    reasons = [e["reason"] for e in op.events("cpu")]
+    assert "Submitted" in reasons
+    assert "Succeeded" in reasons
+    # The probe endpoint the Deployment's probes use answers.
+    port = op.health_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+    # Deleting goes through the finalizer, which the ServiceAccount may remove (patch).
+    op.kube.kubectl("delete", "slurmjob", "cpu", "-n", op.namespace, "--timeout=60s", timeout=70)
+    assert op.get("cpu") is None
+    # Nothing was refused: no 403 from the API server, no kopf fallback for missing rights
+    # (kopf lists Namespaces and watches CRDs unless settings.scanning.disabled is set).
+    log = op.log_path.read_text(errors="replace").splitlines()
+    refused = [line[:300] for line in log if re.search(r"Forbidden|status=403|Not enough", line)]
+    assert not refused, "\n".join(refused[:4])
+
+
+@pytest.mark.slurm2605
+def test_namespaced_serviceaccount_can_only_what_the_operator_does(
+    sa_operator: ChartOperator,
+) -> None:
+    op = sa_operator
+    kube, who, ns = op.kube, op.subject, op.namespace
+    sj = "slurmjobs.slurmjob.io"
+    for verb in ("get", "list", "watch", "patch"):
+        assert can_i(kube, who, verb, sj, "-n", ns), verb
+    assert can_i(kube, who, "patch", sj, "--subresource=status", "-n", ns)
+    assert can_i(kube, who, "create", "events", "-n", ns)
+    assert can_i(kube, who, "get", "secrets", "-n", ns)
+    denied = [
+        ("delete", sj, "-n", ns),
+        ("create", sj, "-n", ns),
+        ("update", sj, "-n", ns),
+        ("update", sj, "--subresource=status", "-n", ns),
+        ("list", "secrets", "-n", ns),
+        ("watch", "secrets", "-n", ns),
+        ("get", "configmaps", "-n", ns),
+        ("create", "pods", "-n", ns),
+        ("delete", "events", "-n", ns),
+        ("get", sj, "-n", "default"),
+        ("list", sj, "--all-namespaces"),
+        ("get", "secrets", "-n", "default"),
+        ("get", "secrets", "-n", op.op_namespace),
+        ("create", "events", "-n", "default"),
+        ("list", "nodes"),
+        ("list", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "kopfpeerings.kopf.dev", "-n", ns),
+        ("*", "*", "-n", ns),
+        ("*", "*", "--all-namespaces"),
+    ]
+    allowed = [args for args in denied if can_i(kube, who, *args)]
+    assert not allowed
+
+
+def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    release, ns = f"sjcw-{suffix}", f"chart-cw-{suffix}"
+    kube.kubectl("create", "namespace", ns)
+    try:
+        apply_rbac(kube, release, ns, "--set", "rbac.secrets=false")
+        who = f"system:serviceaccount:{ns}:{release}-slurmjob-operator"
+        sj = "slurmjobs.slurmjob.io"
+        for verb in ("get", "list", "watch", "patch"):
+            assert can_i(kube, who, verb, sj, "--all-namespaces"), verb
+        assert can_i(kube, who, "patch", sj, "--subresource=status", "-n", "default")
+        assert can_i(kube, who, "create", "events", "-n", "default")
+        for args in [
+            ("get", "secrets", "-n", "default"),  # rbac.secrets=false
+            ("delete", sj, "-n", "default"),
+            ("create", "pods", "-n", "default"),
+            ("get", "configmaps", "-n", "default"),
+            ("list", "nodes"),
+            ("*", "*", "--all-namespaces"),
+        ]:
+            assert not can_i(kube, who, *args), args
+    finally:
+        kube.kubectl(
+            "delete", "clusterrolebinding,clusterrole", f"{release}-slurmjob-operator",
+            "--ignore-not-found", check=False,
+        )  # fmt: skip
+        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -1,0 +1,170 @@
+"""The Helm chart's files without helm: the CRD copy, values against values.schema.json, RBAC
+without wildcards, and every operator setting wired into the Deployment. (Rendering, lint and
+the API server's verdict are in tests/integration/test_chart.py.)"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from slurmjob_operator.config import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "slurmjob-operator"
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing of a values file over values.yaml (maps merge, the rest replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def errors(values: dict[str, Any]) -> list[str]:
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(values)
+    ]
+
+
+def test_chart_crd_is_the_canonical_crd_byte_for_byte() -> None:
+    canonical = REPO / "crds" / "slurmjob.io_slurmjobs.yaml"
+    copies = sorted((CHART / "crds").iterdir())
+    assert [p.name for p in copies] == [canonical.name]
+    assert copies[0].read_bytes() == canonical.read_bytes(), (
+        "charts/slurmjob-operator/crds/ differs from crds/: "
+        "cp crds/slurmjob.io_slurmjobs.yaml charts/slurmjob-operator/crds/"
+    )
+
+
+def test_schema_is_a_valid_draft7_schema() -> None:
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+
+
+def test_values_yaml_is_valid() -> None:
+    assert errors(VALUES) == []
+
+
+@pytest.mark.parametrize("path", CI_VALUES, ids=lambda p: p.name)
+def test_every_ci_values_file_is_valid(path: Path) -> None:
+    assert errors(merged(VALUES, yaml.safe_load(path.read_text()))) == []
+
+
+def test_the_schema_types_every_value_in_values_yaml() -> None:
+    """Each leaf of values.yaml has a schema node of its own (no value slips through an
+    untyped object), except inside the Kubernetes pass-through structures."""
+    passthrough = {"resources", "podSecurityContext", "securityContext", "affinity"}
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        assert node, f"{path}: not in values.schema.json"
+        if path in passthrough:
+            return
+        if isinstance(value, dict) and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path}: open object"
+            for key, sub in value.items():
+                walk(sub, node["properties"].get(key, {}), f"{path}.{key}".lstrip("."))
+        elif isinstance(value, dict):
+            assert "additionalProperties" in node, f"{path}: untyped map"
+
+    walk(VALUES, SCHEMA, "")
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ({"slurm": {"restURL": "http://typo"}}, "slurm"),
+        ({"slurm": {"runtimeProfile": "docker"}}, "slurm.runtimeProfile"),
+        ({"slurm": {"apiVersion": "v0.0.39"}}, "slurm.apiVersion"),
+        ({"slurm": {"auth": {"mode": "password"}}}, "slurm.auth.mode"),
+        ({"slurm": {"restUrl": "slurmrestd:6820"}}, "slurm.restUrl"),
+        ({"watchNamespaces": ["Team_A"]}, "watchNamespaces.0"),
+        ({"storage": {"root": "relative/path"}}, "storage.root"),
+        ({"storage": {"stagingOwner": "slurm"}}, "storage.stagingOwner"),
+        (
+            {"catalogs": {"runtimes": [{"id": "x", "format": "sif", "path": "a.sif"}]}},
+            "catalogs.runtimes.0",
+        ),
+        (
+            {
+                "catalogs": {
+                    "runtimes": [{"id": "x", "format": "oci", "path": "a", "sha256": "0" * 64}]
+                }
+            },
+            "catalogs.runtimes.0.format",
+        ),
+        (
+            {"catalogs": {"gpuSeries": [{"name": "h100", "gpusPerNode": 0}]}},
+            "catalogs.gpuSeries.0.gpusPerNode",
+        ),
+        ({"metrics": {"port": 70000}}, "metrics.port"),
+        (
+            {"metrics": {"prometheusRule": {"submittingFor": "15 minutes"}}},
+            "metrics.prometheusRule.submittingFor",
+        ),
+        ({"rbac": {"secrets": "yes"}}, "rbac.secrets"),
+        ({"replicaCount": 2}, ""),
+    ],
+)
+def test_invalid_values_are_refused_where_they_are_wrong(
+    override: dict[str, Any], where: str
+) -> None:
+    found = errors(merged(VALUES, override))
+    assert found, override
+    assert any(e.split(":")[0] == where for e in found), found
+
+
+def _rules_helper() -> str:
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    match = re.search(
+        r'define "slurmjob-operator\.rules" -\}\}\n(.*?)\{\{- end \}\}\n', helpers, re.S
+    )
+    assert match, "the rules helper moved"
+    return match.group(1)
+
+
+def test_rbac_rules_name_no_wildcard() -> None:
+    text = _rules_helper() + (CHART / "templates" / "rbac.yaml").read_text()
+    assert "*" not in re.sub(r"(?m)#.*$", "", text)
+
+
+def test_rbac_rules_are_exactly_the_operators_calls() -> None:
+    """With the template conditionals removed (all rules on): what docs/helm.md lists."""
+    lines = [line for line in _rules_helper().splitlines() if not line.strip().startswith("{{")]
+    rules = yaml.safe_load("\n".join(lines))
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        *(("slurmjob.io", "slurmjobs", verb) for verb in ("get", "list", "watch", "patch")),
+        ("slurmjob.io", "slurmjobs/status", "patch"),
+        ("", "events", "create"),
+        ("", "secrets", "get"),
+    }
+
+
+def test_every_operator_setting_is_set_by_the_deployment() -> None:
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    missing = [
+        Settings.env_name(field)
+        for field in Settings.model_fields
+        if f"name: {Settings.env_name(field)}\n" not in deployment
+    ]
+    assert missing == []
