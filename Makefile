@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 testbed:
 	bash tests/testbed/install.sh
 	bash tests/k8s/build.sh
+	@command -v lua5.4 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua5.4; }
 
 lint: venv
 	$(BIN)/ruff check operator tests
@@ -42,6 +43,10 @@ unit: venv
 
 crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
+	cp crds/slurmjob.io_slurmjobs.yaml charts/slurmjob-operator/crds/slurmjob.io_slurmjobs.yaml
+
+docs: venv
+	$(BIN)/python -m slurmjob_operator.api.docs > docs/crd.md
 
 # A person's own test clusters (see README, "Local development cluster"): the same installs and
 # builds as `make test`, then Slurm $(SLURM) and kube-apiserver started (or re-used) and .dev/env
