@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 SLURM ?= 26.05
 
-.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down
+.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down demo demo-down
 
 test: venv testbed lint pytest
 
@@ -56,6 +56,14 @@ dev-up: venv testbed
 
 dev-down: venv
 	$(BIN)/python -m tests.testbed.dev down
+
+# The whole product in one command: local Slurm and kube-apiserver, the operator in the
+# background, the examples applied and followed to their final status and log tails.
+demo: venv testbed
+	$(BIN)/python -m tests.testbed.demo up --slurm $(SLURM)
+
+demo-down: venv
+	$(BIN)/python -m tests.testbed.demo down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

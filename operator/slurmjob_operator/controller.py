@@ -464,9 +464,8 @@ class Controller:
             raise RetryLater(f"job {attempt.job_id} not visible yet", 2) from exc
         except SlurmError as exc:
             raise RetryLater(str(exc), self._backoff) from exc
-        leader = _leader(views)
-        new = confirmed(status, leader.sluid)
-        await self._apply(ref, status, observed(new, observe(views), _generation(body), _now()))
+        # A quick job may already have ended: the same fold as the poller's (log tails, retry).
+        await self._fold(ref, body, status, confirmed(status, _leader(views).sluid), views)
 
     async def _adopt(self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus) -> None:
         """The last POST's answer was lost: look for the job by its unique name and adopt it."""
@@ -553,35 +552,51 @@ class Controller:
             if attempt is None or attempt.job_id != tracked.job_id:
                 self._observe_status(ref, status)
                 return
-            generation, now = _generation(body), _now()
-            obs: Observation | None = None
-            if logs_only:
-                transition = Transition(status)
+            await self._fold(ref, body, status, status, views, logs_only=logs_only)
+
+    async def _fold(
+        self,
+        ref: ObjectRef,
+        body: Mapping[str, Any],
+        old: SlurmJobStatus,
+        status: SlurmJobStatus,
+        views: Sequence[SlurmJobView] | None,
+        *,
+        logs_only: bool = False,
+    ) -> None:
+        """Fold Slurm's view (None: gone from the controller), the log tails and, for a failed
+        attempt, the retry rules into `status` (built on `old`) and write it."""
+        attempt = status.current_attempt
+        assert attempt is not None
+        generation, now = _generation(body), _now()
+        obs: Observation | None = None
+        if logs_only:
+            transition = Transition(status)
+        else:
+            if views is None:
+                views = await self._from_accounting(attempt)
+            if not views:
+                transition = lost(
+                    status,
+                    f"Slurm job {attempt.job_id} is no longer known to the controller and "
+                    "there is no accounting record; it is not resubmitted",
+                    generation,
+                    now,
+                )
             else:
-                if views is None:
-                    views = await self._from_accounting(attempt)
-                if not views:
-                    transition = lost(
-                        status,
-                        f"Slurm job {attempt.job_id} is no longer known to the controller and "
-                        "there is no accounting record; it is not resubmitted",
-                        generation,
-                        now,
-                    )
-                else:
-                    obs = observe(views)
-                    transition = observed(status, obs, generation, now)
-            new = transition.status
-            logs: Logs | None = None
-            if attempt.staging_dir:
-                logs = await self._logs(ref, body, attempt.staging_dir)
-                new = with_logs(new, logs)
-            transition = Transition(new, transition.events)
-            if obs is not None and obs.final and obs.phase is Phase.FAILED:
-                transition = self._after_failure(body, transition, obs, logs, generation, now)
-            await self._apply(ref, status, transition)
-            if transition.status.next_attempt_at is not None:
-                self._retry_later(ref, transition.status.next_attempt_at)
+                obs = observe(views)
+                transition = observed(status, obs, generation, now)
+        new = transition.status
+        logs: Logs | None = None
+        if attempt.staging_dir:
+            logs = await self._logs(ref, body, attempt.staging_dir)
+            new = with_logs(new, logs)
+        transition = Transition(new, transition.events)
+        if obs is not None and obs.final and obs.phase is Phase.FAILED:
+            transition = self._after_failure(body, transition, obs, logs, generation, now)
+        await self._apply(ref, old, transition)
+        if transition.status.next_attempt_at is not None:
+            self._retry_later(ref, transition.status.next_attempt_at)
 
     def _after_failure(
         self,

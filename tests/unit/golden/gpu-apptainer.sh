@@ -147,10 +147,14 @@ done
 # GPU job: a Ray cluster over every node of the job. The head runs on the first node, a worker
 # on every other node; then the command runs on the head. Ray runs inside the container.
 # --overlap on every step: the steps share the allocation's CPUs, memory and GPUs.
+# Ray's own steps write to ray.log in the staging directory, so that stdout and stderr hold the
+# command's output (and not srun's notices when the Ray steps are stopped at the end).
 ray_address=$head_node:6379
+ray_log=$staging_dir/ray.log
 
 srun --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" "${in_container[@]}" \
-  ray start --head --port=6379 --num-gpus=8 --block &
+  ray start --head --port=6379 --num-gpus=8 --block \
+  >>"$ray_log" 2>&1 &
 head_pid=$!
 background_pids+=("$head_pid")
 
@@ -176,7 +180,8 @@ node_rank_wrapper='NODE_RANK=$(($1 + ${SLURM_NODEID:-0})); export NODE_RANK; shi
 srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 \
   --exclude="$head_node" "${in_container[@]}" \
   sh -c "$node_rank_wrapper" sh 1 \
-  ray start --address="$ray_address" --num-gpus=8 --block &
+  ray start --address="$ray_address" --num-gpus=8 --block \
+  >>"$ray_log" 2>&1 &
 background_pids+=("$!")
 
 # The command, on the head, inside the container.
