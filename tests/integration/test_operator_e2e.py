@@ -7,13 +7,11 @@ subset proving the name-only path. Each operator watches its own namespace.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,20 +21,17 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.integration.sitefiles import runtime_id, site_env
+from tests.integration.helpers import OPERATOR, cpu_spec, het_pools, slurm_job, slurm_jobs_named
+from tests.integration.sitefiles import site_env
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.config import Settings
-from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.connect import connect, open_transport
 from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds/slurmjob.io_slurmjobs.yaml"
-OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
 
 
 @dataclass
@@ -145,22 +140,10 @@ class Operator:
         return items
 
     def slurm_jobs_named(self, job_name: str) -> list[SlurmJobView]:
-        async def find() -> list[SlurmJobView]:
-            settings = Settings.from_env(self.env)
-            async with open_transport(settings) as transport:
-                client: SlurmClient = await connect(settings, transport)
-                return await client.find_by_name(job_name)
-
-        return asyncio.run(find())
+        return slurm_jobs_named(self.env, job_name)
 
     def slurm_job(self, job_id: int) -> list[SlurmJobView]:
-        async def get() -> list[SlurmJobView]:
-            settings = Settings.from_env(self.env)
-            async with open_transport(settings) as transport:
-                client: SlurmClient = await connect(settings, transport)
-                return await client.get_job(job_id)
-
-        return asyncio.run(get())
+        return slurm_job(self.env, job_id)
 
 
 @pytest.fixture(scope="module")
@@ -216,39 +199,11 @@ def op_2205(
     yield from _operator(kube, slurm_2205, tmp_path_factory.mktemp("op2205"))
 
 
-def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime_id(profile)},
-        "command": command,
-        "pools": [{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}],
-        "timeLimit": "10m",
-    }
-    spec.update(extra)
-    return spec
-
-
 def het_spec(command: list[str], second_series: str = "a100") -> dict[str, Any]:
     return {
         "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-sif"},
         "command": command,
-        "pools": [
-            {
-                "name": "policy",
-                "gpuSeries": "h100",
-                "nodes": 1,
-                "gpusPerNode": 2,
-                "cpus": 1,
-                "memoryGb": 1,
-            },
-            {
-                "name": "rollout",
-                "gpuSeries": second_series,
-                "nodes": 1,
-                "gpusPerNode": 2,
-                "cpus": 1,
-                "memoryGb": 1,
-            },
-        ],
+        "pools": het_pools(second_series),
         "timeLimit": "10m",
     }
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.sitefiles import runtime_id, site_env
+from tests.integration.helpers import cpu_spec, het_pools
+from tests.integration.sitefiles import site_env
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import parse_spec
@@ -63,15 +64,8 @@ async def client(bed: Bed) -> AsyncIterator[SlurmClient]:
 
 
 def _spec(bed: Bed, command: list[str], **overrides: Any) -> dict[str, Any]:
-    runtime = runtime_id(bed.settings.slurm_runtime_profile)
-    spec: dict[str, Any] = {
-        "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime},
-        "command": command,
-        "pools": [{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}],
-        "timeLimit": "7m",
-    }
-    spec.update(overrides)
-    return spec
+    profile = bed.settings.slurm_runtime_profile
+    return cpu_spec(command, profile, **{"timeLimit": "7m", **overrides})
 
 
 def _prepare(
@@ -216,24 +210,7 @@ async def test_heterogeneous_gpu_job_runs_on_both_constrained_nodes(
             # Ray workers join in the background; give them a moment to show up on n2.
             "sleep 3; echo head=$SLURMD_NODENAME master=$MASTER_ADDR world=$WORLD_SIZE",
         ],
-        pools=[
-            {
-                "name": "policy",
-                "gpuSeries": "h100",
-                "nodes": 1,
-                "gpusPerNode": 2,
-                "cpus": 1,
-                "memoryGb": 1,
-            },
-            {
-                "name": "rollout",
-                "gpuSeries": "a100",
-                "nodes": 1,
-                "gpusPerNode": 2,
-                "cpus": 1,
-                "memoryGb": 1,
-            },
-        ],
+        pools=het_pools(),
     )
     prepared = _prepare(bed, client, spec)
     assert len(prepared.rendered.launch.components) == 2

@@ -3,12 +3,10 @@ the console script as a subprocess, status in a local state directory."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,17 +15,14 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.integration.sitefiles import runtime_id, site_env
+from tests.integration.helpers import OPERATOR, cpu_spec, slurm_job
+from tests.integration.sitefiles import site_env
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.config import Settings
-from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.connect import connect, open_transport
 from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 
-OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
 PROFILE = "apptainer"
 
 
@@ -46,18 +41,7 @@ class Site:
                     "apiVersion": "slurmjob.io/v1alpha1",
                     "kind": "SlurmJob",
                     "metadata": {"name": name, "namespace": self.namespace},
-                    "spec": {
-                        "framework": {
-                            "kind": "custom",
-                            "name": "custom",
-                            "runtimeId": runtime_id(PROFILE),
-                        },
-                        "command": command,
-                        "pools": [
-                            {"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}
-                        ],
-                        "timeLimit": "10m",
-                    },
+                    "spec": cpu_spec(command, PROFILE),
                 }
             )
         )
@@ -74,13 +58,7 @@ class Site:
         )
 
     def slurm_job(self, job_id: int) -> list[SlurmJobView]:
-        async def get() -> list[SlurmJobView]:
-            settings = Settings.from_env(self.env)
-            async with open_transport(settings) as transport:
-                client: SlurmClient = await connect(settings, transport)
-                return await client.get_job(job_id)
-
-        return asyncio.run(get())
+        return slurm_job(self.env, job_id)
 
 
 @pytest.fixture

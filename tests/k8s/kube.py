@@ -19,13 +19,10 @@ CLI (used by ``make dev-up``)::
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,6 +32,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.testbed import procs
 
 HERE = Path(__file__).resolve().parent
 GOMOD_DIR = HERE / "gomod"
@@ -224,57 +223,7 @@ class KubeTestbed:
 
 
 def _log(msg: str) -> None:
-    print(f"[k8s-testbed] {msg}", file=sys.stderr, flush=True)
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-    return f"--- last {lines} lines of {path} ---\n" + "\n".join(text[-lines:])
-
-
-def _wait(
-    what: str,
-    check: Callable[[], bool],
-    timeout: float,
-    logs: Sequence[Path],
-    interval: float = 0.1,
-    detail: Callable[[], str] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return
-        if time.monotonic() > deadline:
-            tails = "\n".join(_tail(p) for p in logs)
-            last = f"\nlast answer: {detail()}" if detail else ""
-            raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}{last}\n{tails}")
-        time.sleep(interval)
-
-
-def _read_pid(pid_file: Path) -> int | None:
-    try:
-        return int(pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int, comm: str) -> bool:
-    """True if pid is a live (non-zombie) process whose command name starts with comm."""
-    try:
-        stat_text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    name = stat_text[stat_text.find("(") + 1 : stat_text.rfind(")")]
-    state = stat_text[stat_text.rfind(")") + 2 :].split()[0]
-    return state not in ("Z", "X") and name.startswith(comm[:15])
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    procs.log("k8s-testbed", msg)
 
 
 def _daemons() -> list[tuple[str, Path]]:
@@ -283,46 +232,6 @@ def _daemons() -> list[tuple[str, Path]]:
         ("kube-apiserver", RUN_DIR / "kube-apiserver.pid"),
         ("etcd", RUN_DIR / "etcd.pid"),
     ]
-
-
-def _stop_pid(comm: str, pid_file: Path, timeout: float = 15) -> None:
-    pid = _read_pid(pid_file)
-    if pid is not None and _pid_alive(pid, comm):
-        _log(f"stopping {comm} (pid {pid})")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid_alive(pid, comm) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-        if _pid_alive(pid, comm):
-            _log(f"{comm} (pid {pid}) ignored SIGTERM for {timeout:.0f} s; killing it")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-        _reap(pid)
-    child = _CHILDREN.pop(comm, None)
-    if child is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=5)
-    pid_file.unlink(missing_ok=True)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _port_owner(port: int) -> str:
-    out = subprocess.run(
-        ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=False
-    ).stdout
-    return out.strip() or "(unknown process)"
 
 
 _CLIENT_EXT = (
@@ -513,11 +422,7 @@ def _apiserver_ok(path: str = "/readyz") -> tuple[bool, str]:
 
 
 def _healthy() -> bool:
-    for comm, pid_file in _daemons():
-        pid = _read_pid(pid_file)
-        if pid is None or not _pid_alive(pid, comm):
-            return False
-    return _apiserver_ok()[0] and KUBECONFIG.is_file()
+    return procs.all_running(_daemons()) and _apiserver_ok()[0] and KUBECONFIG.is_file()
 
 
 def _spawn(comm: str, argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
@@ -543,7 +448,7 @@ def _alive_check(
 
     def check() -> bool:
         if proc.poll() is not None:
-            raise TestbedError(f"{comm} exited with rc {proc.returncode}\n{_tail(log, 40)}")
+            raise TestbedError(f"{comm} exited with rc {proc.returncode}\n{procs.tail(log, 40)}")
         good, last[0] = ok()
         return good
 
@@ -571,7 +476,7 @@ def _start_daemons(bins: dict[str, Path]) -> None:
         etcd_log,
     )
     check, detail = _alive_check("etcd", etcd, etcd_log, _etcd_ok)
-    _wait("etcd /health", check, 20, [etcd_log], detail=detail)
+    procs.wait("etcd /health", check, 20, [etcd_log], error=TestbedError, detail=detail)
     t_etcd = time.monotonic() - t0
 
     api_log = LOG_DIR / "kube-apiserver.log"
@@ -603,11 +508,19 @@ def _start_daemons(bins: dict[str, Path]) -> None:
         api_log,
     )
     check, detail = _alive_check("kube-apiserver", api, api_log, _apiserver_ok)
-    _wait("kube-apiserver /readyz", check, 60, [api_log, etcd_log], interval=0.2, detail=detail)
+    procs.wait(
+        "kube-apiserver /readyz",
+        check,
+        60,
+        [api_log, etcd_log],
+        error=TestbedError,
+        interval=0.2,
+        detail=detail,
+    )
     check, detail = _alive_check(
         "kube-apiserver", api, api_log, lambda: _apiserver_ok("/api/v1/namespaces/default")
     )
-    _wait("namespace default", check, 15, [api_log], detail=detail)
+    procs.wait("namespace default", check, 15, [api_log], error=TestbedError, detail=detail)
     total = time.monotonic() - t0
     _log(f"etcd + kube-apiserver up in {total:.2f} s (etcd {t_etcd:.2f} s)")
 
@@ -656,9 +569,9 @@ def start_testbed(reuse: bool | None = None) -> KubeTestbed:
         _log("re-using the running kube-apiserver")
         return _testbed()
     stop_testbed()
-    busy = [p for p in (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT) if not _port_free(p)]
+    busy = [p for p in (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT) if not procs.port_free(HOST, p)]
     if busy:
-        owners = "\n".join(f"port {p}: {_port_owner(p)}" for p in busy)
+        owners = "\n".join(f"port {p}: {procs.port_owner(p)}" for p in busy)
         raise TestbedError(
             f"ports of the Kubernetes test bed are taken by something else:\n{owners}"
         )
@@ -676,15 +589,12 @@ def start_testbed(reuse: bool | None = None) -> KubeTestbed:
 def stop_testbed() -> None:
     """Stop kube-apiserver and etcd through their pid files (data and certificates are kept)."""
     for comm, pid_file in _daemons():
-        _stop_pid(comm, pid_file)
+        procs.stop_pid(comm, pid_file, log=_log, timeout=15)
+        procs.reap_child(_CHILDREN.pop(comm, None))
 
 
 def testbed_status() -> str:
-    parts = []
-    for comm, pid_file in _daemons():
-        pid = _read_pid(pid_file)
-        alive = pid is not None and _pid_alive(pid, comm)
-        parts.append(f"{comm}={'up' if alive else 'down'}")
+    parts = procs.states(_daemons())
     parts.append(f"readyz={'ok' if _apiserver_ok()[0] else 'down'}")
     return " ".join(parts)
 

@@ -27,16 +27,17 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.testbed import procs
 
 HERE = Path(__file__).resolve().parent
 TESTBED_ROOT = Path("/srv/slurmjob-testbed")
@@ -191,7 +192,7 @@ class SlurmTestbed:
 
 
 def _log(msg: str) -> None:
-    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+    procs.log("testbed", msg)
 
 
 def _client_argv(spec: ClusterSpec, argv: Sequence[str]) -> list[str]:
@@ -221,50 +222,6 @@ def _sh(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-    return f"--- last {lines} lines of {path} ---\n" + "\n".join(text[-lines:])
-
-
-def _wait(
-    what: str, check: Callable[[], bool], timeout: float, logs: Sequence[Path], interval=0.1
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return
-        if time.monotonic() > deadline:
-            tails = "\n".join(_tail(p) for p in logs)
-            raise TestbedError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
-        time.sleep(interval)
-
-
-def _read_pid(pid_file: Path) -> int | None:
-    try:
-        return int(pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int, comm: str) -> bool:
-    """True if pid is a live (non-zombie) process whose command name starts with comm."""
-    try:
-        stat_text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    name = stat_text[stat_text.find("(") + 1 : stat_text.rfind(")")]
-    state = stat_text[stat_text.rfind(")") + 2 :].split()[0]
-    return state not in ("Z", "X") and name.startswith(comm[:15])
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
 def _daemons(spec: ClusterSpec) -> list[tuple[str, Path]]:
     """(command name, pid file) of every daemon, in stop order."""
     run = spec.base / "run"
@@ -274,28 +231,6 @@ def _daemons(spec: ClusterSpec) -> list[tuple[str, Path]]:
         ("slurmctld", run / "slurmctld.pid"),
         ("munged", spec.base / "munge" / "munged.pid"),
     ]
-
-
-def _stop_pid(comm: str, pid_file: Path, timeout: float = 10) -> None:
-    pid = _read_pid(pid_file)
-    if pid is not None and _pid_alive(pid, comm):
-        _log(f"stopping {comm} (pid {pid})")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid_alive(pid, comm) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-        if _pid_alive(pid, comm):
-            _log(f"{comm} (pid {pid}) ignored SIGTERM; sending SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            while _pid_alive(pid, comm):
-                _reap(pid)
-                time.sleep(0.05)
-        _reap(pid)
-    with contextlib.suppress(FileNotFoundError):
-        pid_file.unlink()
 
 
 def _rest_ping(spec: ClusterSpec, timeout: float = 3) -> tuple[bool, str]:
@@ -321,11 +256,7 @@ def _rest_ping(spec: ClusterSpec, timeout: float = 3) -> tuple[bool, str]:
 
 
 def _healthy(spec: ClusterSpec) -> bool:
-    for comm, pid_file in _daemons(spec):
-        pid = _read_pid(pid_file)
-        if pid is None or not _pid_alive(pid, comm):
-            return False
-    return _rest_ping(spec)[0]
+    return procs.all_running(_daemons(spec)) and _rest_ping(spec)[0]
 
 
 def _is_mountpoint(path: Path) -> bool:
@@ -576,9 +507,11 @@ def _start_daemons(spec: ClusterSpec) -> None:
     if proc.returncode != 0:
         raise TestbedError(
             f"munged failed to start (rc {proc.returncode}): {proc.stderr}\n"
-            + _tail(md / "munged.log")
+            + procs.tail(md / "munged.log")
         )
-    _wait("munge socket", (md / "munge.socket").exists, 10, [md / "munged.log"])
+    procs.wait(
+        "munge socket", (md / "munge.socket").exists, 10, [md / "munged.log"], error=TestbedError
+    )
 
     proc = subprocess.run(
         _daemon_argv(spec, ["slurmctld", "-i"]), capture_output=True, text=True, check=False
@@ -586,13 +519,14 @@ def _start_daemons(spec: ClusterSpec) -> None:
     if proc.returncode != 0:
         raise TestbedError(
             f"slurmctld failed (rc {proc.returncode}): {proc.stderr}\n"
-            + _tail(log / "slurmctld.log")
+            + procs.tail(log / "slurmctld.log")
         )
-    _wait(
+    procs.wait(
         f"slurmctld of {spec.name} to answer scontrol ping",
         lambda: _run(spec, ["scontrol", "ping"], check=False).returncode == 0,
         30,
         [log / "slurmctld.log"],
+        error=TestbedError,
         interval=0.2,
     )
     for node in NODES:
@@ -602,7 +536,7 @@ def _start_daemons(spec: ClusterSpec) -> None:
         if proc.returncode != 0:
             raise TestbedError(
                 f"slurmd {node} failed (rc {proc.returncode}): {proc.stderr}\n"
-                + _tail(log / f"slurmd-{node}.log")
+                + procs.tail(log / f"slurmd-{node}.log")
             )
 
     def nodes_idle() -> bool:
@@ -611,15 +545,16 @@ def _start_daemons(spec: ClusterSpec) -> None:
         bad = {n: s for n, s in states.items() if s.rstrip("*~#$@").startswith(("inval", "fail"))}
         if bad:
             raise TestbedError(
-                f"nodes of {spec.name} are not usable: {bad}\n" + _tail(log / "slurmctld.log")
+                f"nodes of {spec.name} are not usable: {bad}\n" + procs.tail(log / "slurmctld.log")
             )
         return sorted(states) == sorted(NODES) and set(states.values()) == {"idle"}
 
-    _wait(
+    procs.wait(
         f"nodes of {spec.name} to be idle",
         nodes_idle,
         30,
         [log / "slurmctld.log", *(log / f"slurmd-{n}.log" for n in NODES)],
+        error=TestbedError,
         interval=0.2,
     )
 
@@ -645,14 +580,16 @@ def _start_daemons(spec: ClusterSpec) -> None:
     def rest_ok() -> bool:
         if rp.poll() is not None:
             raise TestbedError(
-                f"slurmrestd of {spec.name} exited with rc {rp.returncode}\n" + _tail(rest_log)
+                f"slurmrestd of {spec.name} exited with rc {rp.returncode}\n" + procs.tail(rest_log)
             )
         ok, detail = _rest_ping(spec)
         last[0] = detail
         return ok
 
     try:
-        _wait(f"authenticated REST ping on {spec.name}", rest_ok, 20, [rest_log])
+        procs.wait(
+            f"authenticated REST ping on {spec.name}", rest_ok, 20, [rest_log], error=TestbedError
+        )
     except TestbedError as exc:
         raise TestbedError(f"{exc}\nlast ping answer: {last[0]}") from None
     _log(f"cluster {spec.name} up in {time.monotonic() - t0:.2f} s")
@@ -728,20 +665,13 @@ def stop_cluster(name: str) -> None:
     """Stop every daemon of cluster ``name`` recorded in its pid files (mounts are kept)."""
     spec = SPECS[name]
     for comm, pid_file in _daemons(spec):
-        _stop_pid(comm, pid_file)
-    child = _REST_CHILDREN.pop(name, None)
-    if child is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=5)
+        procs.stop_pid(comm, pid_file, log=_log, timeout=10)
+    procs.reap_child(_REST_CHILDREN.pop(name, None))
 
 
 def cluster_status(name: str) -> str:
     spec = SPECS[name]
-    parts = []
-    for comm, pid_file in _daemons(spec):
-        pid = _read_pid(pid_file)
-        alive = pid is not None and _pid_alive(pid, comm)
-        parts.append(f"{comm}={'up' if alive else 'down'}")
+    parts = procs.states(_daemons(spec))
     ok, _ = _rest_ping(spec)
     parts.append(f"rest={'ok' if ok else 'down'}")
     return " ".join(parts)

@@ -1,0 +1,76 @@
+"""Helpers shared by the integration tests: the operator's console script, SlurmJob specs,
+and Slurm jobs asked straight from slurmrestd through the project's own client."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.integration.sitefiles import runtime_id
+
+from slurmjob_operator.config import Settings
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, open_transport
+from slurmjob_operator.slurm.jobview import SlurmJobView
+
+OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
+
+T = TypeVar("T")
+
+
+def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": runtime_id(profile)},
+        "command": command,
+        "pools": [{"name": "main", "nodes": 1, "gpusPerNode": 0, "cpus": 1, "memoryGb": 1}],
+        "timeLimit": "10m",
+    }
+    spec.update(extra)
+    return spec
+
+
+def het_pools(second_series: str = "a100") -> list[dict[str, Any]]:
+    """Two one-node pools of 2 GPUs: "policy" on h100, "rollout" on ``second_series``."""
+    return [
+        {
+            "name": "policy",
+            "gpuSeries": "h100",
+            "nodes": 1,
+            "gpusPerNode": 2,
+            "cpus": 1,
+            "memoryGb": 1,
+        },
+        {
+            "name": "rollout",
+            "gpuSeries": second_series,
+            "nodes": 1,
+            "gpusPerNode": 2,
+            "cpus": 1,
+            "memoryGb": 1,
+        },
+    ]
+
+
+def ask_slurm(env: dict[str, str], ask: Callable[[SlurmClient], Awaitable[T]]) -> T:
+    """Run ``ask`` with a client connected as the SLURMJOB_* settings in ``env`` say."""
+
+    async def run() -> T:
+        settings = Settings.from_env(env)
+        async with open_transport(settings) as transport:
+            client: SlurmClient = await connect(settings, transport)
+            return await ask(client)
+
+    return asyncio.run(run())
+
+
+def slurm_job(env: dict[str, str], job_id: int) -> list[SlurmJobView]:
+    """The components of Slurm job ``job_id``."""
+    return ask_slurm(env, lambda client: client.get_job(job_id))
+
+
+def slurm_jobs_named(env: dict[str, str], job_name: str) -> list[SlurmJobView]:
+    """Every Slurm job named ``job_name``."""
+    return ask_slurm(env, lambda client: client.find_by_name(job_name))
