@@ -31,7 +31,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.kube import ObjectRef, ResourceStore, SecretError
 from slurmjob_operator.logs import aread_logs
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.pipeline import Site, prepare_attempt, stage_and_submit
+from slurmjob_operator.pipeline import Site, prepare_attempt, stage, verify_runtime
 from slurmjob_operator.preflight import PreflightError
 from slurmjob_operator.reconcile import (
     DECLARE_LOST_ANNOTATION,
@@ -74,6 +74,7 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.jobview import SlurmJobView
 from slurmjob_operator.staging import (
+    SCRIPT_FILE,
     STDERR_FILE,
     STDOUT_FILE,
     StagingError,
@@ -404,6 +405,13 @@ class Controller:
             return
         launch = prepared.rendered.launch
         staging = prepared.rendered.staging_dir
+        try:
+            # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
+            await verify_runtime(prepared, self.settings)
+        except ArtifactError as exc:
+            self.metrics.submissions_total.labels(result="rejected").inc()
+            await self._apply(ref, status, rejected(status, str(exc), generation, now))
+            return
         recorded = await self._apply(
             ref,
             status,
@@ -417,12 +425,8 @@ class Controller:
             ),
         )
         try:
-            receipt = await stage_and_submit(client, prepared, self.settings)
-        except ArtifactError as exc:
-            await aremove_attempt(staging)
-            self.metrics.submissions_total.labels(result="rejected").inc()
-            await self._apply(ref, recorded, rejected(recorded, str(exc), generation, _now()))
-            return
+            await stage(prepared, self.settings)
+            receipt = await client.submit(launch)
         except SlurmRejected as exc:
             self.metrics.submissions_total.labels(result="rejected").inc()
             if exc.job_id is not None:
@@ -496,6 +500,24 @@ class Controller:
             (_leader(views) for views in groups.values()),
             key=lambda j: (j.sluid or "", j.job_id),
         )
+        if not leaders and attempt.staging_dir and not await _staged(attempt.staging_dir):
+            # The operator stopped before the attempt's files were complete, and they are
+            # always complete before the POST: this attempt was never sent. Start it over.
+            await aremove_attempt(Path(attempt.staging_dir))
+            after = await self._apply(
+                ref,
+                status,
+                not_submitted(
+                    status,
+                    "SubmitInterrupted",
+                    f"attempt {attempt.number} was interrupted before it was sent; "
+                    "submitting it again",
+                    generation,
+                    _now(),
+                ),
+            )
+            await self._submit(ref, body, after)
+            return
         if not leaders:
             await self._apply(
                 ref,
@@ -705,6 +727,10 @@ class Controller:
                 return
             await asyncio.sleep(0.5)
         raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+
+
+async def _staged(staging_dir: str) -> bool:
+    return await asyncio.to_thread((Path(staging_dir) / SCRIPT_FILE).is_file)
 
 
 def _suspend_wanted(body: Mapping[str, Any]) -> bool:

@@ -91,18 +91,29 @@ def prepare_attempt(
     return PreparedAttempt(rendered, resolution, body, api_version)
 
 
-async def stage_and_submit(
-    client: SlurmClient, prepared: PreparedAttempt, settings: Settings
-) -> SubmitReceipt:
-    """Verify the artifact, write the attempt's files, then POST once (never retried)."""
+async def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
+    """The runtime artifact's magic and sha256 (ArtifactError when wrong: never submitted)."""
     runtime = prepared.resolution.runtime
     await averify_artifact(artifact_path(settings, runtime), runtime)
+
+
+async def stage(prepared: PreparedAttempt, settings: Settings) -> None:
+    """Write the attempt's files; `job.sh` is written last, so its presence proves the staging
+    finished (and its absence that no submit of this attempt was ever sent)."""
     await astage_attempt(
         settings,
         prepared.rendered.staging_dir,
         prepared.rendered.files,
         parse_owner(settings.staging_owner),
     )
+
+
+async def stage_and_submit(
+    client: SlurmClient, prepared: PreparedAttempt, settings: Settings
+) -> SubmitReceipt:
+    """Verify the artifact, write the attempt's files, then POST once (never retried)."""
+    await verify_runtime(prepared, settings)
+    await stage(prepared, settings)
     return await client.submit(prepared.rendered.launch)
 
 

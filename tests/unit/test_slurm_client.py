@@ -138,7 +138,7 @@ async def test_submit_200_with_errors_is_rejected_and_carries_job_id(
         ),
         (504, None, SlurmAmbiguous),
         (502, None, SlurmAmbiguous),
-        (503, None, SlurmTransient),
+        (503, None, SlurmAmbiguous),
     ],
 )
 async def test_submit_failure_classes(

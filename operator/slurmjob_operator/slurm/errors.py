@@ -184,11 +184,11 @@ def classify(
     if any(e.error_number in _IN_FLIGHT_ERROR_NUMBERS for e in errors):
         cls: type[SlurmError] = SlurmAmbiguous if submit else SlurmTransient
         return make(cls, "communication with the daemon failed")
-    if status in (502, 504):
+    if status in (502, 503, 504):
+        # slurmrestd never answers 503 itself; a proxy in front of it (Envoy, for one) does,
+        # also when the upstream broke after the request was sent: a submit may exist.
         cls = SlurmAmbiguous if submit else SlurmTransient
         return make(cls, "gateway failure")
-    if status == 503:
-        return make(SlurmTransient, "service unavailable")
     if errors:
         # Slurm answered with its own error codes: the request was read and refused.
         return make(SlurmRejected, "request refused")

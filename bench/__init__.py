@@ -1,0 +1,1 @@
+"""Benchmarks and soaks (not part of `make test`)."""

@@ -1,0 +1,548 @@
+"""Exactly-once soak: randomized fault trials against the real Slurm and kube-apiserver.
+
+Not part of `make test`. Run as root from the repository root (the test beds need it):
+
+    SLURMJOB_TESTBED_KEEP=1 .venv/bin/python -m bench.soak --trials 200 --batch 10
+
+It starts (or re-uses: SLURMJOB_TESTBED_KEEP=1 semantics, nothing is ever stopped) the Slurm
+test cluster(s) and the kube-apiserver, then runs `slurmjob-operator run` as a subprocess whose
+slurmrestd URL points at `tests.faults.proxy.FaultProxy`. Trials run in batches of `--batch`
+SlurmJobs (a trivial `true` job each, `sleep 20` for `duplicate`). Each trial draws a fault
+on its own submit:
+
+    none, drop (forward, drop the answer), delay (answer after the operator's timeout),
+    502-after / 500-after (forwarded, then a 5xx), reset (before forwarding), 502-before
+    (not forwarded), duplicate (the same submit replayed straight to slurmrestd while the
+    answer is held, then dropped), kill-before-post (SIGKILL while the proxy holds the
+    request, then dropped), kill-after-post (SIGKILL while the proxy holds slurmrestd's
+    answer), kill-after-status (SIGKILL once the status holds the job id).
+
+At most one kill trial per batch; the kill also hits the other trials of the batch wherever
+they are ("collateral"). The operator is restarted right after the kill. The soak plays the
+person of the design: an attempt unconfirmed for `--declare-after` seconds whose job name
+Slurm does not know (asked straight, not through the proxy) is declared lost with the
+`slurmjob.io/declare-lost` annotation.
+
+Checks per trial, counting Slurm jobs straight against slurmrestd by attempt job name (grouped
+by heterogeneous leader):
+- duplicates: Slurm jobs carrying an attempt's name beyond one, not counting the one the soak
+  itself replayed in a `duplicate` trial (must be 0); whether that injected duplicate was
+  found and CANCELLED is reported on its own (the duplicate trials run `sleep 20`, so that
+  it is still running when the operator adopts);
+- lost: the resource not Succeeded within `--trial-timeout`, or Unknown, or its last attempt
+  without exactly the one Slurm job its status names, or a declared-lost attempt that has a
+  Slurm job after all (must be 0);
+- time to adoption (first submit received by the proxy -> job id seen in the status, for the
+  attempts adopted by name) and the total time (apply -> Succeeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+from tests.faults.proxy import Action, Fault, FaultProxy  # noqa: E402
+from tests.integration.sitefiles import site_env  # noqa: E402
+from tests.integration.test_operator_e2e import CRD, Operator, cpu_spec  # noqa: E402
+from tests.k8s.kube import KubeTestbed, start_testbed  # noqa: E402
+from tests.testbed.slurm import SPECS, SlurmTestbed, start_cluster  # noqa: E402
+
+from slurmjob_operator.config import Settings  # noqa: E402
+from slurmjob_operator.slurm.client import SlurmClient  # noqa: E402
+from slurmjob_operator.slurm.connect import connect, open_transport  # noqa: E402
+from slurmjob_operator.slurm.errors import SlurmError  # noqa: E402
+from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView  # noqa: E402
+
+REST_TIMEOUT = 3.0
+KILLS = ("kill-before-post", "kill-after-post", "kill-after-status")
+NETWORK = ("none", "drop", "delay", "502-after", "500-after", "reset", "502-before", "duplicate")
+ADOPTING = ("drop", "delay", "502-after", "500-after", "duplicate", "kill-after-post")
+FINAL = ("Succeeded", "Failed", "Cancelled", "Unknown")
+
+
+@dataclass
+class Trial:
+    index: int
+    batch: int
+    cluster: str
+    kind: str
+    name: str
+    fault: Fault | None = field(default=None, repr=False)
+    applied_at: float = 0.0
+    first_post_at: float | None = None
+    job_id_seen_at: float | None = None
+    final_at: float | None = None
+    phase: str | None = None
+    attempts: int = 0
+    adopted: bool = False
+    declared_lost: int = 0
+    collateral: bool = False
+    replayed: bool = False
+    duplicate_outcome: str | None = None
+    duplicates: int = 0
+    lost: bool = False
+    problems: list[str] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def time_to_adoption(self) -> float | None:
+        if not self.adopted or self.first_post_at is None or self.job_id_seen_at is None:
+            return None
+        return self.job_id_seen_at - self.first_post_at
+
+    @property
+    def total(self) -> float | None:
+        return None if self.final_at is None else self.final_at - self.applied_at
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, kube: KubeTestbed, testbed: SlurmTestbed) -> None:
+        self.args = args
+        self.kube = kube
+        self.testbed = testbed
+        self.rng = random.Random(args.seed)  # noqa: S311 - reproducible draws
+        self.workdir = Path(args.workdir) / f"soak-{testbed.name.replace('.', '')}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.namespace = f"soak-{testbed.name.replace('.', '')}-{uuid.uuid4().hex[:6]}"
+        self.direct_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.workdir),
+            **kube.env(),
+            **site_env(testbed, "apptainer", self.workdir),
+            "SLURMJOB_POLL_INTERVAL": "1",
+            "SLURMJOB_METRICS_PORT": "0",
+            "SLURMJOB_DELETE_TIMEOUT": "20",
+        }
+        self.proxy = FaultProxy(testbed.rest_url).start()
+        env = {
+            **self.direct_env,
+            "SLURMJOB_SLURM_REST_URL": self.proxy.url,
+            "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
+        }
+        self.op = Operator(kube, testbed, self.namespace, env, self.workdir / "operator.log")
+        self.kills = 0
+        self.restarts_of_slurm = 0
+
+    # -- Slurm, straight ------------------------------------------------------------------
+
+    async def _client_call(self, names: list[str]) -> dict[str, list[SlurmJobView]]:
+        settings = Settings.from_env(self.direct_env)
+        async with open_transport(settings) as transport:
+            client: SlurmClient = await connect(settings, transport)
+            listing = await client.list_jobs()
+            out: dict[str, list[SlurmJobView]] = {n: [] for n in names}
+            for job in listing.jobs:
+                if job.name in out:
+                    out[job.name].append(job)
+            return out
+
+    def jobs_named(self, names: list[str]) -> dict[str, dict[int, SlurmJobView]]:
+        """Job name -> leader id -> leader view, one GET /jobs straight from slurmrestd."""
+        for attempt in range(16):  # the shared test cluster is sometimes slow or restarted
+            try:
+                found = asyncio.run(self._client_call(names))
+                break
+            except SlurmError:
+                if attempt == 15:
+                    raise
+                time.sleep(4)
+        out: dict[str, dict[int, SlurmJobView]] = {}
+        for job_name, views in found.items():
+            leaders: dict[int, SlurmJobView] = {}
+            for v in views:
+                lid = v.het_job_id or v.job_id
+                if lid not in leaders or (v.het_job_offset or 0) < (
+                    leaders[lid].het_job_offset or 0
+                ):
+                    leaders[lid] = v
+            out[job_name] = leaders
+        return out
+
+    def ctld_pid(self) -> str:
+        pid_file = SPECS[self.testbed.name].base / "run" / "slurmctld.pid"
+        try:
+            return pid_file.read_text().strip()
+        except OSError:
+            return ""
+
+    # -- Kubernetes -----------------------------------------------------------------------
+
+    def list_objects(self) -> dict[str, dict[str, Any]]:
+        proc = self.kube.kubectl("get", "slurmjobs", "-n", self.namespace, "-o", "json")
+        return {o["metadata"]["name"]: o for o in json.loads(proc.stdout)["items"]}
+
+    def apply_all(self, trials: list[Trial]) -> None:
+        docs = [
+            {
+                "apiVersion": "slurmjob.io/v1alpha1",
+                "kind": "SlurmJob",
+                "metadata": {"name": t.name, "namespace": self.namespace},
+                # A duplicate must outlive the adoption to be cancelled: it runs a while.
+                "spec": cpu_spec(["sleep", "20"] if t.kind == "duplicate" else ["true"]),
+            }
+            for t in trials
+        ]
+        now = time.monotonic()
+        self.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        for t in trials:
+            t.applied_at = now
+
+    # -- one batch ------------------------------------------------------------------------
+
+    def arm(self, trial: Trial) -> None:
+        body = f'"sj-{self.namespace}-{trial.name}-[0-9a-z]+-a1"'
+        kinds: dict[str, tuple[Action, dict[str, Any]]] = {
+            "drop": (Action.DROP_RESPONSE, {}),
+            "delay": (Action.DELAY, {"delay": REST_TIMEOUT + 2}),
+            "502-after": (Action.ANSWER_5XX, {"status": 502, "forward": True}),
+            "500-after": (Action.ANSWER_5XX, {"status": 500, "forward": True}),
+            "reset": (Action.RESET, {}),
+            "502-before": (Action.ANSWER_5XX, {"status": 502}),
+            "duplicate": (Action.HOLD_RESPONSE, {}),
+            "kill-before-post": (Action.HOLD_REQUEST, {}),
+            "kill-after-post": (Action.HOLD_RESPONSE, {}),
+        }
+        if trial.kind in kinds:
+            action, kw = kinds[trial.kind]
+            trial.fault = self.proxy.add(Fault(action, body=body, name=trial.name, **kw))
+
+    def kill_and_restart(self, trials: list[Trial], killer: Trial) -> None:
+        self.op.kill()
+        self.kills += 1
+        if killer.fault is not None:
+            killer.fault.release(deliver=False)
+        for t in trials:
+            if t is not killer and t.final_at is None:
+                t.collateral = True
+        self.op.start()
+
+    def run_batch(self, number: int, trials: list[Trial]) -> None:
+        for t in trials:
+            self.arm(t)
+        pid_before = self.ctld_pid()
+        self.apply_all(trials)
+        killer = next((t for t in trials if t.kind in KILLS), None)
+        killed = False
+        unconfirmed_since: dict[str, float] = {}
+        deadline = time.monotonic() + self.args.trial_timeout
+        last_poll = 0.0
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            # Hooks first: the operator gives up on a held exchange after REST_TIMEOUT.
+            for t in trials:
+                fault = t.fault
+                if t.kind == "duplicate" and fault and fault.answered.is_set() and not t.replayed:
+                    t.replayed = True
+                    status, _ = self.proxy.replay(fault.hits[0])
+                    if status != 200:
+                        t.problems.append(f"replayed submit answered {status}")
+                    fault.release(deliver=False)
+            if killer is not None and not killed and killer.fault is not None:
+                hook = (
+                    killer.fault.matched
+                    if killer.kind == "kill-before-post"
+                    else killer.fault.answered
+                )
+                if hook.is_set():
+                    self.kill_and_restart(trials, killer)
+                    killed = True
+            if now - last_poll >= 0.5:
+                last_poll = now
+                objs = self.list_objects()
+                for t in trials:
+                    self.observe(t, objs.get(t.name), now, unconfirmed_since)
+                if (
+                    killer is not None
+                    and not killed
+                    and killer.kind == "kill-after-status"
+                    and killer.job_id_seen_at is not None
+                ):
+                    self.kill_and_restart(trials, killer)
+                    killed = True
+                if all(t.final_at is not None for t in trials):
+                    break
+            time.sleep(0.05)
+        for t in trials:
+            if t.fault is not None:
+                t.fault.release(deliver=False)
+                self.proxy.remove(t.fault)
+        if self.ctld_pid() != pid_before:
+            self.restarts_of_slurm += 1
+            for t in trials:
+                t.problems.append("slurmctld was restarted by someone else during the batch")
+        self.check(trials)
+        self.kube.kubectl(
+            "delete", "slurmjobs", "--all", "-n", self.namespace, "--wait=false", check=False
+        )
+
+    def observe(
+        self,
+        t: Trial,
+        obj: dict[str, Any] | None,
+        now: float,
+        unconfirmed_since: dict[str, float],
+    ) -> None:
+        if obj is None or t.final_at is not None:
+            return
+        status = obj.get("status") or {}
+        t.status = status
+        attempts = status.get("attempts") or []
+        if t.first_post_at is None:
+            posts = [
+                e
+                for e in self.proxy.exchanges(method="POST")
+                if e.job_name and e.job_name.startswith(f"sj-{self.namespace}-{t.name}-")
+            ]
+            if posts:
+                t.first_post_at = posts[0].at
+        if attempts and attempts[-1].get("jobId") and t.job_id_seen_at is None:
+            t.job_id_seen_at = now
+        if status.get("phase") in FINAL:
+            t.final_at = now
+            t.phase = status["phase"]
+            return
+        # The person of the design: unconfirmed for a while, and Slurm has no such job.
+        if attempts and attempts[-1].get("jobId") is None and not attempts[-1].get("declaredLost"):
+            key = attempts[-1]["jobName"]
+            since = unconfirmed_since.setdefault(key, now)
+            if now - since >= self.args.declare_after:
+                if not self.jobs_named([key])[key]:
+                    self.kube.kubectl(
+                        "annotate", "slurmjob", t.name, "-n", self.namespace,
+                        f"slurmjob.io/declare-lost={attempts[-1]['number']}", "--overwrite",
+                    )  # fmt: skip
+                    t.declared_lost += 1
+                unconfirmed_since[key] = now  # look again later either way
+
+    def check(self, trials: list[Trial]) -> None:
+        names: list[str] = []
+        for t in trials:
+            names += [a["jobName"] for a in t.status.get("attempts") or []]
+        jobs = self.jobs_named(names)
+        for t in trials:
+            attempts = t.status.get("attempts") or []
+            t.attempts = len(attempts)
+            submitted = next(
+                (c for c in t.status.get("conditions") or [] if c["type"] == "Submitted"), {}
+            )
+            t.adopted = submitted.get("reason") == "Adopted"
+            if t.phase != "Succeeded":
+                t.lost = True
+                t.problems.append(f"phase {t.phase or t.status.get('phase')} (not Succeeded)")
+            for a in attempts:
+                leaders = jobs.get(a["jobName"], {})
+                # The operator's own duplicates: jobs beyond one, less the one the soak made.
+                injected = 1 if t.replayed and a["number"] == 1 else 0
+                if len(leaders) - injected > 1:
+                    t.duplicates += len(leaders) - injected - 1
+                    t.problems.append(f"{a['jobName']}: {len(leaders)} jobs")
+                if a.get("declaredLost") and leaders:
+                    t.lost = True
+                    t.problems.append(f"{a['jobName']} declared lost but Slurm has it")
+            if attempts:
+                last = attempts[-1]
+                leaders = jobs.get(last["jobName"], {})
+                if last.get("jobId") not in leaders:
+                    t.lost = True
+                    t.problems.append(
+                        f"status job {last.get('jobId')} not in Slurm {sorted(leaders)}"
+                    )
+                if (
+                    self.testbed.api_version >= "v0.0.44"
+                    and last.get("jobId") in leaders
+                    and leaders[last["jobId"]].sluid != last.get("sluid")
+                ):
+                    t.problems.append("SLUID in the status differs from Slurm's")
+                    t.lost = True
+                if t.replayed:
+                    extra = [v for k, v in leaders.items() if k != last.get("jobId")]
+                    if not extra:
+                        t.problems.append("the injected duplicate is missing")
+                    elif all(v.base_state is BaseState.CANCELLED for v in extra):
+                        t.duplicate_outcome = "cancelled"
+                    else:
+                        t.duplicate_outcome = "ran out before it was found"
+                        t.problems.append("the injected duplicate was not cancelled")
+
+    # -- the whole run --------------------------------------------------------------------
+
+    def draw(self, batch: int, size: int, first: int) -> list[Trial]:
+        kinds = [self.rng.choice(NETWORK) for _ in range(size)]
+        if self.rng.random() < self.args.kill_share:
+            kinds[self.rng.randrange(size)] = self.rng.choice(KILLS)
+        return [
+            Trial(first + i, batch, self.testbed.name, k, f"t{first + i}-{k}")
+            for i, k in enumerate(kinds)
+        ]
+
+    def run(self, trials_total: int) -> list[Trial]:
+        self.kube.kubectl("create", "namespace", self.namespace)
+        self.op.start()
+        done: list[Trial] = []
+        try:
+            batch = 0
+            while len(done) < trials_total:
+                size = min(self.args.batch, trials_total - len(done))
+                trials = self.draw(batch, size, len(done))
+                started = time.monotonic()
+                self.run_batch(batch, trials)
+                bad = sum(1 for t in trials if t.problems)
+                print(
+                    f"[{self.testbed.name}] batch {batch}: {size} trials "
+                    f"({', '.join(t.kind for t in trials)}) in {time.monotonic() - started:.1f}s"
+                    f"{f', {bad} with problems' if bad else ''}",
+                    flush=True,
+                )
+                done += trials
+                batch += 1
+        finally:
+            self.kube.kubectl(
+                "delete", "slurmjobs", "--all", "-n", self.namespace, "--timeout=60s",
+                check=False, timeout=70,
+            )  # fmt: skip
+            self.op.stop()
+            self.proxy.stop()
+            self.kube.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+        return done
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} / {_pct(values, 0.95):.1f} / {max(values):.1f}"
+
+
+def _dups(trials: list[Trial]) -> str:
+    made = [t for t in trials if t.replayed]
+    if not made:
+        return "-"
+    return f"{sum(t.duplicate_outcome == 'cancelled' for t in made)} of {len(made)}"
+
+
+_REPORTED = [f.name for f in fields(Trial) if f.name not in ("fault", "status")]
+
+
+def report(trials: list[Trial], soaks: list[Soak], elapsed: float) -> dict[str, Any]:
+    rows = defaultdict(list)
+    for t in trials:
+        rows[(t.cluster, t.kind)].append(t)
+    lines = [
+        "| cluster | fault | trials | adopted | declared lost | collateral kills | duplicates "
+        "| lost | injected duplicates cancelled | adoption s (median / p95 / max) "
+        "| total s (median / p95 / max) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for (cluster, kind), ts in sorted(rows.items()):
+        adoption = [t.time_to_adoption for t in ts if t.time_to_adoption is not None]
+        totals = [t.total for t in ts if t.total is not None]
+        lines.append(
+            f"| {cluster} | {kind} | {len(ts)} | {sum(t.adopted for t in ts)} "
+            f"| {sum(t.declared_lost for t in ts)} | {sum(t.collateral for t in ts)} "
+            f"| {sum(t.duplicates for t in ts)} | {sum(t.lost for t in ts)} "
+            f"| {_dups(ts)} | {_fmt(adoption)} | {_fmt(totals)} |"
+        )
+    adoption = [t.time_to_adoption for t in trials if t.time_to_adoption is not None]
+    totals = [t.total for t in trials if t.total is not None]
+    lines.append(
+        f"| all | all | {len(trials)} | {sum(t.adopted for t in trials)} "
+        f"| {sum(t.declared_lost for t in trials)} | {sum(t.collateral for t in trials)} "
+        f"| {sum(t.duplicates for t in trials)} | {sum(t.lost for t in trials)} "
+        f"| {_dups(trials)} | {_fmt(adoption)} | {_fmt(totals)} |"
+    )
+    table = "\n".join(lines)
+    print()
+    print(table)
+    print()
+    print(
+        f"{len(trials)} trials in {elapsed / 60:.1f} min; operator SIGKILLs: "
+        f"{sum(s.kills for s in soaks)}; slurmctld restarted by others during "
+        f"{sum(s.restarts_of_slurm for s in soaks)} batch(es)"
+    )
+    for t in trials:
+        if t.problems:
+            print(f"  trial {t.index} [{t.cluster} {t.kind}] {t.name}: {'; '.join(t.problems)}")
+    return {
+        "table": table,
+        "elapsed_s": elapsed,
+        "kills": sum(s.kills for s in soaks),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, "
+        f"{platform.platform()}, Python {platform.python_version()}",
+        "trials": [
+            {
+                **{k: getattr(t, k) for k in _REPORTED},
+                "time_to_adoption": t.time_to_adoption,
+                "total": t.total,
+            }
+            for t in trials
+        ],
+    }
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=200, help="trials per cluster")
+    parser.add_argument("--batch", type=int, default=10, help="SlurmJobs at a time")
+    parser.add_argument(
+        "--cluster", action="append", choices=("26.05", "22.05"), help="default: 26.05"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-share", type=float, default=0.7, help="batches with a kill")
+    parser.add_argument("--declare-after", type=float, default=8.0)
+    parser.add_argument("--trial-timeout", type=float, default=120.0)
+    parser.add_argument("--workdir", default="/tmp/slurmjob-soak")
+    parser.add_argument("--json", help="write every trial here")
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the operator subprocess is stopped and the batch deleted.
+    signal.signal(signal.SIGTERM, _terminate)
+    os.environ.setdefault("SLURMJOB_TESTBED_KEEP", "1")
+    kube = start_testbed(reuse=True)
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+    started = time.monotonic()
+    trials: list[Trial] = []
+    soaks: list[Soak] = []
+    for name in args.cluster or ["26.05"]:
+        soak = Soak(args, kube, start_cluster(name, reuse=True))
+        soaks.append(soak)
+        trials += soak.run(args.trials)
+    summary = report(trials, soaks, time.monotonic() - started)
+    print(f"machine: {summary['machine']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
+    bad = sum(t.duplicates for t in trials) + sum(t.lost for t in trials)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Fault injection between the operator and slurmrestd (see `tests.faults.proxy`)."""
