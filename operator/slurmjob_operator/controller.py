@@ -80,6 +80,7 @@ from slurmjob_operator.staging import (
     StagingError,
     aremove_attempt,
     aremove_resource_dir,
+    aremove_secrets,
 )
 from slurmjob_operator.states import Observation, observe
 
@@ -238,12 +239,18 @@ class Controller:
         self._secrets[ref.uid] = values
         return values
 
-    async def _redactions(self, ref: ObjectRef, body: Mapping[str, Any]) -> list[str]:
+    async def _redactions(self, ref: ObjectRef, body: Mapping[str, Any]) -> list[str] | None:
+        """The secret values to hide in log tails; None when the spec has secrets that cannot
+        be read any more (then no tail is published rather than an unredacted one)."""
         if ref.uid not in self._secrets:
             try:
-                await self._secret_values(ref, parse_spec(body.get("spec")))
-            except (SpecError, SecretError):
+                spec = parse_spec(body.get("spec"))
+            except SpecError:
                 return []
+            try:
+                await self._secret_values(ref, spec)
+            except SecretError:
+                return None if spec.secret_env else []
         return list(self._secrets.get(ref.uid, {}).values())
 
     # -- submission ---------------------------------------------------------------------
@@ -387,7 +394,8 @@ class Controller:
             raise RetryLater(str(exc), self._backoff) from exc
         number = len(status.attempts) + 1
         try:
-            prepared = prepare_attempt(
+            prepared = await asyncio.to_thread(
+                prepare_attempt,
                 spec,
                 self.site,
                 namespace=ref.namespace,
@@ -463,11 +471,14 @@ class Controller:
         assert attempt.job_id is not None
         client = await self.slurm()
         try:
-            views = await client.get_job(attempt.job_id)
-        except SlurmNotFound as exc:
-            raise RetryLater(f"job {attempt.job_id} not visible yet", 2) from exc
+            views: list[SlurmJobView] | None = await client.get_job(attempt.job_id)
+        except SlurmNotFound:
+            views = None  # purged already (a long outage): accounting, else Unknown
         except SlurmError as exc:
             raise RetryLater(str(exc), self._backoff) from exc
+        if views is None:
+            await self._fold(ref, body, status, confirmed(status, None), None)
+            return
         # A quick job may already have ended: the same fold as the poller's (log tails, retry).
         await self._fold(ref, body, status, confirmed(status, _leader(views).sluid), views)
 
@@ -571,7 +582,10 @@ class Controller:
                 return
             status = SlurmJobStatus.parse(body.get("status"))
             attempt = status.current_attempt
-            if attempt is None or attempt.job_id != tracked.job_id:
+            moved_on = status.next_attempt_at is not None or (
+                status.phase is not None and status.phase.is_terminal
+            )
+            if attempt is None or attempt.job_id != tracked.job_id or moved_on:
                 self._observe_status(ref, status)
                 return
             await self._fold(ref, body, status, status, views, logs_only=logs_only)
@@ -612,7 +626,12 @@ class Controller:
         logs: Logs | None = None
         if attempt.staging_dir:
             logs = await self._logs(ref, body, attempt.staging_dir)
-            new = with_logs(new, logs)
+            if logs is not None:
+                new = with_logs(new, logs)
+            if obs is not None and obs.final:
+                # The script deletes it when it runs; a job that ended without running must
+                # not leave secret values on the shared storage.
+                await aremove_secrets(Path(attempt.staging_dir))
         transition = Transition(new, transition.events)
         if obs is not None and obs.final and obs.phase is Phase.FAILED:
             transition = self._after_failure(body, transition, obs, logs, generation, now)
@@ -656,18 +675,25 @@ class Controller:
                 except RetryLater as exc:
                     when = _now() + timedelta(seconds=exc.delay)
                 except Exception:
-                    log.exception("retry of %s/%s failed", ref.namespace, ref.name)
-                    return
+                    log.exception("retry of %s/%s failed; trying again", ref.namespace, ref.name)
+                    when = _now() + timedelta(seconds=self._backoff)
 
         task = asyncio.get_running_loop().create_task(later())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _logs(self, ref: ObjectRef, body: Mapping[str, Any], staging_dir: str) -> Logs:
+    async def _logs(self, ref: ObjectRef, body: Mapping[str, Any], staging_dir: str) -> Logs | None:
+        """The attempt's log tails; None (keep what the status has) when they cannot be read
+        or when secret values cannot be resolved to redact them."""
         base = Path(staging_dir)
-        return await aread_logs(
-            base / STDOUT_FILE, base / STDERR_FILE, await self._redactions(ref, body)
-        )
+        redact = await self._redactions(ref, body)
+        if redact is None:
+            return None
+        try:
+            return await aread_logs(base / STDOUT_FILE, base / STDERR_FILE, redact)
+        except OSError as exc:
+            log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
+            return None
 
     async def _from_accounting(self, attempt: Attempt) -> list[SlurmJobView]:
         client = await self.slurm()
@@ -682,6 +708,8 @@ class Controller:
         """Cancel the job unless it is final, wait for its end, archive the log tails, remove
         the staging directory; raises RetryLater while the job is still ending."""
         async with self._lock(ref.uid):
+            # kopf's body predates the lock: a retry may have submitted a new attempt since.
+            body = await self._fresh(ref) or body
             status = SlurmJobStatus.parse(body.get("status"))
             attempt = status.current_attempt
             live = status.phase is None or not status.phase.is_terminal
@@ -692,7 +720,8 @@ class Controller:
                 if fresh is not None and attempt.staging_dir:
                     current = SlurmJobStatus.parse(fresh.get("status"))
                     logs = await self._logs(ref, fresh, attempt.staging_dir)
-                    await self._apply(ref, current, Transition(with_logs(current, logs)))
+                    if logs is not None:
+                        await self._apply(ref, current, Transition(with_logs(current, logs)))
             await aremove_resource_dir(self.settings.storage_root, ref.namespace, ref.name, ref.uid)
         self.forget(ref)
 

@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 StateKey = tuple[tuple[str, ...], ...]
 
 
+class _Skip:
+    """A job whose details could not be read this cycle."""
+
+
+SKIP = _Skip()
+
+
 def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
     """What identifies "no change" for a job: each component's raw state, in a fixed order."""
     return tuple(sorted(tuple(sorted(e.raw_state)) for e in entries))
@@ -58,6 +65,7 @@ class Poller:
         self._seen: dict[int, StateKey] = {}
         self._logs: dict[int, tuple[object, object]] = {}
         self._list_since: datetime | None = None
+        self._next_since: datetime | None = None
 
     async def run(self) -> None:
         interval = self.controller.settings.poll_interval
@@ -75,7 +83,10 @@ class Poller:
         controller = self.controller
         metrics = controller.metrics
         with metrics.cycle():
-            expires = controller.token.expires_at
+            try:
+                expires = controller.token.expires_at
+            except TokenError:
+                expires = None  # reported below, when slurmrestd is asked
             if expires is not None:
                 metrics.token_expiry_seconds.set((expires - datetime.now(tz=UTC)).total_seconds())
             metrics.set_jobs_by_phase(Counter(controller.phases.values()))
@@ -96,8 +107,11 @@ class Poller:
                 )
                 return
             await controller.report_reachability(True, "SlurmAnswering", "slurmrestd answers")
+            refreshed = True
             for job_id, views in changed.items():
-                await self._refresh(tracked[job_id], views)
+                refreshed = await self._refresh(tracked[job_id], views) and refreshed
+            if refreshed and self._next_since is not None:
+                self._list_since = self._next_since
             for job_id, item in tracked.items():
                 if job_id not in changed and self._logs_changed(item):
                     await self._refresh(item, None, logs_only=True)
@@ -118,33 +132,43 @@ class Poller:
             groups = group_states(entries.values())
             for job_id, item in tracked.items():
                 group = groups.get(job_id)
-                if group is None:
-                    out[job_id] = await self._details(client, item)
-                    continue
-                key = state_key(group)
-                if self._seen.get(job_id) != key:
-                    out[job_id] = await self._details(client, item)
+                if group is None or self._seen.get(job_id) != state_key(group):
+                    details = await self._details(client, item)
+                    if not isinstance(details, _Skip):
+                        out[job_id] = details
             return out
-        since = self._list_since
-        self._list_since = datetime.now(tz=UTC) - timedelta(seconds=1)
-        listing = await client.list_jobs(update_time=since)
+        # Moved forward only once the listing and every refresh went through (see cycle), so
+        # a change inside a failed cycle's window is not lost behind a 304.
+        self._next_since = datetime.now(tz=UTC) - timedelta(seconds=1)
+        listing = await client.list_jobs(update_time=self._list_since)
         if listing.not_modified:
             return out
         groups_v = group_views(listing.jobs)
         for job_id, item in tracked.items():
             views = groups_v.get(job_id)
             if views is None:
-                out[job_id] = await self._details(client, item)
+                details = await self._details(client, item)
+                if not isinstance(details, _Skip):
+                    out[job_id] = details
             elif self._seen.get(job_id) != state_key(views):
                 out[job_id] = views
         return out
 
-    async def _details(self, client: SlurmClient, item: Tracked) -> list[SlurmJobView] | None:
+    async def _details(
+        self, client: SlurmClient, item: Tracked
+    ) -> list[SlurmJobView] | _Skip | None:
+        """The job's views, None when Slurm no longer knows it, or SKIP when this one job's
+        answer failed (it is asked again next cycle; the other jobs go on)."""
         attempt = Attempt(number=1, job_name="", job_id=item.job_id, sluid=item.sluid)
         try:
             return await client.get_job(lifecycle_ref(client, attempt))
         except SlurmNotFound:
             return None
+        except SlurmAuthError:
+            raise
+        except SlurmError as exc:
+            log.warning("poll: job %s: %s", item.job_id, exc)
+            return SKIP
 
     async def _refresh(
         self,
@@ -152,15 +176,16 @@ class Poller:
         views: Sequence[SlurmJobView] | None,
         *,
         logs_only: bool = False,
-    ) -> None:
+    ) -> bool:
         try:
             await self.controller.refresh(item, views, logs_only=logs_only)
         except Exception:
             log.exception("cannot refresh %s/%s", item.ref.namespace, item.ref.name)
-            return
+            return False
         if views is not None and not logs_only:
             self._seen[item.job_id] = state_key(views)
         self._logs[item.job_id] = self._signature(item)
+        return True
 
     def _signature(self, item: Tracked) -> tuple[object, object]:
         if not item.staging_dir:

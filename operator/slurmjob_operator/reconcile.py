@@ -193,6 +193,10 @@ def not_submitted(
     if attempt is not None and attempt.job_id is None:
         attempts = attempts[:-1]
     base = status.model_copy(update={"attempts": attempts})
+    previous = base.current_attempt
+    if previous is not None and previous.retry_action in ("Retry", "Ignore"):
+        # The attempt was a scheduled retry: it stays scheduled (the caller waits a while).
+        base = base.model_copy(update={"next_attempt_at": rfc3339(now)})
     return waiting(base, reason, message, generation, now)
 
 

@@ -220,6 +220,17 @@ async def astage_attempt(
     await asyncio.to_thread(stage_attempt, settings, staging_dir, files, owner)
 
 
+def remove_secrets(staging_dir: Path) -> None:
+    """Delete an attempt's secrets file (its job ended, whether or not the script ran)."""
+    if not _ATTEMPT_RE.fullmatch(staging_dir.name):
+        raise StagingError(f"{staging_dir}: not an attempt directory")
+    (staging_dir / SECRETS_FILE).unlink(missing_ok=True)
+
+
+async def aremove_secrets(staging_dir: Path) -> None:
+    await asyncio.to_thread(remove_secrets, staging_dir)
+
+
 async def aremove_attempt(staging_dir: Path) -> None:
     await asyncio.to_thread(remove_attempt, staging_dir)
 

@@ -82,11 +82,11 @@ def _stop_operator() -> None:
     DEMO_PID.unlink(missing_ok=True)
 
 
-def _start_operator(env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start_operator(env: dict[str, str], namespaces: Sequence[str]) -> subprocess.Popen[bytes]:
     operator = Path(sys.executable).parent / "slurmjob-operator"
     with DEMO_LOG.open("ab") as log:
         proc = subprocess.Popen(
-            [str(operator), "run", *(a for ns in dev.NAMESPACES for a in ("-n", ns))],
+            [str(operator), "run", *(a for ns in namespaces for a in ("-n", ns))],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -124,15 +124,19 @@ def up(slurm: str, timeout: float) -> int:
         return 1
     env = _env()
     _stop_operator()
-    proc = _start_operator(env)
-    _say(f"\n== operator started (pid {proc.pid}, log {DEMO_LOG.relative_to(dev.REPO)})")
     examples = sorted((dev.DEV / "examples").glob("*.yaml"))
+    wanted = _identities(examples)
+    namespaces = sorted({namespace for namespace, _ in wanted})
+    proc = _start_operator(env, namespaces)
+    _say(
+        f"\n== operator started for namespaces {', '.join(namespaces)} "
+        f"(pid {proc.pid}, log {DEMO_LOG.relative_to(dev.REPO)})"
+    )
     for path in examples:  # a previous demo's resources: replaced (the operator finalizes them)
         _kubectl(env, "delete", "-f", str(path), "--ignore-not-found", "--timeout=120s")
     for path in examples:
         _say(f"$ kubectl apply -f {path.relative_to(dev.REPO)}")
         _say(_kubectl(env, "apply", "-f", str(path)).stdout.strip())
-    wanted = _identities(examples)
     _say("\n== phases as they change")
     seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout

@@ -107,11 +107,6 @@ async def test_submit_200_with_errors_is_rejected_and_carries_job_id(
     ("status", "payload", "expected"),
     [
         (
-            500,
-            {"errors": [{"error_code": 5005, "error": "Zero Bytes were transmitted or received"}]},
-            SlurmAuthError,
-        ),
-        (
             511,
             envelope(errors=[{"error_number": 1007, "error": "Protocol authentication error"}]),
             SlurmAuthError,
@@ -149,6 +144,28 @@ async def test_submit_failure_classes(
     else:
         fake.json("POST", f"{V45}/job/submit", payload, status)
     with pytest.raises(expected):
+        await client(fake, session).submit(cpu_request())
+
+
+ZERO_BYTES_22 = {
+    "errors": [{"error_code": 5005, "error": "Zero Bytes were transmitted or received"}]
+}
+
+
+async def test_submit_5005_with_a_refused_ping_is_auth(fake: FakeSlurm, session: Any) -> None:
+    # 22.05 answers a bad token with 5005 on submit; its ping then fails the same way.
+    fake.json("POST", f"{V38}/job/submit", ZERO_BYTES_22, 500)
+    refused = {"errors": [{"error": "slurmctld config is unable to load", "error_number": -1}]}
+    fake.json("GET", f"{V38}/ping", refused, 500)
+    with pytest.raises(SlurmAuthError):
+        await client(fake, session, "v0.0.38").submit(cpu_request())
+
+
+async def test_submit_5005_with_a_good_ping_is_ambiguous(fake: FakeSlurm, session: Any) -> None:
+    # The token works: slurmctld closed the connection after reading the submit.
+    fake.json("POST", f"{V45}/job/submit", ZERO_BYTES_22, 500)
+    fake.json("GET", f"{V45}/ping", sample("slurm-26.05/resp_ping.json"))
+    with pytest.raises(SlurmAmbiguous):
         await client(fake, session).submit(cpu_request())
 
 

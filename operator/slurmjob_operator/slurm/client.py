@@ -33,6 +33,7 @@ from slurmjob_operator.slurm.dialects import (
     parse_envelope,
 )
 from slurmjob_operator.slurm.errors import (
+    ZERO_BYTES,
     SlurmAmbiguous,
     SlurmAuthError,
     SlurmError,
@@ -401,7 +402,27 @@ class SlurmClient:
         """
         template = self._slurm("/job/submit")
         body = self._dialect.submit_body(req)
-        answer = await self._call("POST", template, template, body=body, submit=True)
+        try:
+            answer = await self._call("POST", template, template, body=body, submit=True)
+        except SlurmAuthError as exc:
+            if ZERO_BYTES not in exc.error_numbers:
+                raise
+            # 5005 is how 22.05 shows a refused token, but also what slurmctld closing the
+            # connection after reading the request looks like. A ping with the same token
+            # tells them apart; only a refused ping proves nothing was submitted.
+            try:
+                await self.ping()
+            except SlurmAuthError:
+                raise exc from None
+            except SlurmError:
+                pass
+            raise SlurmAmbiguous(
+                "slurmctld closed the connection after the submit was sent (error 5005)",
+                status=exc.status,
+                errors=exc.errors,
+                endpoint=template,
+                method="POST",
+            ) from exc
         try:
             return self._dialect.parse_submit(answer.payload)
         except ValidationError as exc:

@@ -101,6 +101,9 @@ class SlurmUnsupported(SlurmError):
 # (what a 22.05 slurmctld's refusal of a bad token looks like through slurmrestd),
 # ESLURM_AUTH_CRED_INVALID / ESLURM_AUTH_BADARG range (6000, 6001).
 AUTH_ERROR_NUMBERS = frozenset({1007, 5005, 6000, 6001})
+# SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT: a refused token on 22.05, or a connection slurmctld
+# closed after reading the request; `SlurmClient.submit` tells the two apart with a ping.
+ZERO_BYTES = 5005
 INVALID_JOB_ID = 2017
 ALREADY_DONE = 2021
 _NOT_FOUND_TEXTS = ("invalid job id", "unknown job")
