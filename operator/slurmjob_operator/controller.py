@@ -357,18 +357,23 @@ class Controller:
         once per change."""
         if self._reachable is reachable:
             return
-        self._reachable = reachable
+        complete = True
         for item in list(self.tracked.values()):
-            async with self._lock(item.ref.uid):
-                body = await self._fresh(item.ref)
-                if body is None:
-                    continue
-                status = SlurmJobStatus.parse(body.get("status"))
-                await self._apply(
-                    item.ref,
-                    status,
-                    reachability(status, reachable, reason, message, _generation(body), _now()),
-                )
+            try:
+                async with self._lock(item.ref.uid):
+                    body = await self._fresh(item.ref)
+                    if body is None:
+                        continue
+                    status = SlurmJobStatus.parse(body.get("status"))
+                    transition = reachability(
+                        status, reachable, reason, message, _generation(body), _now()
+                    )
+                    await self._apply(item.ref, status, transition)
+            except Exception:  # one resource must not keep the others from hearing it
+                log.exception("cannot report reachability on %s", item.ref.name)
+                complete = False
+        if complete:
+            self._reachable = reachable
 
     async def _submit(
         self, ref: ObjectRef, body: Mapping[str, Any], status: SlurmJobStatus
@@ -377,7 +382,11 @@ class Controller:
         try:
             spec = parse_spec(body.get("spec"))
         except SpecError as exc:
-            await self._apply(ref, status, invalid_spec(status, exc.messages, generation, now))
+            await self._apply(
+                ref,
+                status,
+                invalid_spec(status, exc.messages, generation, now, "InvalidSpec"),
+            )
             return
         try:
             secrets = await self._secret_values(ref, spec)
@@ -406,10 +415,16 @@ class Controller:
                 secret_values=secrets,
             )
         except SpecError as exc:
-            await self._apply(ref, status, invalid_spec(status, exc.messages, generation, now))
+            await self._apply(
+                ref,
+                status,
+                invalid_spec(status, exc.messages, generation, now, "InvalidSpec"),
+            )
             return
         except (RenderError, PreflightError) as exc:
-            await self._apply(ref, status, invalid_spec(status, [str(exc)], generation, now))
+            await self._apply(
+                ref, status, invalid_spec(status, [str(exc)], generation, now, "InvalidSpec")
+            )
             return
         launch = prepared.rendered.launch
         staging = prepared.rendered.staging_dir
@@ -418,7 +433,11 @@ class Controller:
             await verify_runtime(prepared, self.settings)
         except ArtifactError as exc:
             self.metrics.submissions_total.labels(result="rejected").inc()
-            await self._apply(ref, status, rejected(status, str(exc), generation, now))
+            await self._apply(
+                ref,
+                status,
+                invalid_spec(status, [str(exc)], generation, now, "RuntimeArtifactInvalid"),
+            )
             return
         recorded = await self._apply(
             ref,

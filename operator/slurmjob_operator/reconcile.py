@@ -113,21 +113,27 @@ def _phase_event(old: Phase | None, new: Phase, reason: str, message: str) -> tu
 
 
 def invalid_spec(
-    status: SlurmJobStatus, messages: Sequence[str], generation: int | None, now: datetime
+    status: SlurmJobStatus,
+    messages: Sequence[str],
+    generation: int | None,
+    now: datetime,
+    reason: str,
 ) -> Transition:
-    """The spec cannot be run here: say why, submit nothing, retry nothing."""
+    """The spec cannot be run here (reason InvalidSpec) or its runtime artifact is wrong
+    (RuntimeArtifactInvalid): say why, submit nothing, retry nothing. Earlier attempts are
+    left as they were."""
     message = "; ".join(messages)
     new = _with_conditions(
         status,
         [
-            (READY, "False", "InvalidSpec", message),
-            (SUBMITTED, "False", "InvalidSpec", "nothing was submitted"),
-            (FAILED, "True", "InvalidSpec", message),
+            (READY, "False", reason, message),
+            (SUBMITTED, "False", reason, "nothing was submitted"),
+            (FAILED, "True", reason, message),
         ],
         generation,
         now,
     ).model_copy(update={"phase": Phase.FAILED, "message": message})
-    events = () if status.message == message else (Event(WARNING, "InvalidSpec", message),)
+    events = () if status.message == message else (Event(WARNING, reason, message),)
     return Transition(new, events)
 
 

@@ -127,7 +127,7 @@ def test_unconfirmed_keeps_the_attempt_and_blocks_resubmission() -> None:
 
 
 def test_invalid_spec_is_final_and_not_repeated() -> None:
-    t = invalid_spec(SlurmJobStatus(), ["spec.pools[0].gpuSeries: unknown"], 2, T0)
+    t = invalid_spec(SlurmJobStatus(), ["spec.pools[0].gpuSeries: unknown"], 2, T0, "InvalidSpec")
     assert t.status.phase is Phase.FAILED
     ready = get_condition(t.status.conditions, READY)
     assert ready is not None
@@ -135,7 +135,7 @@ def test_invalid_spec_is_final_and_not_repeated() -> None:
     assert ready.reason == "InvalidSpec"
     assert "spec.pools[0].gpuSeries" in ready.message
     assert len(t.events) == 1
-    again = invalid_spec(t.status, ["spec.pools[0].gpuSeries: unknown"], 2, T0)
+    again = invalid_spec(t.status, ["spec.pools[0].gpuSeries: unknown"], 2, T0, "InvalidSpec")
     assert again.events == ()
     assert not changed(t.status, again.status)
 
@@ -289,3 +289,21 @@ def test_suspension_and_reachability_post_only_on_flips() -> None:
     assert cond is not None
     assert cond.status == "True"
     assert [e.type for e in up.events] == ["Normal"]
+
+
+def test_a_retry_whose_submit_failed_stays_scheduled() -> None:
+    from slurmjob_operator.api.spec import RetrySpec
+    from slurmjob_operator.reconcile import retry_scheduled
+    from slurmjob_operator.retries import decide
+
+    node_fail = obs(Phase.FAILED, final=True, native_state="NODE_FAIL")
+    first = observed(running_status(), node_fail, 1, T0).status
+    decision = decide(RetrySpec(limit=2, backoff_seconds=0), node_fail, "", [])
+    scheduled = retry_scheduled(first, decision, 1, T0).status
+    second = record_attempt(
+        scheduled, number=2, job_name="a2", staging_dir="/s/2", generation=1, now=T0
+    ).status
+    assert next_step(second) is Step.ADOPT
+    failed_post = not_submitted(second, "SubmitFailed", "connection refused", 1, T0).status
+    assert [a.number for a in failed_post.attempts] == [1]
+    assert next_step(failed_post) is Step.RETRY  # not Track on the old, failed attempt

@@ -79,6 +79,7 @@ def _cel_string(text: str) -> str:
 
 
 _NO_DOTDOT = r"(^|/)[.][.](/|$)"
+_ROOT_ITSELF = r"^([.]?/)*[.]?$"
 _BAD_PATH_CHARS = r"[,:\n\x00]"
 _DURATION = r"^\s*([0-9]+|[0-9]+d([0-9]+h)?([0-9]+m)?|[0-9]+h([0-9]+m)?|[0-9]+m)\s*$"
 
@@ -128,6 +129,12 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
         Rule(
             "!self.source.startsWith('/')",
             "mount sources are paths relative to the storage root, not absolute host paths",
+            ".source",
+            _INVALID,
+        ),
+        Rule(
+            f"!self.source.matches({_cel_string(_ROOT_ITSELF)})",
+            "a mount source names a folder under the storage root, not the root itself",
             ".source",
             _INVALID,
         ),

@@ -132,6 +132,11 @@ class Mount(_Model):
         parts = value.split("/")
         if ".." in parts:
             raise ValueError(f"{value!r}: '..' would leave the storage root")
+        if all(part in ("", ".") for part in parts):
+            raise ValueError(
+                f"{value!r}: a mount source names a folder under the storage root, not the root "
+                "itself (it holds every job's staging files)"
+            )
         if any(c in value for c in ("\0", "\n", ",", ":")):
             raise ValueError(f"{value!r}: mount sources cannot contain NUL, newline, ',' or ':'")
         return value
