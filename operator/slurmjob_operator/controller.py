@@ -516,12 +516,7 @@ class Controller:
             found = await client.find_by_name(attempt.job_name)
         except SlurmError as exc:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
-        mine = [
-            job
-            for job in found
-            if (ident := naming.parse_comment(job.comment)) is None
-            or (ident.uid == ref.uid and ident.attempt == attempt.number)
-        ]
+        mine = [job for job in found if _carries(job, ref, attempt)]
         # One entry per job, as its leader component (a het job's components share a name).
         groups: dict[int, list[SlurmJobView]] = {}
         for job in mine:
@@ -749,8 +744,7 @@ class Controller:
             # An unconfirmed submission may still have created a job: cancel what carries
             # this attempt's name and identity.
             for job in await client.find_by_name(attempt.job_name):
-                ident = naming.parse_comment(job.comment)
-                if ident is None or (ident.uid == ref.uid and ident.attempt == attempt.number):
+                if _carries(job, ref, attempt):
                     await self._cancel_quietly(client, job.job_id)
             return
         target = lifecycle_ref(client, attempt)
@@ -775,6 +769,14 @@ class Controller:
                 return
             await asyncio.sleep(0.5)
         raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+
+
+def _carries(job: SlurmJobView, ref: ObjectRef, attempt: Attempt) -> bool:
+    """Whether a job found by the attempt's name is this attempt's: its comment names the
+    resource's uid and the attempt (a job without our comment, e.g. from accounting where the
+    comment may be cut, is taken on its unique name alone)."""
+    ident = naming.parse_comment(job.comment)
+    return ident is None or (ident.uid == ref.uid and ident.attempt == attempt.number)
 
 
 async def _staged(staging_dir: str) -> bool:
