@@ -4,8 +4,8 @@ v0.0.40+: `GET /jobs/state` for the tracked ids (batched), then `GET /job/{id}` 
 jobs whose state changed since the last sweep. v0.0.38 has no `/jobs/state`: `GET /jobs` with
 `update_time` answers 304 when nothing changed, the whole list otherwise (which then carries
 every detail, so no per-job GET is needed). Either way an unchanged job costs no request of
-its own: the sweep is one request per 500 tracked ids (`SlurmClient.jobs_state` batches). Log tails are re-read only for jobs whose log
-files changed (size or mtime).
+its own: the sweep is one request per 500 tracked ids (`SlurmClient.jobs_state` batches). Log
+tails are re-read only for jobs whose log files changed (size or mtime).
 """
 
 from __future__ import annotations
