@@ -35,7 +35,6 @@ from slurmjob_operator.pipeline import Site, prepare_attempt, stage, verify_runt
 from slurmjob_operator.preflight import PreflightError
 from slurmjob_operator.reconcile import (
     DECLARE_LOST_ANNOTATION,
-    READY,
     SUSPENDED,
     Step,
     Transition,
@@ -43,6 +42,7 @@ from slurmjob_operator.reconcile import (
     confirmed,
     declared_lost,
     invalid_spec,
+    is_lost,
     lost,
     next_step,
     not_retried,
@@ -72,7 +72,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmUnsupported,
 )
 from slurmjob_operator.slurm.http import HttpTransport
-from slurmjob_operator.slurm.jobview import SlurmJobView
+from slurmjob_operator.slurm.jobview import SlurmJobView, by_leader
 from slurmjob_operator.staging import (
     SCRIPT_FILE,
     STDERR_FILE,
@@ -114,13 +114,9 @@ def _generation(body: Mapping[str, Any]) -> int | None:
     return int(value) if value is not None else None
 
 
-def lifecycle_ref(client: SlurmClient, attempt: Attempt) -> int | str:
+def lifecycle_ref(client: SlurmClient, job_id: int, sluid: str | None) -> int | str:
     """The SLUID where the version takes it in paths (v0.0.45), else the numeric job id."""
-    if attempt.sluid and client.dialect.supports_sluid_paths:
-        return attempt.sluid
-    if attempt.job_id is None:
-        raise ValueError("the attempt has no job id")
-    return attempt.job_id
+    return sluid if sluid and client.dialect.supports_sluid_paths else job_id
 
 
 class Controller:
@@ -185,7 +181,7 @@ class Controller:
             if await self.kube.patch_status(ref, patch) is None:
                 raise RetryLater(f"{ref.namespace}/{ref.name} is gone", 0)
             if old.phase != new.phase and new.phase is not None:
-                self.metrics.transitions_total.labels(phase=new.phase.value).inc()
+                self.metrics.count_transition(new.phase)
         for event in transition.events:
             try:
                 await self.kube.post_event(ref, event.type, event.reason, event.message)
@@ -201,13 +197,12 @@ class Controller:
         if status.phase is not None:
             self.phases[ref.uid] = status.phase.value
         attempt = status.current_attempt
-        ready = get_condition(status.conditions, READY)
         live = (
             status.phase is not None
             and not status.phase.is_terminal
             and status.next_attempt_at is None
             # A job Slurm forgot without a trace cannot come back: stop asking for it.
-            and not (ready is not None and ready.reason == "JobLost")
+            and not is_lost(status)
         )
         if live and attempt is not None and attempt.job_id is not None and attempt.confirmed:
             self.tracked[ref.uid] = Tracked(ref, attempt.job_id, attempt.sluid, attempt.staging_dir)
@@ -432,7 +427,7 @@ class Controller:
             # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
             await verify_runtime(prepared, self.settings)
         except ArtifactError as exc:
-            self.metrics.submissions_total.labels(result="rejected").inc()
+            self.metrics.count_submission("rejected")
             await self._apply(
                 ref,
                 status,
@@ -455,7 +450,7 @@ class Controller:
             await stage(prepared, self.settings)
             receipt = await client.submit(launch)
         except SlurmRejected as exc:
-            self.metrics.submissions_total.labels(result="rejected").inc()
+            self.metrics.count_submission("rejected")
             if exc.job_id is not None:
                 # Slurm created a record despite refusing the job (200 + errors): end it.
                 await self._cancel_quietly(client, exc.job_id)
@@ -463,19 +458,19 @@ class Controller:
             await self._apply(ref, recorded, rejected(recorded, str(exc), generation, _now()))
             return
         except SlurmAmbiguous as exc:
-            self.metrics.submissions_total.labels(result="ambiguous").inc()
+            self.metrics.count_submission("ambiguous")
             await self._apply(ref, recorded, unconfirmed(recorded, str(exc), generation, _now()))
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
         except (SlurmError, TokenError, StagingError, OSError) as exc:
-            result = "auth" if isinstance(exc, SlurmAuthError | TokenError) else "transient"
-            self.metrics.submissions_total.labels(result=result).inc()
+            auth = isinstance(exc, SlurmAuthError | TokenError)
+            self.metrics.count_submission("auth" if auth else "transient")
             await aremove_attempt(staging)
-            reason = "SlurmAuthFailed" if result == "auth" else "SubmitFailed"
+            reason = "SlurmAuthFailed" if auth else "SubmitFailed"
             await self._apply(
                 ref, recorded, not_submitted(recorded, reason, str(exc), generation, _now())
             )
             raise RetryLater(str(exc), self._backoff) from exc
-        self.metrics.submissions_total.labels(result="accepted").inc()
+        self.metrics.count_submission("accepted")
         done = await self._apply(
             ref, recorded, submitted(recorded, receipt.job_id, generation, _now())
         )
@@ -518,11 +513,8 @@ class Controller:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
         mine = [job for job in found if _carries(job, ref, attempt)]
         # One entry per job, as its leader component (a het job's components share a name).
-        groups: dict[int, list[SlurmJobView]] = {}
-        for job in mine:
-            groups.setdefault(job.het_job_id or job.job_id, []).append(job)
         leaders = sorted(
-            (_leader(views) for views in groups.values()),
+            (_leader(views) for views in by_leader(mine).values()),
             key=lambda j: (j.sluid or "", j.job_id),
         )
         if not leaders and attempt.staging_dir and not await _staged(attempt.staging_dir):
@@ -561,7 +553,7 @@ class Controller:
                 f"Slurm job {duplicate.job_id} duplicated attempt {attempt.number} "
                 f"(kept {keep.job_id}); cancelled",
             )
-        self.metrics.adoptions_total.labels(how="name").inc()
+        self.metrics.count_adoption("name")
         adopted = await self._apply(
             ref,
             status,
@@ -712,7 +704,10 @@ class Controller:
     async def _from_accounting(self, attempt: Attempt) -> list[SlurmJobView]:
         client = await self.slurm()
         try:
-            return await client.get_job_accounting(lifecycle_ref(client, attempt))
+            assert attempt.job_id is not None
+            return await client.get_job_accounting(
+                lifecycle_ref(client, attempt.job_id, attempt.sluid)
+            )
         except (SlurmUnsupported, SlurmNotFound):
             return []
 
@@ -747,7 +742,7 @@ class Controller:
                 if _carries(job, ref, attempt):
                     await self._cancel_quietly(client, job.job_id)
             return
-        target = lifecycle_ref(client, attempt)
+        target = lifecycle_ref(client, attempt.job_id, attempt.sluid)
         try:
             await client.cancel(target)
         except SlurmNotFound:

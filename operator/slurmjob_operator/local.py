@@ -31,18 +31,16 @@ from slurmjob_operator.api.status import (
     Phase,
     SlurmJobStatus,
     get_condition,
-    merge_patch,
     rfc3339,
 )
 from slurmjob_operator.config import Settings
-from slurmjob_operator.controller import Controller, RetryLater, lifecycle_ref
+from slurmjob_operator.controller import Controller, RetryLater, Tracked, lifecycle_ref
 from slurmjob_operator.kube import ObjectRef, SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.poller import Poller
-from slurmjob_operator.reconcile import Step, changed, next_step, observed
+from slurmjob_operator.reconcile import Step, is_lost, next_step
 from slurmjob_operator.slurm.connect import open_transport
 from slurmjob_operator.slurm.errors import SlurmError
-from slurmjob_operator.states import observe
 
 log = logging.getLogger(__name__)
 
@@ -487,7 +485,7 @@ class LocalRunner:
                 return True
             status = SlurmJobStatus.parse(body.get("status"))
             step = next_step(status)
-            if step is Step.DONE or _lost(status):
+            if step is Step.DONE or is_lost(status):
                 return True
             if step is not Step.TRACK:  # a scheduled retry (or a submission to finish)
                 if not await self._drive(ref):
@@ -524,8 +522,9 @@ class LocalRunner:
         return self.store.load(ref.namespace, ref.name)
 
     async def _record_end(self, ref: ObjectRef) -> None:
-        """After a cancel: fold the job's final state into the status (finalize ends the job
-        and archives the log tails, but leaves the phase to the poller, which is gone here)."""
+        """After a cancel: fold the job's final state into the status as the poller would
+        (finalize ends the job and archives the log tails, but leaves the phase to the poller,
+        which is gone here)."""
         body = self.store.load(ref.namespace, ref.name)
         status = SlurmJobStatus.parse((body or {}).get("status"))
         attempt = status.current_attempt
@@ -535,18 +534,13 @@ class LocalRunner:
             return
         try:
             client = await self.controller.slurm()
-            views = await client.get_job(lifecycle_ref(client, attempt))
+            views = await client.get_job(lifecycle_ref(client, attempt.job_id, attempt.sluid))
         except SlurmError as exc:
             log.warning("cannot read the final state of Slurm job %s: %s", attempt.job_id, exc)
             return
-        if not views:
-            return
-        generation = (body.get("metadata") or {}).get("generation")
-        transition = observed(status, observe(views), generation, datetime.now(tz=UTC))
-        if changed(status, transition.status):
-            await self.store.patch_status(ref, merge_patch(status.dump(), transition.status.dump()))
-        for event in transition.events:
-            await self.store.post_event(ref, event.type, event.reason, event.message)
+        if views:
+            tracked = Tracked(ref, attempt.job_id, attempt.sluid, attempt.staging_dir)
+            await self.controller.refresh(tracked, views)
 
     async def _interrupted(self, ref: ObjectRef) -> LocalResult:
         body = self.store.load(ref.namespace, ref.name)
@@ -649,12 +643,6 @@ class LocalRunner:
                 f"(no {self.store.path(namespace, name)})"
             )
         return body
-
-
-def _lost(status: SlurmJobStatus) -> bool:
-    """Slurm no longer knows the job and has no record of it: Unknown for good."""
-    ready = get_condition(status.conditions, "Ready")
-    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == "JobLost"
 
 
 @contextlib.contextmanager

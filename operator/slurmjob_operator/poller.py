@@ -18,13 +18,12 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.controller import Controller, Tracked, lifecycle_ref
 from slurmjob_operator.logs import tail_signature
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
-from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView
+from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView, by_leader
 from slurmjob_operator.staging import STDERR_FILE, STDOUT_FILE
 
 log = logging.getLogger(__name__)
@@ -49,13 +48,6 @@ def group_states(entries: Iterable[JobStateEntry]) -> dict[int, list[JobStateEnt
     groups: dict[int, list[JobStateEntry]] = defaultdict(list)
     for entry in entries:
         groups[entry.job_id].append(entry)
-    return groups
-
-
-def group_views(views: Iterable[SlurmJobView]) -> dict[int, list[SlurmJobView]]:
-    groups: dict[int, list[SlurmJobView]] = defaultdict(list)
-    for view in views:
-        groups[view.het_job_id or view.job_id].append(view)
     return groups
 
 
@@ -84,11 +76,9 @@ class Poller:
         metrics = controller.metrics
         with metrics.cycle():
             try:
-                expires = controller.token.expires_at
+                metrics.set_token_expiry(controller.token.expires_at)
             except TokenError:
-                expires = None  # reported below, when slurmrestd is asked
-            if expires is not None:
-                metrics.token_expiry_seconds.set((expires - datetime.now(tz=UTC)).total_seconds())
+                metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
             metrics.set_jobs_by_phase(Counter(controller.phases.values()))
             tracked = {t.job_id: t for t in controller.tracked.values()}
             self._forget_untracked(tracked)
@@ -143,7 +133,7 @@ class Poller:
         listing = await client.list_jobs(update_time=self._list_since)
         if listing.not_modified:
             return out
-        groups_v = group_views(listing.jobs)
+        groups_v = by_leader(listing.jobs)
         for job_id, item in tracked.items():
             views = groups_v.get(job_id)
             if views is None:
@@ -159,9 +149,8 @@ class Poller:
     ) -> list[SlurmJobView] | _Skip | None:
         """The job's views, None when Slurm no longer knows it, or SKIP when this one job's
         answer failed (it is asked again next cycle; the other jobs go on)."""
-        attempt = Attempt(number=1, job_name="", job_id=item.job_id, sluid=item.sluid)
         try:
-            return await client.get_job(lifecycle_ref(client, attempt))
+            return await client.get_job(lifecycle_ref(client, item.job_id, item.sluid))
         except SlurmNotFound:
             return None
         except SlurmAuthError:

@@ -455,6 +455,12 @@ def reachability(
     return Transition(new, _flip_event(status, SLURM_REACHABLE, value, event))
 
 
+def is_lost(status: SlurmJobStatus) -> bool:
+    """Slurm forgot the job without a trace (`lost`): Unknown for good, nobody asks again."""
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == "JobLost"
+
+
 def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:
     """The controller no longer knows the job and there is no accounting to ask: Unknown,
     never a resubmit."""

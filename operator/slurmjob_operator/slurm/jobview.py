@@ -166,6 +166,14 @@ class SlurmJobView(BaseModel):
         return self.het_job_id is not None
 
 
+def by_leader(views: Iterable[SlurmJobView]) -> dict[int, list[SlurmJobView]]:
+    """Views grouped by job: a heterogeneous job's components under their leader's id."""
+    groups: dict[int, list[SlurmJobView]] = {}
+    for view in views:
+        groups.setdefault(view.het_job_id or view.job_id, []).append(view)
+    return groups
+
+
 class JobStateEntry(BaseModel):
     """One entry of `GET /jobs/state`: an id as Slurm formats it and the state list.
 
