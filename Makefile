@@ -46,7 +46,7 @@ crd: venv
 	cp crds/slurmjob.io_slurmjobs.yaml charts/slurmjob-operator/crds/slurmjob.io_slurmjobs.yaml
 
 docs: venv
-	$(BIN)/python -m slurmjob_operator.api.docs > docs/crd.md
+	$(BIN)/python -m slurmjob_operator.gen.docs > docs/crd.md
 
 # A person's own test clusters (see README, "Local development cluster"): the same installs and
 # builds as `make test`, then Slurm $(SLURM) and kube-apiserver started (or re-used) and .dev/env

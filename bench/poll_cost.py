@@ -48,15 +48,15 @@ from tests.testbed import slurm as testbed  # noqa: E402
 
 from slurmjob_operator.config import Settings  # noqa: E402
 from slurmjob_operator.controller import Tracked  # noqa: E402
+from slurmjob_operator.controller.poller import Poller  # noqa: E402
+from slurmjob_operator.core.jobview import SlurmJobView  # noqa: E402
 from slurmjob_operator.kube import ObjectRef  # noqa: E402
 from slurmjob_operator.metrics import Metrics  # noqa: E402
-from slurmjob_operator.poller import Poller  # noqa: E402
 from slurmjob_operator.slurm.auth import MintedToken  # noqa: E402
 from slurmjob_operator.slurm.client import SlurmClient  # noqa: E402
 from slurmjob_operator.slurm.connect import connect  # noqa: E402
 from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmTransient  # noqa: E402
 from slurmjob_operator.slurm.http import HttpResponse, HttpTransport  # noqa: E402
-from slurmjob_operator.slurm.jobview import SlurmJobView  # noqa: E402
 
 if TYPE_CHECKING:
     from slurmjob_operator.controller import Controller

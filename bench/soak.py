@@ -66,10 +66,10 @@ from tests.k8s.kube import KubeTestbed, start_testbed  # noqa: E402
 from tests.testbed.slurm import SPECS, SlurmTestbed, start_cluster  # noqa: E402
 
 from slurmjob_operator.config import Settings  # noqa: E402
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView  # noqa: E402
 from slurmjob_operator.slurm.client import SlurmClient  # noqa: E402
 from slurmjob_operator.slurm.connect import connect, open_transport  # noqa: E402
 from slurmjob_operator.slurm.errors import SlurmError  # noqa: E402
-from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView  # noqa: E402
 
 REST_TIMEOUT = 3.0
 KILLS = ("kill-before-post", "kill-after-post", "kill-after-status")

@@ -19,10 +19,10 @@ import yaml
 
 from slurmjob_operator import GROUP, KIND, VERSION
 from slurmjob_operator.api.errors import SpecError
-from slurmjob_operator.catalogs import CatalogError
 from slurmjob_operator.config import ConfigError
-from slurmjob_operator.render import RenderError
-from slurmjob_operator.slurm.versions import NEWEST, SUPPORTED_VERSIONS
+from slurmjob_operator.site.catalogs import CatalogError
+from slurmjob_operator.site.render import RenderError
+from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -56,7 +56,7 @@ def _load_manifest(path: str, stdin: TextIO) -> Mapping[str, Any]:
 
 
 def _cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    from slurmjob_operator.pipeline import render_manifest
+    from slurmjob_operator.controller.pipeline import render_manifest
 
     manifest = _load_manifest(args.file, stdin)
     body = render_manifest(
@@ -67,7 +67,7 @@ def _cmd_render(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 
 
 def _cmd_crd(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    from slurmjob_operator.api.crd import build_crd, to_yaml
+    from slurmjob_operator.gen.crd import build_crd, to_yaml
 
     out.write(to_yaml(build_crd()))
     return EXIT_OK
@@ -113,6 +113,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from slurmjob_operator.api.status import Phase
     from slurmjob_operator.config import Settings
+    from slurmjob_operator.controller.pipeline import render_manifest
     from slurmjob_operator.local import (
         LocalInputError,
         LocalOptions,
@@ -123,7 +124,6 @@ def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         logging_to,
         object_key,
     )
-    from slurmjob_operator.pipeline import render_manifest
 
     err: TextIO = getattr(args, "err", None) or sys.stderr
     if not args.timeout > 0:

@@ -107,7 +107,7 @@ class Settings(BaseModel):
     @field_validator("slurm_rest_api_version")
     @classmethod
     def _version(cls, value: str) -> str:
-        from slurmjob_operator.slurm.versions import SUPPORTED_VERSIONS
+        from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
         if value != AUTO and value not in SUPPORTED_VERSIONS:
             raise ValueError(

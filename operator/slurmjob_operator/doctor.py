@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from slurmjob_operator.artifacts import ArtifactError, artifact_path, averify_artifact
-from slurmjob_operator.catalogs import (
+from slurmjob_operator.config import AUTO, ConfigError, Settings
+from slurmjob_operator.site.artifacts import ArtifactError, artifact_path, averify_artifact
+from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     CatalogError,
     GpuSeriesCatalog,
@@ -23,7 +24,6 @@ from slurmjob_operator.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
-from slurmjob_operator.config import AUTO, ConfigError, Settings
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport

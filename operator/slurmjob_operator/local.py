@@ -35,10 +35,10 @@ from slurmjob_operator.api.status import (
 )
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller, RetryLater, Tracked, lifecycle_ref
+from slurmjob_operator.controller.poller import Poller
+from slurmjob_operator.core.reconcile import Step, is_lost, next_step
 from slurmjob_operator.kube import ObjectRef, SecretError
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.poller import Poller
-from slurmjob_operator.reconcile import Step, is_lost, next_step
 from slurmjob_operator.slurm.connect import open_transport
 from slurmjob_operator.slurm.errors import SlurmError
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 from tests.integration.sitefiles import runtime_id
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
-from slurmjob_operator.slurm.jobview import SlurmJobView
 
 OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
 

@@ -38,9 +38,9 @@ from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
-from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from tests.integration.sitefiles import site_env
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 
 pytestmark = pytest.mark.integration
 

@@ -24,12 +24,17 @@ from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.config import Settings
-from slurmjob_operator.pipeline import PreparedAttempt, Site, prepare_attempt, stage_and_submit
+from slurmjob_operator.controller.pipeline import (
+    PreparedAttempt,
+    Site,
+    prepare_attempt,
+    stage_and_submit,
+)
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.auth import MintedToken
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmRejected
-from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
 
 pytestmark = pytest.mark.integration
 

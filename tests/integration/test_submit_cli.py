@@ -19,7 +19,7 @@ from tests.integration.helpers import OPERATOR, cpu_spec, slurm_job
 from tests.integration.sitefiles import site_env
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.slurm.jobview import BaseState, SlurmJobView
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slurmjob_operator.launch import JobComponent, LaunchRequest
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SAMPLES = SHARED / "slurm-samples"

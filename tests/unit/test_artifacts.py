@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from slurmjob_operator import artifacts
-from slurmjob_operator.artifacts import (
+from slurmjob_operator.config import Settings
+from slurmjob_operator.site import artifacts
+from slurmjob_operator.site.artifacts import (
     ArtifactError,
     artifact_path,
     averify_artifact,
     clear_cache,
     verify_artifact,
 )
-from slurmjob_operator.catalogs import RuntimeArtifact
-from slurmjob_operator.config import Settings
+from slurmjob_operator.site.catalogs import RuntimeArtifact
 
 
 @pytest.fixture(autouse=True)

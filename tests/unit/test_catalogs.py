@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmjob_operator.catalogs import (
+from slurmjob_operator.config import RuntimeProfile
+from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     ArtifactFormat,
     CatalogError,
@@ -15,7 +16,6 @@ from slurmjob_operator.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
-from slurmjob_operator.config import RuntimeProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "a" * 64

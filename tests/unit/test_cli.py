@@ -12,7 +12,7 @@ import yaml
 
 from slurmjob_operator.cli import EXIT_INVALID, EXIT_OK, main
 from slurmjob_operator.config import Settings
-from slurmjob_operator.slurm.versions import SUPPORTED_VERSIONS
+from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
-from slurmjob_operator.api.crd import FIELD_RULES, MODEL_RULES, build_crd, to_yaml
 from slurmjob_operator.api.errors import SpecError, parse_spec
+from slurmjob_operator.gen.crd import FIELD_RULES, MODEL_RULES, build_crd, to_yaml
 
 from .test_spec import CASES, Case, cpu_spec, gpu_spec, het_spec
 
@@ -155,13 +155,13 @@ def apiserver_errors(obj: dict[str, Any]) -> list[str]:
 
 def test_crd_file_is_generated() -> None:
     assert CRD_FILE.read_text(encoding="utf-8") == to_yaml(build_crd()), (
-        "crds/slurmjob.io_slurmjobs.yaml is stale: run `python -m slurmjob_operator.api.crd`"
+        "crds/slurmjob.io_slurmjobs.yaml is stale: run `python -m slurmjob_operator.gen.crd`"
     )
 
 
 def test_module_prints_the_crd() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "slurmjob_operator.api.crd"],
+        [sys.executable, "-m", "slurmjob_operator.gen.crd"],
         capture_output=True,
         text=True,
         check=True,

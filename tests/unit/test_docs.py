@@ -1,6 +1,6 @@
 """The docs that are generated from, or must cover, the code: they cannot drift.
 
-* docs/crd.md is the output of `python -m slurmjob_operator.api.docs`;
+* docs/crd.md is the output of `python -m slurmjob_operator.gen.docs`;
 * docs/configuration.md lists every setting (with its default) and every Helm value;
 * the Grafana dashboard queries only metrics the operator exports;
 * the SlurmJob inside the Argo Workflows example is valid against the CRD.
@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from slurmjob_operator.api import docs
+from slurmjob_operator.gen import docs
 from slurmjob_operator.config import Settings
 from slurmjob_operator.metrics import Metrics
 
@@ -33,7 +33,7 @@ WORKFLOW = ROOT / "examples" / "argo" / "workflow.yaml"
 def test_crd_reference_is_generated() -> None:
     text = (ROOT / "docs" / "crd.md").read_text()
     assert text == docs.render(), (
-        "docs/crd.md is stale: python -m slurmjob_operator.api.docs > docs/crd.md"
+        "docs/crd.md is stale: python -m slurmjob_operator.gen.docs > docs/crd.md"
     )
 
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmjob_operator import logs
 from slurmjob_operator.api.status import Logs, LogTail
-from slurmjob_operator.logs import (
+from slurmjob_operator.storage import logs
+from slurmjob_operator.storage.logs import (
     aread_logs,
     aread_tail,
     read_logs,

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from slurmjob_operator.controller import Tracked
+from slurmjob_operator.controller.poller import Poller
+from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
 from slurmjob_operator.kube import ObjectRef
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.poller import Poller
 from slurmjob_operator.slurm.client import JobListResult
 from slurmjob_operator.slurm.errors import SlurmNotFound
-from slurmjob_operator.slurm.jobview import BaseState, JobStateEntry, SlurmJobView
 
 
 @dataclass

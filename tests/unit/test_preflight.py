@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from slurmjob_operator.catalogs import ArtifactFormat
 from slurmjob_operator.config import Settings
-from slurmjob_operator.preflight import (
+from slurmjob_operator.site.catalogs import ArtifactFormat
+from slurmjob_operator.site.preflight import (
     PreflightError,
     acheck_rendered,
     check_rendered,
     find_shellcheck,
     shellcheck_script,
 )
-from slurmjob_operator.render import RenderedAttempt, render_attempt
-from slurmjob_operator.staging import StagedFile
+from slurmjob_operator.site.render import RenderedAttempt, render_attempt
+from slurmjob_operator.storage.staging import StagedFile
 
 from .test_render_support import fixed_artifact, make_context, make_spec
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
-from slurmjob_operator.reconcile import (
+from slurmjob_operator.core.reconcile import (
     READY,
     SUBMITTED,
     SUCCEEDED,
@@ -27,7 +27,7 @@ from slurmjob_operator.reconcile import (
     unconfirmed,
     waiting,
 )
-from slurmjob_operator.states import Observation
+from slurmjob_operator.core.states import Observation
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -248,7 +248,7 @@ def test_attempt_model_round_trip() -> None:
 
 
 def test_declared_lost_unblocks_a_new_attempt() -> None:
-    from slurmjob_operator.reconcile import declared_lost
+    from slurmjob_operator.core.reconcile import declared_lost
 
     t = declared_lost(unconfirmed(recorded(), "reset", 1, T0).status, 1, T0)
     attempt = t.status.current_attempt
@@ -265,14 +265,19 @@ def test_declared_lost_unblocks_a_new_attempt() -> None:
 
 
 def test_declared_lost_ignores_a_confirmed_attempt() -> None:
-    from slurmjob_operator.reconcile import declared_lost
+    from slurmjob_operator.core.reconcile import declared_lost
 
     status = running_status()
     assert declared_lost(status, 1, T0).status == status
 
 
 def test_suspension_and_reachability_post_only_on_flips() -> None:
-    from slurmjob_operator.reconcile import SLURM_REACHABLE, SUSPENDED, reachability, suspension
+    from slurmjob_operator.core.reconcile import (
+        SLURM_REACHABLE,
+        SUSPENDED,
+        reachability,
+        suspension,
+    )
 
     t = suspension(SlurmJobStatus(), True, "Suspended", "spec.suspend is true", 1, T0)
     assert t.status.phase is Phase.PENDING
@@ -293,8 +298,8 @@ def test_suspension_and_reachability_post_only_on_flips() -> None:
 
 def test_a_retry_whose_submit_failed_stays_scheduled() -> None:
     from slurmjob_operator.api.spec import RetrySpec
-    from slurmjob_operator.reconcile import retry_scheduled
-    from slurmjob_operator.retries import decide
+    from slurmjob_operator.core.reconcile import retry_scheduled
+    from slurmjob_operator.core.retries import decide
 
     node_fail = obs(Phase.FAILED, final=True, native_state="NODE_FAIL")
     first = observed(running_status(), node_fail, 1, T0).status

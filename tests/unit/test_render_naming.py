@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmjob_operator import naming
+from slurmjob_operator.core import naming
 
 UID = "3f2a9c1e-7b4d-4e8a-9c21-5d6e7f809a1b"
 LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slurmjob_operator.api.spec import DNS_LABEL_RE
 from slurmjob_operator.config import RuntimeProfile, Settings
-from slurmjob_operator.render import render_attempt
+from slurmjob_operator.site.render import render_attempt
 
 from .test_render_support import (
     command_step,

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.catalogs import ArtifactFormat, GpuSeries, RuntimeArtifact
 from slurmjob_operator.config import RuntimeProfile, Settings
-from slurmjob_operator.render import RenderContext, RenderedAttempt
-from slurmjob_operator.staging import stage_attempt
+from slurmjob_operator.site.catalogs import ArtifactFormat, GpuSeries, RuntimeArtifact
+from slurmjob_operator.site.render import RenderContext, RenderedAttempt
+from slurmjob_operator.storage.staging import stage_attempt
 
 UID = "3f2a9c1e-7b4d-4e8a-9c21-5d6e7f809a1b"
 SERIES = {

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from slurmjob_operator.api.spec import RetryAction, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.reconcile import (
+from slurmjob_operator.core.reconcile import (
     Step,
     confirmed,
     next_step,
@@ -18,8 +18,8 @@ from slurmjob_operator.reconcile import (
     retry_scheduled,
     submitted,
 )
-from slurmjob_operator.retries import MAX_BACKOFF_SECONDS, MAX_IGNORED, decide
-from slurmjob_operator.states import Observation
+from slurmjob_operator.core.retries import MAX_BACKOFF_SECONDS, MAX_IGNORED, decide
+from slurmjob_operator.core.states import Observation
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

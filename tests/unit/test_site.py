@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from slurmjob_operator.api.errors import SpecError, parse_spec
-from slurmjob_operator.api.site import SiteResolution, resolve_site
 from slurmjob_operator.api.spec import Framework, Pool, SlurmJobSpec
-from slurmjob_operator.catalogs import (
+from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.site.catalogs import (
     GpuSeries,
     GpuSeriesCatalog,
     RuntimeArtifact,
@@ -19,7 +19,7 @@ from slurmjob_operator.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
-from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.site.resolve import SiteResolution, resolve_site
 
 from .test_spec import changed, cpu_spec, gpu_spec, het_spec
 

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from slurmjob_operator.launch import LaunchRequest
+from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.dialects import dialect_for
-from slurmjob_operator.slurm.versions import SUPPORTED_VERSIONS
+from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
 from .slurm_fakes import S2205, S2605, SAMPLES, cpu_request, gpu_request, het_request, sample
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
+from slurmjob_operator.core.jobview import BaseState, JobSource
 from slurmjob_operator.slurm.client import SlurmClient, discover_version, pick_version
 from slurmjob_operator.slurm.errors import (
     SlurmAmbiguous,
@@ -20,7 +21,6 @@ from slurmjob_operator.slurm.errors import (
     SlurmUnsupported,
 )
 from slurmjob_operator.slurm.http import HttpTransport
-from slurmjob_operator.slurm.jobview import BaseState, JobSource
 
 from .raw_http import GET_404_2605, SUBMIT_422_2605, raw_server
 from .slurm_fakes import S2205, S2605, SAMPLES, FakeSlurm, cpu_request, envelope, sample

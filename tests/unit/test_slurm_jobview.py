@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmjob_operator.slurm.jobview import (
+from slurmjob_operator.core.jobview import (
     BaseState,
     JobStateEntry,
     SlurmJobView,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmjob_operator.core.jobview import BaseState, JobExit, JobSource
 from slurmjob_operator.slurm.dialects import dialect_for, parse_envelope
 from slurmjob_operator.slurm.errors import (
     SlurmAuthError,
@@ -15,7 +16,6 @@ from slurmjob_operator.slurm.errors import (
     classify,
     is_auth_failure,
 )
-from slurmjob_operator.slurm.jobview import BaseState, JobExit, JobSource
 
 from .slurm_fakes import S2205, S2605, SAMPLES, sample, sample_json_22
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmjob_operator import naming
 from slurmjob_operator.config import Settings
-from slurmjob_operator.staging import (
+from slurmjob_operator.core import naming
+from slurmjob_operator.storage.staging import (
     StagedFile,
     StagingError,
     aremove_attempt,

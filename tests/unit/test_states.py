@@ -13,14 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurmjob_operator.api.status import CONDITION_REASON_RE, Phase
-from slurmjob_operator.slurm.jobview import (
+from slurmjob_operator.core.jobview import (
     FLAG_SHOWN_AS_STATE,
     BaseState,
     JobExit,
     SlurmJobView,
     normalise_state,
 )
-from slurmjob_operator.states import (
+from slurmjob_operator.core.states import (
     BASE_STATE_RULES,
     FLAG_PRECEDENCE,
     FLAG_RULES,

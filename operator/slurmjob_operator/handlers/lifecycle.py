@@ -12,9 +12,9 @@ import kopf
 from slurmjob_operator import GROUP
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.poller import Poller
 from slurmjob_operator.slurm.connect import open_transport
 
 log = logging.getLogger(__name__)

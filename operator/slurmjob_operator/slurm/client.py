@@ -21,7 +21,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from slurmjob_operator.launch import LaunchRequest
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView
+from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.dialects import (
     CancelResult,
@@ -44,9 +45,8 @@ from slurmjob_operator.slurm.errors import (
     classify,
 )
 from slurmjob_operator.slurm.http import ConnectError, ExchangeError, HttpTransport
-from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView
 from slurmjob_operator.slurm.nodes import NodeInfo, parse_nodes, parse_partition_names
-from slurmjob_operator.slurm.versions import SUPPORTED_VERSIONS, version_key
+from slurmjob_operator.versions import SUPPORTED_VERSIONS, version_key
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from slurmjob_operator.launch import LaunchRequest
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, normalise_state
+from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.errors import SlurmMessage, SlurmUnsupported
-from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView, normalise_state
 
 JsonObject = Mapping[str, Any]
 

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmjob_operator.launch import JobComponent, LaunchRequest
+from slurmjob_operator.core.jobview import (
+    ACTIVE_STATES,
+    JobExit,
+    JobSource,
+    SlurmJobView,
+    normalise_state,
+    split_wait_status,
+)
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 from slurmjob_operator.slurm.dialects.common import (
     CancelResult,
     ControllerPing,
@@ -35,14 +43,6 @@ from slurmjob_operator.slurm.dialects.common import (
     parse_envelope,
     reason_text,
     zero_as_none,
-)
-from slurmjob_operator.slurm.jobview import (
-    ACTIVE_STATES,
-    JobExit,
-    JobSource,
-    SlurmJobView,
-    normalise_state,
-    split_wait_status,
 )
 
 VERSION = "v0.0.38"

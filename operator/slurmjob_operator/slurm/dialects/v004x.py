@@ -24,7 +24,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmjob_operator.launch import JobComponent, LaunchRequest
+from slurmjob_operator.core.jobview import (
+    ACTIVE_STATES,
+    BaseState,
+    JobExit,
+    JobSource,
+    JobStateEntry,
+    SlurmJobView,
+    normalise_state,
+)
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 from slurmjob_operator.slurm.dialects.common import (
     CancelResult,
     ControllerPing,
@@ -50,16 +59,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmNotFound,
     SlurmRejected,
 )
-from slurmjob_operator.slurm.jobview import (
-    ACTIVE_STATES,
-    BaseState,
-    JobExit,
-    JobSource,
-    JobStateEntry,
-    SlurmJobView,
-    normalise_state,
-)
-from slurmjob_operator.slurm.versions import version_key
+from slurmjob_operator.versions import version_key
 
 VERSIONS: tuple[str, ...] = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 

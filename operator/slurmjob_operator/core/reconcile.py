@@ -22,8 +22,8 @@ from slurmjob_operator.api.status import (
     rfc3339,
     set_condition,
 )
-from slurmjob_operator.retries import RetryDecision
-from slurmjob_operator.states import Observation
+from slurmjob_operator.core.retries import RetryDecision
+from slurmjob_operator.core.states import Observation
 
 SUBMITTED = "Submitted"
 RUNNING = "Running"

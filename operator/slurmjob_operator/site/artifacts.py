@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import NamedTuple
 
-from slurmjob_operator.catalogs import ArtifactFormat, RuntimeArtifact
 from slurmjob_operator.config import Settings
+from slurmjob_operator.site.catalogs import ArtifactFormat, RuntimeArtifact
 
 CHUNK = 1024 * 1024
 

@@ -9,21 +9,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmjob_operator.api.errors import parse_spec
-from slurmjob_operator.api.site import SiteResolution, resolve_site
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.artifacts import artifact_path, averify_artifact
-from slurmjob_operator.catalogs import (
+from slurmjob_operator.config import Settings
+from slurmjob_operator.site.artifacts import artifact_path, averify_artifact
+from slurmjob_operator.site.catalogs import (
     GpuSeriesCatalog,
     RuntimeRegistry,
     load_gpu_series,
     load_runtime_registry,
 )
-from slurmjob_operator.config import Settings
-from slurmjob_operator.preflight import check_rendered
-from slurmjob_operator.render import RenderContext, RenderedAttempt, render_attempt
+from slurmjob_operator.site.preflight import check_rendered
+from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
+from slurmjob_operator.site.resolve import SiteResolution, resolve_site
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.dialects import SubmitReceipt, dialect_for
-from slurmjob_operator.staging import astage_attempt, parse_owner
+from slurmjob_operator.storage.staging import astage_attempt, parse_owner
 
 #: Used by `render` when no resource exists yet: the uid only shapes names and paths.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from slurmjob_operator.api.spec import ExitCodes, RetryAction, RetryRule, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase
-from slurmjob_operator.states import Observation
+from slurmjob_operator.core.states import Observation
 
 #: Attempts an Ignore rule may add on top of `limit` (so a rule cannot loop forever).
 MAX_IGNORED = 10

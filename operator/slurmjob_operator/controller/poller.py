@@ -19,12 +19,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from slurmjob_operator.controller import Controller, Tracked, lifecycle_ref
-from slurmjob_operator.logs import tail_signature
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
-from slurmjob_operator.slurm.jobview import JobStateEntry, SlurmJobView, by_leader
-from slurmjob_operator.staging import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.storage.logs import tail_signature
+from slurmjob_operator.storage.staging import STDERR_FILE, STDOUT_FILE
 
 log = logging.getLogger(__name__)
 

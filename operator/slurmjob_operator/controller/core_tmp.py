@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmjob_operator import naming
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import (
@@ -26,14 +25,11 @@ from slurmjob_operator.api.status import (
     get_condition,
     merge_patch,
 )
-from slurmjob_operator.artifacts import ArtifactError
 from slurmjob_operator.config import Settings
-from slurmjob_operator.kube import ObjectRef, ResourceStore, SecretError
-from slurmjob_operator.logs import aread_logs
-from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.pipeline import Site, prepare_attempt, stage, verify_runtime
-from slurmjob_operator.preflight import PreflightError
-from slurmjob_operator.reconcile import (
+from slurmjob_operator.controller.pipeline import Site, prepare_attempt, stage, verify_runtime
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.jobview import SlurmJobView, by_leader
+from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
     SUSPENDED,
     Step,
@@ -58,8 +54,13 @@ from slurmjob_operator.reconcile import (
     waiting,
     with_logs,
 )
-from slurmjob_operator.render import RenderError
-from slurmjob_operator.retries import decide
+from slurmjob_operator.core.retries import decide
+from slurmjob_operator.core.states import Observation, observe
+from slurmjob_operator.kube import ObjectRef, ResourceStore, SecretError
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.artifacts import ArtifactError
+from slurmjob_operator.site.preflight import PreflightError
+from slurmjob_operator.site.render import RenderError
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider
@@ -72,8 +73,8 @@ from slurmjob_operator.slurm.errors import (
     SlurmUnsupported,
 )
 from slurmjob_operator.slurm.http import HttpTransport
-from slurmjob_operator.slurm.jobview import SlurmJobView, by_leader
-from slurmjob_operator.staging import (
+from slurmjob_operator.storage.logs import aread_logs
+from slurmjob_operator.storage.staging import (
     SCRIPT_FILE,
     STDERR_FILE,
     STDOUT_FILE,
@@ -82,7 +83,6 @@ from slurmjob_operator.staging import (
     aremove_resource_dir,
     aremove_secrets,
 )
-from slurmjob_operator.states import Observation, observe
 
 log = logging.getLogger(__name__)
 

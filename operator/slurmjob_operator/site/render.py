@@ -23,12 +23,17 @@ from typing import Any
 
 import jinja2
 
-from slurmjob_operator import naming
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.catalogs import PROFILE_FORMAT, ArtifactFormat, GpuSeries, RuntimeArtifact
 from slurmjob_operator.config import Settings
-from slurmjob_operator.launch import JobComponent, LaunchRequest
-from slurmjob_operator.staging import (
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest
+from slurmjob_operator.site.catalogs import (
+    PROFILE_FORMAT,
+    ArtifactFormat,
+    GpuSeries,
+    RuntimeArtifact,
+)
+from slurmjob_operator.storage.staging import (
     ENV_FILE,
     SCRIPT_FILE,
     SECRETS_FILE,
@@ -146,11 +151,11 @@ class RenderedAttempt:
 
 def packaged_templates_dir() -> Path:
     """The templates shipped in the wheel, or the repository's `templates/` (editable)."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "templates"
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "templates"
     if packaged.is_dir():
         return packaged
-    return here.parent.parent / "templates"
+    return package.parent.parent / "templates"
 
 
 @functools.lru_cache(maxsize=8)

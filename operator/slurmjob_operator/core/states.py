@@ -30,7 +30,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict
 
 from slurmjob_operator.api.status import Phase
-from slurmjob_operator.slurm.jobview import ACTIVE_STATES, BaseState, SlurmJobView
+from slurmjob_operator.core.jobview import ACTIVE_STATES, BaseState, SlurmJobView
 
 __all__ = [
     "BASE_STATE_RULES",

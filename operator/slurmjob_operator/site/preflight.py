@@ -26,8 +26,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurmjob_operator.render import RenderedAttempt
-from slurmjob_operator.staging import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
+from slurmjob_operator.site.render import RenderedAttempt
+from slurmjob_operator.storage.staging import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
 
 MIN_SECRET_LENGTH = 4
 _BASH_TIMEOUT = 30.0

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurmjob_operator import naming
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core import naming
 
 SCRIPT_FILE = "job.sh"
 ENV_FILE = "job.env"

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.catalogs import (
+from slurmjob_operator.config import Settings
+from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     GpuSeries,
     GpuSeriesCatalog,
     RuntimeArtifact,
     RuntimeRegistry,
 )
-from slurmjob_operator.config import Settings
 
 _MAX_LISTED = 10
 

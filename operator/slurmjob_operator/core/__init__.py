@@ -1,0 +1,1 @@
+"""The pure decision core: no I/O, no adapter imports (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Build-time generators: the CRD and its reference page."""

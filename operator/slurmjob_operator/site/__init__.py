@@ -1,0 +1,1 @@
+"""The platform's trusted site: catalogs, runtime artifacts, site resolution, the batch script."""

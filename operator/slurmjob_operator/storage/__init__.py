@@ -1,0 +1,1 @@
+"""The shared filesystem: per-attempt staging directories and log tails."""
