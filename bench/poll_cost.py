@@ -46,11 +46,11 @@ if str(ROOT) not in sys.path:  # `tests.testbed` lives next to the package, not 
 
 from tests.testbed import slurm as testbed  # noqa: E402
 
+from slurmjob_operator.api.resource import ObjectRef  # noqa: E402
 from slurmjob_operator.config import Settings  # noqa: E402
 from slurmjob_operator.controller import Tracked  # noqa: E402
 from slurmjob_operator.controller.poller import Poller  # noqa: E402
 from slurmjob_operator.core.jobview import SlurmJobView  # noqa: E402
-from slurmjob_operator.kube import ObjectRef  # noqa: E402
 from slurmjob_operator.metrics import Metrics  # noqa: E402
 from slurmjob_operator.slurm.auth import MintedToken  # noqa: E402
 from slurmjob_operator.slurm.client import SlurmClient  # noqa: E402
@@ -172,13 +172,18 @@ class BenchController:
         self.metrics = metrics
         self.token = token
         self.settings = SimpleNamespace(poll_interval=10.0)
-        self.phases: dict[str, str] = {}
         self.tracked = {
             f"uid-{i}": Tracked(ObjectRef("bench", f"job-{i}", f"uid-{i}"), i, None, None)
             for i in job_ids
         }
         self.refreshed = 0
         self.failures: list[str] = []
+
+    def followed(self) -> list[Tracked]:
+        return list(self.tracked.values())
+
+    def phase_counts(self) -> dict[str, int]:
+        return {}
 
     async def slurm(self) -> SlurmClient:
         return self.client

@@ -6,6 +6,7 @@ that need a working slurmrestd connection are skipped (not failed twice) when it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import tempfile
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from slurmjob_operator.config import AUTO, ConfigError, Settings
-from slurmjob_operator.site.artifacts import ArtifactError, artifact_path, averify_artifact
+from slurmjob_operator.site.artifacts import ArtifactError, artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     CatalogError,
@@ -101,7 +102,7 @@ async def _check_runtimes(settings: Settings, registry: RuntimeRegistry, report:
             continue
         try:
             path = artifact_path(settings, runtime)
-            await averify_artifact(path, runtime)
+            await asyncio.to_thread(verify_artifact, path, runtime)
         except ArtifactError as exc:
             report.add(name, Outcome.FAIL, str(exc))
         else:

@@ -11,7 +11,6 @@ import base64
 import binascii
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,8 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
+from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.times import rfc3339
 
 COMPONENT = "slurmjob-operator"
 _MERGE_PATCH = "application/merge-patch+json"
@@ -29,18 +30,6 @@ _counter = itertools.count()
 
 class SecretError(LookupError):
     """A referenced Secret or key is missing: the user must create it; nothing is submitted."""
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    namespace: str
-    name: str
-    uid: str
-
-    @classmethod
-    def of(cls, body: Mapping[str, Any]) -> ObjectRef:
-        meta = body.get("metadata") or {}
-        return cls(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
 
 
 class ResourceStore(Protocol):
@@ -150,8 +139,8 @@ class KubeApi:
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
             "reportingInstance": COMPONENT,
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
             "count": 1,
         }
         await self._core.create_namespaced_event(ref.namespace, body)

@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import signal
-import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,20 +26,19 @@ from typing import Any, TextIO
 import yaml
 
 from slurmjob_operator import GROUP, KIND, VERSION
-from slurmjob_operator.api.status import (
-    Phase,
-    SlurmJobStatus,
-    get_condition,
-    rfc3339,
-)
+from slurmjob_operator.api import patch as merge_patch
+from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.config import Settings
-from slurmjob_operator.controller import Controller, RetryLater, Tracked, lifecycle_ref
+from slurmjob_operator.controller import Controller, RetryLater, Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.reconcile import Step, is_lost, next_step
-from slurmjob_operator.kube import ObjectRef, SecretError
+from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.connect import open_transport
 from slurmjob_operator.slurm.errors import SlurmError
+from slurmjob_operator.storage.files import write_atomically
+from slurmjob_operator.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -69,57 +67,6 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(xdg) / APP_DIR
     home = env.get("HOME") or str(Path.home())
     return Path(home) / ".local" / "state" / APP_DIR
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: `patch` applied to `target` (neither is modified; a new value is returned).
-
-    An object patch merges key by key (null removes the key, objects recurse, anything else
-    replaces); a patch that is not an object replaces the target as a whole.
-    """
-    if not isinstance(patch, Mapping):
-        return patch
-    result: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = apply_merge_patch(result.get(key), value)
-    return result
-
-
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` so that a reader sees the old or the new file, never a mix
-    (temporary file in the same directory, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _create_exclusively(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write a new `path` atomically; FileExistsError when it already exists."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.link(tmp, path)  # fails when the name exists: nothing is overwritten
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def load_secrets_file(path: Path) -> dict[str, dict[str, str]]:
@@ -192,13 +139,15 @@ class LocalStore:
     def save(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
         path = self.path(str(meta.get("namespace")), str(meta.get("name")))
-        write_atomically(path, json.dumps(body, indent=2) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, (json.dumps(body, indent=2) + "\n").encode())
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Store a new object; FileExistsError when one of that name exists."""
         meta = body.get("metadata") or {}
         path = self.path(str(meta.get("namespace")), str(meta.get("name")))
-        _create_exclusively(path, json.dumps(body, indent=2) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, (json.dumps(body, indent=2) + "\n").encode(), exclusive=True)
         return dict(body)
 
     def remove(self, namespace: str, name: str) -> bool:
@@ -232,7 +181,7 @@ class LocalStore:
         if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
             return None
         before = (body.get("status") or {}).get("phase")
-        body["status"] = apply_merge_patch(body.get("status") or {}, dict(patch))
+        body["status"] = merge_patch.apply(body.get("status") or {}, dict(patch))
         self.save(body)
         after = body["status"].get("phase") if isinstance(body["status"], dict) else None
         if after != before and after is not None:
@@ -491,9 +440,9 @@ class LocalRunner:
                 if not await self._drive(ref):
                     return False
                 continue
-            if ref.uid not in self.controller.tracked:
+            if not self.controller.registry.is_followed(ref.uid):
                 self.controller.observe_body(body)
-                if ref.uid not in self.controller.tracked:
+                if not self.controller.registry.is_followed(ref.uid):
                     return True  # nothing left to follow
             remaining = self._remaining()
             if remaining <= 0:
@@ -510,7 +459,7 @@ class LocalRunner:
             if body is None:
                 return None
             try:
-                await self.controller.finalize(ref, body)
+                await self.controller.finalize(body)
                 break
             except RetryLater as exc:
                 if attempt == _FINALIZE_TRIES - 1:
@@ -534,7 +483,7 @@ class LocalRunner:
             return
         try:
             client = await self.controller.slurm()
-            views = await client.get_job(lifecycle_ref(client, attempt.job_id, attempt.sluid))
+            views = await client.get_job(client.lifecycle_ref(attempt.job_id, attempt.sluid))
         except SlurmError as exc:
             log.warning("cannot read the final state of Slurm job %s: %s", attempt.job_id, exc)
             return
@@ -624,7 +573,7 @@ class LocalRunner:
                 return await self._interrupted(ref)
             if not done:
                 return self._timed_out(ref)
-        elif ref.uid in self.controller.tracked:
+        elif self.controller.registry.is_followed(ref.uid):
             await Poller(self.controller).cycle()
         return LocalResult(self.store.load(namespace, name))
 

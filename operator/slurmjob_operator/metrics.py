@@ -18,12 +18,13 @@ import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, get_args
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slurmjob_operator.api.status import Phase
+from slurmjob_operator.core.decisions import SubmissionResult
 
 __all__ = [
     "PREFIX",
@@ -35,7 +36,6 @@ __all__ = [
 
 PREFIX: Final = "slurmjob_operator"
 
-SubmissionResult = Literal["accepted", "rejected", "ambiguous", "transient", "auth"]
 SUBMISSION_RESULTS: tuple[str, ...] = get_args(SubmissionResult)
 
 # slurmrestd answers in milliseconds for one job and takes seconds for a full /jobs at scale.

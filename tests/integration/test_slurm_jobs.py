@@ -28,15 +28,26 @@ from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
     Site,
     prepare_attempt,
-    stage_and_submit,
+    stage,
+    verify_runtime,
 )
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.auth import MintedToken
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
+from slurmjob_operator.slurm.dialects import SubmitReceipt
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmRejected
 
 pytestmark = pytest.mark.integration
+
+
+async def stage_and_submit(
+    client: SlurmClient, prepared: PreparedAttempt, settings: Settings
+) -> SubmitReceipt:
+    """The controller's order: verify the artifact, write the attempt's files, POST once."""
+    verify_runtime(prepared, settings)
+    stage(prepared, settings)
+    return await client.submit(prepared.rendered.launch)
 
 
 @dataclass(frozen=True)

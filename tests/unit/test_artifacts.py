@@ -15,7 +15,6 @@ from slurmjob_operator.site import artifacts
 from slurmjob_operator.site.artifacts import (
     ArtifactError,
     artifact_path,
-    averify_artifact,
     clear_cache,
     verify_artifact,
 )
@@ -70,14 +69,6 @@ def test_large_file_hashes_in_chunks(tmp_path: Path) -> None:
     data = squashfs(os.urandom(artifacts.CHUNK * 2 + 17))
     path, artifact = write(tmp_path, "rt/big.sqsh", data)
     verify_artifact(path, artifact)
-
-
-async def test_async_wrapper(tmp_path: Path) -> None:
-    path, artifact = write(tmp_path, "rt/a.sqsh", squashfs(b"abc"))
-    await averify_artifact(path, artifact)
-    path.write_bytes(b"nope")
-    with pytest.raises(ArtifactError, match="not a SquashFS image"):
-        await averify_artifact(path, artifact)
 
 
 def test_missing(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,18 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
+from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.cli import EXIT_INVALID, main
 from slurmjob_operator.config import Settings
-from slurmjob_operator.kube import ObjectRef, SecretError
+from slurmjob_operator.kube import SecretError
 from slurmjob_operator.local import (
     LocalInputError,
     LocalStore,
-    apply_merge_patch,
     default_state_dir,
     load_secrets_file,
     new_object,
     object_key,
-    write_atomically,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,35 +36,6 @@ def _body(name: str = "job", namespace: str = "team-a", uid: str = "u-1") -> dic
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": 1},
         "spec": {"command": ["true"]},
     }
-
-
-# -- RFC 7386 ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("target", "patch", "result"),
-    [
-        ({"a": "b"}, {"a": "c"}, {"a": "c"}),
-        ({"a": "b"}, {"b": "c"}, {"a": "b", "b": "c"}),
-        ({"a": "b"}, {"a": None}, {}),
-        ({"a": "b", "b": "c"}, {"a": None}, {"b": "c"}),
-        ({"a": ["b"]}, {"a": "c"}, {"a": "c"}),
-        ({"a": "c"}, {"a": ["b"]}, {"a": ["b"]}),
-        ({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}, {"a": {"b": "d"}}),
-        ({"a": [{"b": "c"}]}, {"a": [1]}, {"a": [1]}),
-        (["a", "b"], ["c", "d"], ["c", "d"]),
-        ({"a": "b"}, ["c"], ["c"]),
-        ({"a": "foo"}, None, None),
-        ({"a": "foo"}, "bar", "bar"),
-        ({"e": None}, {"a": 1}, {"e": None, "a": 1}),
-        ([1, 2], {"a": "b", "c": None}, {"a": "b"}),
-        ({}, {"a": {"bb": {"ccc": None}}}, {"a": {"bb": {}}}),
-    ],
-)
-def test_merge_patch_follows_rfc7386(target: Any, patch: Any, result: Any) -> None:
-    before = json.dumps(target)
-    assert apply_merge_patch(target, patch) == result
-    assert json.dumps(target) == before, "the target is not modified"
 
 
 # -- the store --------------------------------------------------------------------------
@@ -129,31 +98,6 @@ def test_remove(tmp_path: Path) -> None:
     assert store.remove("team-a", "job") is True
     assert store.remove("team-a", "job") is False
     assert store.load("team-a", "job") is None
-
-
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "ns" / "obj.json"
-    write_atomically(path, "old\n")
-
-    def broken_replace(src: str, dst: str) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError, match="No space"):
-        write_atomically(path, "new\n")
-    assert path.read_text() == "old\n"
-    assert [p.name for p in path.parent.iterdir()] == ["obj.json"]
-
-
-def test_a_write_replaces_the_file_by_rename(tmp_path: Path) -> None:
-    path = tmp_path / "obj.json"
-    write_atomically(path, "one\n")
-    inode = path.stat().st_ino
-    write_atomically(path, "two\n")
-    assert path.read_text() == "two\n"
-    assert path.stat().st_ino != inode, "a new file renamed over the old one, not rewritten"
 
 
 def test_names_that_would_leave_the_state_dir_are_refused(tmp_path: Path) -> None:

@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 from slurmjob_operator.api.status import Logs, LogTail
 from slurmjob_operator.storage import logs
 from slurmjob_operator.storage.logs import (
-    aread_logs,
-    aread_tail,
     read_logs,
     read_tail,
     redact_text,
@@ -273,14 +271,6 @@ def test_read_logs(tmp_path: Path) -> None:
     small = read_logs(out, err, max_bytes=4, max_lines=1)
     assert small.stderr is not None
     assert small.stderr.truncated
-
-
-async def test_async_variants(tmp_path: Path) -> None:
-    out = write(tmp_path / "job.out", "a\nb\n")
-    err = write(tmp_path / "job.err", "c\n")
-    assert await aread_tail(out, max_lines=1) == read_tail(out, max_lines=1)
-    assert await aread_tail(tmp_path / "nope") is None
-    assert await aread_logs(out, err, ()) == read_logs(out, err)
 
 
 def test_tail_signature(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.controller import Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
-from slurmjob_operator.kube import ObjectRef
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import JobListResult
 from slurmjob_operator.slurm.errors import SlurmNotFound
@@ -56,6 +56,9 @@ class FakeClient:
             if i in self.states
         }
 
+    def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
+        return job_id
+
     async def get_job(self, ref: int | str) -> list[SlurmJobView]:
         self._count("get_job")
         job_id = int(ref)
@@ -77,12 +80,17 @@ class FakeController:
         self.settings = SimpleNamespace(poll_interval=1.0)
         self.metrics = Metrics()
         self.token = SimpleNamespace(expires_at=None)
-        self.phases: dict[str, str] = {}
         self.tracked = {
             f"uid-{i}": Tracked(ObjectRef("ns", f"job-{i}", f"uid-{i}"), i, None, None)
             for i in job_ids
         }
         self.refreshed: list[tuple[int, bool, bool]] = []
+
+    def followed(self) -> list[Tracked]:
+        return list(self.tracked.values())
+
+    def phase_counts(self) -> dict[str, int]:
+        return {}
 
     async def slurm(self) -> FakeClient:
         return self.client

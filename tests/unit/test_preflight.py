@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import shlex
@@ -11,16 +10,15 @@ from pathlib import Path
 import pytest
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.launch import StagedFile
 from slurmjob_operator.site.catalogs import ArtifactFormat
 from slurmjob_operator.site.preflight import (
     PreflightError,
-    acheck_rendered,
     check_rendered,
     find_shellcheck,
     shellcheck_script,
 )
 from slurmjob_operator.site.render import RenderedAttempt, render_attempt
-from slurmjob_operator.storage.staging import StagedFile
 
 from .test_render_support import fixed_artifact, make_context, make_spec
 
@@ -48,7 +46,6 @@ def _with_script(rendered: RenderedAttempt, script: str) -> RenderedAttempt:
 def test_clean_attempt_passes() -> None:
     rendered, values = _rendered()
     check_rendered(rendered, values, _body(rendered))
-    asyncio.run(acheck_rendered(rendered, values, _body(rendered)))
     secrets_file = rendered.files["secrets.env"]
     assert secrets_file.mode == 0o600
     for name, staged in rendered.files.items():

@@ -23,7 +23,6 @@ from slurmjob_operator.api.status import (
     Phase,
     SlurmJobStatus,
     get_condition,
-    merge_patch,
     rfc3339,
     set_condition,
 )
@@ -632,14 +631,3 @@ def test_status_parse_ignores_unknown_fields() -> None:
 
 def test_phase_terminal() -> None:
     assert {p for p in Phase if p.is_terminal} == {Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED}
-
-
-def test_merge_patch() -> None:
-    old = {"phase": "Running", "slurmJobId": 1, "logs": {"stdout": {"tail": "a"}, "stderr": {}}}
-    new = {"phase": "Running", "logs": {"stdout": {"tail": "b"}}, "message": "x"}
-    assert merge_patch(old, new) == {
-        "slurmJobId": None,
-        "logs": {"stdout": {"tail": "b"}, "stderr": None},
-        "message": "x",
-    }
-    assert merge_patch(new, new) == {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from pathlib import Path
@@ -14,9 +13,6 @@ from slurmjob_operator.core import naming
 from slurmjob_operator.storage.staging import (
     StagedFile,
     StagingError,
-    aremove_attempt,
-    aremove_resource_dir,
-    astage_attempt,
     parse_owner,
     remove_attempt,
     remove_resource_dir,
@@ -146,15 +142,3 @@ def test_remove(settings: Settings) -> None:
     assert resource.parent.exists()  # the namespace directory stays
     with pytest.raises(StagingError):
         remove_attempt(settings.storage_root)
-
-
-def test_async_wrappers(settings: Settings) -> None:
-    async def scenario() -> None:
-        await astage_attempt(settings, _dir(settings), FILES)
-        assert (_dir(settings) / "job.sh").exists()
-        await aremove_attempt(_dir(settings))
-        assert not _dir(settings).exists()
-        await aremove_resource_dir(settings.storage_root, "team-a", "resnet", UID)
-        assert not _dir(settings).parent.exists()
-
-    asyncio.run(scenario())

@@ -8,13 +8,15 @@ whose `lastTransitionTime` moves only when `status` flips (`set_condition`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+
+from slurmjob_operator.times import rfc3339
 
 # metav1.Condition's own limits and patterns, so a condition the operator writes is also a
 # valid Kubernetes condition.
@@ -193,13 +195,6 @@ class SlurmJobStatus(_Model):
         return self.attempts[-1] if self.attempts else None
 
 
-def rfc3339(moment: datetime) -> str:
-    """`2026-01-02T03:04:05Z`: the timestamp form Kubernetes writes (seconds, UTC)."""
-    if moment.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def get_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)
 
@@ -231,24 +226,3 @@ def set_condition(
     if old is None:
         return [*conditions, new]
     return [new if c.type == type_ else c for c in conditions]
-
-
-def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The RFC 7386 JSON merge patch that turns `old` into `new` (nulls delete keys).
-
-    Use it with two `SlurmJobStatus.dump()` results to patch `/status` so that fields the new
-    status no longer has are removed rather than left behind.
-    """
-    patch: dict[str, Any] = {}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            sub = merge_patch(before, value)
-            if sub:
-                patch[key] = sub
-        elif key not in old or before != value:
-            patch[key] = value
-    return patch

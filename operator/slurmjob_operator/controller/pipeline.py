@@ -11,7 +11,7 @@ from typing import Any
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
-from slurmjob_operator.site.artifacts import artifact_path, averify_artifact
+from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
     GpuSeriesCatalog,
     RuntimeRegistry,
@@ -21,9 +21,8 @@ from slurmjob_operator.site.catalogs import (
 from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
-from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.dialects import SubmitReceipt, dialect_for
-from slurmjob_operator.storage.staging import astage_attempt, parse_owner
+from slurmjob_operator.slurm.dialects import dialect_for
+from slurmjob_operator.storage.staging import parse_owner, stage_attempt
 
 #: Used by `render` when no resource exists yet: the uid only shapes names and paths.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -91,30 +90,22 @@ def prepare_attempt(
     return PreparedAttempt(rendered, resolution, body, api_version)
 
 
-async def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
-    """The runtime artifact's magic and sha256 (ArtifactError when wrong: never submitted)."""
+def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
+    """The runtime artifact's magic and sha256 (ArtifactError when wrong: never submitted).
+    Blocking: it may hash gigabytes."""
     runtime = prepared.resolution.runtime
-    await averify_artifact(artifact_path(settings, runtime), runtime)
+    verify_artifact(artifact_path(settings, runtime), runtime)
 
 
-async def stage(prepared: PreparedAttempt, settings: Settings) -> None:
-    """Write the attempt's files; `job.sh` is written last, so its presence proves the staging
-    finished (and its absence that no submit of this attempt was ever sent)."""
-    await astage_attempt(
+def stage(prepared: PreparedAttempt, settings: Settings) -> None:
+    """Write the attempt's files (blocking); `job.sh` is written last, so its presence proves
+    the staging finished (and its absence that no submit of this attempt was ever sent)."""
+    stage_attempt(
         settings,
         prepared.rendered.staging_dir,
         prepared.rendered.files,
         parse_owner(settings.staging_owner),
     )
-
-
-async def stage_and_submit(
-    client: SlurmClient, prepared: PreparedAttempt, settings: Settings
-) -> SubmitReceipt:
-    """Verify the artifact, write the attempt's files, then POST once (never retried)."""
-    await verify_runtime(prepared, settings)
-    await stage(prepared, settings)
-    return await client.submit(prepared.rendered.launch)
 
 
 def render_manifest(

@@ -13,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from slurmjob_operator.controller import Controller, Tracked, lifecycle_ref
+from slurmjob_operator.controller.controller import Controller
+from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader
+from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
 from slurmjob_operator.storage.logs import tail_signature
-from slurmjob_operator.storage.staging import STDERR_FILE, STDOUT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,8 @@ class Poller:
                 metrics.set_token_expiry(controller.token.expires_at)
             except TokenError:
                 metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
-            metrics.set_jobs_by_phase(Counter(controller.phases.values()))
-            tracked = {t.job_id: t for t in controller.tracked.values()}
+            metrics.set_jobs_by_phase(controller.phase_counts())
+            tracked = {t.job_id: t for t in controller.followed()}
             self._forget_untracked(tracked)
             if not tracked:
                 return
@@ -92,11 +94,11 @@ class Poller:
                 auth = isinstance(exc, SlurmAuthError | TokenError)
                 await controller.report_reachability(
                     False,
-                    "SlurmAuthFailed" if auth else "SlurmUnavailable",
+                    Reason.SLURM_AUTH_FAILED if auth else Reason.SLURM_UNAVAILABLE,
                     f"slurmrestd {'refused the credentials' if auth else 'failed'}: {exc}",
                 )
                 return
-            await controller.report_reachability(True, "SlurmAnswering", "slurmrestd answers")
+            await controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
             refreshed = True
             for job_id, views in changed.items():
                 refreshed = await self._refresh(tracked[job_id], views) and refreshed
@@ -150,7 +152,7 @@ class Poller:
         """The job's views, None when Slurm no longer knows it, or SKIP when this one job's
         answer failed (it is asked again next cycle; the other jobs go on)."""
         try:
-            return await client.get_job(lifecycle_ref(client, item.job_id, item.sluid))
+            return await client.get_job(client.lifecycle_ref(item.job_id, item.sluid))
         except SlurmNotFound:
             return None
         except SlurmAuthError:

@@ -17,7 +17,7 @@ State normalisation rules (also used for `/jobs/state` entries and accounting re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -199,3 +199,8 @@ class JobStateEntry(BaseModel):
     def component_job_id(self) -> int:
         """The component's own job id: Slurm numbers het components consecutively."""
         return self.job_id + (self.het_job_offset or 0)
+
+
+def leader(views: Sequence[SlurmJobView]) -> SlurmJobView:
+    """The component that stands for the whole job (offset 0 of a heterogeneous job)."""
+    return min(views, key=lambda v: (v.het_job_offset or 0, v.job_id))

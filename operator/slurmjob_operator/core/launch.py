@@ -6,6 +6,8 @@ The slurmrestd dialects (`slurm.dialects`) turn a LaunchRequest into the exact J
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -45,3 +47,11 @@ class LaunchRequest(BaseModel):
     @property
     def is_heterogeneous(self) -> bool:
         return len(self.components) > 1
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One file of an attempt: its bytes (never shown in repr) and its mode."""
+
+    content: bytes = field(repr=False)
+    mode: int

@@ -17,6 +17,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The files of an attempt's staging directory.
+SCRIPT_FILE = "job.sh"
+ENV_FILE = "job.env"
+SECRETS_FILE = "secrets.env"
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+
 JOB_NAME_MAX = 200
 COMMENT_TAG = "slurmjob.io"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -19,19 +19,20 @@ from slurmjob_operator.api.status import (
     Logs,
     Phase,
     SlurmJobStatus,
-    rfc3339,
     set_condition,
 )
+from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.retries import RetryDecision
 from slurmjob_operator.core.states import Observation
+from slurmjob_operator.times import rfc3339
 
-SUBMITTED = "Submitted"
-RUNNING = "Running"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-READY = "Ready"
-SUSPENDED = "Suspended"
-SLURM_REACHABLE = "SlurmReachable"
+SUBMITTED = ConditionType.SUBMITTED
+RUNNING = ConditionType.RUNNING
+SUCCEEDED = ConditionType.SUCCEEDED
+FAILED = ConditionType.FAILED
+READY = ConditionType.READY
+SUSPENDED = ConditionType.SUSPENDED
+SLURM_REACHABLE = ConditionType.SLURM_REACHABLE
 DECLARE_LOST_ANNOTATION = "slurmjob.io/declare-lost"
 
 NORMAL = "Normal"
@@ -173,7 +174,7 @@ def record_attempt(
     message = f"submitting attempt {number} as Slurm job name {job_name}"
     new = _with_conditions(
         status,
-        [(SUBMITTED, "Unknown", "Submitting", message)],
+        [(SUBMITTED, "Unknown", Reason.SUBMITTING, message)],
         generation,
         now,
     ).model_copy(
@@ -215,13 +216,15 @@ def unconfirmed(
     new = _with_conditions(
         status,
         [
-            (SUBMITTED, "Unknown", "SubmissionUnconfirmed", text),
-            (READY, "False", "SubmissionUnconfirmed", text),
+            (SUBMITTED, "Unknown", Reason.SUBMISSION_UNCONFIRMED, text),
+            (READY, "False", Reason.SUBMISSION_UNCONFIRMED, text),
         ],
         generation,
         now,
     ).model_copy(update={"phase": Phase.SUBMITTING, "message": text})
-    events = () if status.message == text else (Event(WARNING, "SubmissionUnconfirmed", text),)
+    events = (
+        () if status.message == text else (Event(WARNING, Reason.SUBMISSION_UNCONFIRMED, text),)
+    )
     return Transition(new, events)
 
 
@@ -237,15 +240,15 @@ def rejected(
     new = _with_conditions(
         status.model_copy(update={"attempts": attempts}),
         [
-            (SUBMITTED, "False", "SubmitRejected", text),
-            (FAILED, "True", "SubmitRejected", text),
-            (SUCCEEDED, "False", "SubmitRejected", text),
-            (READY, "False", "SubmitRejected", text),
+            (SUBMITTED, "False", Reason.SUBMIT_REJECTED, text),
+            (FAILED, "True", Reason.SUBMIT_REJECTED, text),
+            (SUCCEEDED, "False", Reason.SUBMIT_REJECTED, text),
+            (READY, "False", Reason.SUBMIT_REJECTED, text),
         ],
         generation,
         now,
     ).model_copy(update={"phase": Phase.FAILED, "message": text, "completion_time": rfc3339(now)})
-    return Transition(new, (Event(WARNING, "SubmitRejected", text),))
+    return Transition(new, (Event(WARNING, Reason.SUBMIT_REJECTED, text),))
 
 
 def submitted(
@@ -271,8 +274,8 @@ def submitted(
     new = _with_conditions(
         status,
         [
-            (SUBMITTED, "True", "Adopted" if adopted else "Accepted", text),
-            (READY, "True", "Queued", text),
+            (SUBMITTED, "True", Reason.ADOPTED if adopted else Reason.ACCEPTED, text),
+            (READY, "True", Reason.QUEUED, text),
         ],
         generation,
         now,
@@ -284,7 +287,7 @@ def submitted(
             "message": text,
         }
     )
-    return Transition(new, (Event(NORMAL, "Adopted" if adopted else "Submitted", text),))
+    return Transition(new, (Event(NORMAL, Reason.ADOPTED if adopted else "Submitted", text),))
 
 
 def confirmed(status: SlurmJobStatus, sluid: str | None) -> SlurmJobStatus:
@@ -363,9 +366,9 @@ def retry_scheduled(
     new = _with_conditions(
         status,
         [
-            (READY, "False", "RetryScheduled", decision.message),
-            (RUNNING, "False", "RetryScheduled", decision.message),
-            (FAILED, "False", "RetryScheduled", decision.message),
+            (READY, "False", Reason.RETRY_SCHEDULED, decision.message),
+            (RUNNING, "False", Reason.RETRY_SCHEDULED, decision.message),
+            (FAILED, "False", Reason.RETRY_SCHEDULED, decision.message),
         ],
         generation,
         now,
@@ -378,7 +381,7 @@ def retry_scheduled(
             "completion_time": None,
         }
     )
-    return Transition(new, (Event(WARNING, "RetryScheduled", decision.message),))
+    return Transition(new, (Event(WARNING, Reason.RETRY_SCHEDULED, decision.message),))
 
 
 def not_retried(status: SlurmJobStatus, decision: RetryDecision) -> SlurmJobStatus:
@@ -395,14 +398,14 @@ def declared_lost(status: SlurmJobStatus, generation: int | None, now: datetime)
     attempt = status.current_attempt
     if attempt is None or attempt.job_id is not None:
         return Transition(status)
-    attempt = attempt.model_copy(update={"declared_lost": True, "reason": "DeclaredLost"})
+    attempt = attempt.model_copy(update={"declared_lost": True, "reason": Reason.DECLARED_LOST})
     text = (
         f"attempt {attempt.number} ({attempt.job_name}) declared lost through the "
         f"{DECLARE_LOST_ANNOTATION} annotation; its files are kept; a new attempt follows"
     )
     new = _with_conditions(
         status,
-        [(SUBMITTED, "False", "DeclaredLost", text)],
+        [(SUBMITTED, "False", Reason.DECLARED_LOST, text)],
         generation,
         now,
     ).model_copy(
@@ -412,7 +415,7 @@ def declared_lost(status: SlurmJobStatus, generation: int | None, now: datetime)
             "message": text,
         }
     )
-    return Transition(new, (Event(WARNING, "DeclaredLost", text),))
+    return Transition(new, (Event(WARNING, Reason.DECLARED_LOST, text),))
 
 
 def _flip_event(
@@ -458,7 +461,7 @@ def reachability(
 def is_lost(status: SlurmJobStatus) -> bool:
     """Slurm forgot the job without a trace (`lost`): Unknown for good, nobody asks again."""
     ready = next((c for c in status.conditions if c.type == READY), None)
-    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == "JobLost"
+    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == Reason.JOB_LOST
 
 
 def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:
@@ -466,11 +469,11 @@ def lost(status: SlurmJobStatus, message: str, generation: int | None, now: date
     never a resubmit."""
     new = _with_conditions(
         status,
-        [(READY, "False", "JobLost", message), (RUNNING, "False", "JobLost", message)],
+        [(READY, "False", Reason.JOB_LOST, message), (RUNNING, "False", Reason.JOB_LOST, message)],
         generation,
         now,
     ).model_copy(update={"phase": Phase.UNKNOWN, "message": message})
-    return Transition(new, _phase_event(status.phase, Phase.UNKNOWN, "JobLost", message))
+    return Transition(new, _phase_event(status.phase, Phase.UNKNOWN, Reason.JOB_LOST, message))
 
 
 def with_logs(status: SlurmJobStatus, logs: Logs) -> SlurmJobStatus:

@@ -7,8 +7,8 @@ from typing import Any
 import kopf
 
 from slurmjob_operator import GROUP, PLURAL, VERSION
+from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.controller import Controller, RetryLater
-from slurmjob_operator.kube import ObjectRef
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -43,13 +43,15 @@ async def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.delete(*RESOURCE)
 async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:
-        await _controller(memo).finalize(ObjectRef.of(body), body)
+        await _controller(memo).finalize(body)
     except RetryLater as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
 
 
+# Async, so that it runs on the event loop with the poller (kopf runs a plain `def` in a
+# worker thread, where it would change the registry while the poller iterates it).
 @kopf.on.event(*RESOURCE)
-def watched(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def watched(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = memo.get("controller")
     if controller is not None:
         controller.observe_body(body, deleted=type == "DELETED")

@@ -8,7 +8,6 @@ the pull into the GPU allocation exactly when something is already wrong.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import stat
@@ -125,8 +124,8 @@ def _stat(path: Path, artifact: RuntimeArtifact) -> os.stat_result:
 def verify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
     """Raise `ArtifactError` unless `path` holds `artifact` intact.
 
-    Blocking (it may hash gigabytes): call `averify_artifact` from the event loop. A file whose
-    path, size and mtime are unchanged since a successful check is not hashed again.
+    Blocking (it may hash gigabytes): run it with `asyncio.to_thread` from the event loop. A
+    file whose path, size and mtime are unchanged since a successful check is not hashed again.
     """
     before = _stat(path, artifact)
     key = _Key(str(path.resolve()), before.st_size, before.st_mtime_ns, artifact.sha256.lower())
@@ -147,8 +146,3 @@ def verify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
     if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
         with _lock:
             _verified.add(key)
-
-
-async def averify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
-    """`verify_artifact` in a worker thread, so hashing never blocks the event loop."""
-    await asyncio.to_thread(verify_artifact, path, artifact)

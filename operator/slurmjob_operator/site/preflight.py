@@ -17,7 +17,6 @@ Error messages name the variable and the place, never the value.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
 import shutil
@@ -26,8 +25,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurmjob_operator.core.naming import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
 from slurmjob_operator.site.render import RenderedAttempt
-from slurmjob_operator.storage.staging import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
 
 MIN_SECRET_LENGTH = 4
 _BASH_TIMEOUT = 30.0
@@ -99,12 +98,6 @@ def check_rendered(
             check_bash_syntax(rendered.files[ENV_FILE].content.decode("utf-8"))
         except PreflightError as exc:
             raise PreflightError(f"{ENV_FILE}: {exc}") from exc
-
-
-async def acheck_rendered(
-    rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
-) -> None:
-    await asyncio.to_thread(check_rendered, rendered, secret_values, body_json)
 
 
 def find_shellcheck() -> str | None:

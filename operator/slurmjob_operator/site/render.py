@@ -26,20 +26,19 @@ import jinja2
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
-from slurmjob_operator.core.launch import JobComponent, LaunchRequest
-from slurmjob_operator.site.catalogs import (
-    PROFILE_FORMAT,
-    ArtifactFormat,
-    GpuSeries,
-    RuntimeArtifact,
-)
-from slurmjob_operator.storage.staging import (
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile
+from slurmjob_operator.core.naming import (
     ENV_FILE,
     SCRIPT_FILE,
     SECRETS_FILE,
     STDERR_FILE,
     STDOUT_FILE,
-    StagedFile,
+)
+from slurmjob_operator.site.catalogs import (
+    PROFILE_FORMAT,
+    ArtifactFormat,
+    GpuSeries,
+    RuntimeArtifact,
 )
 
 BASE_TEMPLATE = "job.sh.j2"

@@ -309,6 +309,10 @@ class SlurmClient:
     def version(self) -> str:
         return self._dialect.version
 
+    def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
+        """The SLUID where the version takes it in paths (v0.0.45), else the numeric job id."""
+        return sluid if sluid and self.dialect.supports_sluid_paths else job_id
+
     @property
     def dialect(self) -> Dialect:
         return self._dialect

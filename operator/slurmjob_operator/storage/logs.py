@@ -13,7 +13,6 @@ only when its size or modification time moved.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -25,8 +24,6 @@ __all__ = [
     "DEFAULT_MAX_LINES",
     "MIN_REDACT_LENGTH",
     "REDACTED",
-    "aread_logs",
-    "aread_tail",
     "read_logs",
     "read_tail",
     "redact_text",
@@ -174,19 +171,6 @@ def read_tail(
     return LogTail(tail=text, truncated=truncated, bytes=size, lines=_count_lines(text))
 
 
-async def aread_tail(
-    path: Path,
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_lines: int = DEFAULT_MAX_LINES,
-    redact: Collection[str] = (),
-) -> LogTail | None:
-    """`read_tail` in a worker thread."""
-    return await asyncio.to_thread(
-        read_tail, path, max_bytes=max_bytes, max_lines=max_lines, redact=redact
-    )
-
-
 def read_logs(
     stdout: Path,
     stderr: Path | None,
@@ -205,20 +189,6 @@ def read_logs(
     if stderr is not None and not _same_file(stdout, stderr):
         err = read_tail(stderr, max_bytes=max_bytes, max_lines=max_lines, redact=redact)
     return Logs(stdout=out, stderr=err)
-
-
-async def aread_logs(
-    stdout: Path,
-    stderr: Path | None,
-    redact: Collection[str] = (),
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_lines: int = DEFAULT_MAX_LINES,
-) -> Logs:
-    """`read_logs` in a worker thread."""
-    return await asyncio.to_thread(
-        read_logs, stdout, stderr, redact, max_bytes=max_bytes, max_lines=max_lines
-    )
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -15,30 +15,24 @@ Rules:
 - Symbolic links are refused anywhere below the storage root that this module creates or
   writes to; chown never follows them.
 
-All functions block; async callers use the `a*` wrappers (`asyncio.to_thread`).
+All functions block: async callers run them with `asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
-import secrets
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
-
-SCRIPT_FILE = "job.sh"
-ENV_FILE = "job.env"
-SECRETS_FILE = "secrets.env"
-STDOUT_FILE = "stdout.log"
-STDERR_FILE = "stderr.log"
+from slurmjob_operator.core.launch import StagedFile
+from slurmjob_operator.core.naming import SCRIPT_FILE, SECRETS_FILE
+from slurmjob_operator.storage.files import write_atomically
 
 PARENT_MODE = 0o755
 ATTEMPT_MODE = 0o755
@@ -47,14 +41,6 @@ _ATTEMPT_RE = re.compile(r"^attempt-[1-9][0-9]*$")
 
 class StagingError(RuntimeError):
     """The staging directory cannot be (re)written as asked; the message says why."""
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """One file of an attempt: its bytes (never shown in repr) and its mode."""
-
-    content: bytes = field(repr=False)
-    mode: int
 
 
 def parse_owner(value: str | None) -> tuple[int, int] | None:
@@ -93,32 +79,6 @@ def _make_dir(path: Path, mode: int, owner: tuple[int, int] | None) -> None:
     os.chmod(path, mode, follow_symlinks=False)  # mkdir's mode is filtered by the umask
     if owner is not None:
         os.chown(path, owner[0], owner[1], follow_symlinks=False)
-
-
-def _write_atomic(
-    directory: Path, name: str, staged: StagedFile, owner: tuple[int, int] | None
-) -> None:
-    target = directory / name
-    _refuse_symlink(target)
-    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            view = memoryview(staged.content)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if owner is not None:
-                os.fchown(fd, owner[0], owner[1])
-            os.fchmod(fd, staged.mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def _read(path: Path) -> bytes | None:
@@ -180,7 +140,9 @@ def stage_attempt(
         return
     # job.sh last: its presence means the attempt is completely staged.
     for name in sorted(files, key=lambda n: n == SCRIPT_FILE):
-        _write_atomic(staging_dir, name, files[name], owner)
+        target = staging_dir / name
+        _refuse_symlink(target)
+        write_atomically(target, files[name].content, files[name].mode, owner=owner)
     _fsync_dir(staging_dir)
 
 
@@ -211,29 +173,8 @@ def remove_resource_dir(storage_root: Path, namespace: str, name: str, uid: str)
     _remove_tree(naming.resource_dir(storage_root, namespace, name, uid))
 
 
-async def astage_attempt(
-    settings: Settings,
-    staging_dir: Path,
-    files: Mapping[str, StagedFile],
-    owner: tuple[int, int] | None = None,
-) -> None:
-    await asyncio.to_thread(stage_attempt, settings, staging_dir, files, owner)
-
-
 def remove_secrets(staging_dir: Path) -> None:
     """Delete an attempt's secrets file (its job ended, whether or not the script ran)."""
     if not _ATTEMPT_RE.fullmatch(staging_dir.name):
         raise StagingError(f"{staging_dir}: not an attempt directory")
     (staging_dir / SECRETS_FILE).unlink(missing_ok=True)
-
-
-async def aremove_secrets(staging_dir: Path) -> None:
-    await asyncio.to_thread(remove_secrets, staging_dir)
-
-
-async def aremove_attempt(staging_dir: Path) -> None:
-    await asyncio.to_thread(remove_attempt, staging_dir)
-
-
-async def aremove_resource_dir(storage_root: Path, namespace: str, name: str, uid: str) -> None:
-    await asyncio.to_thread(remove_resource_dir, storage_root, namespace, name, uid)

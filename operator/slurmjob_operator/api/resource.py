@@ -1,0 +1,88 @@
+"""A SlurmJob as the operator reads it: parsed once, where the body comes in, and passed
+down frozen (the raw mapping never travels further than this module)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+from slurmjob_operator.api.errors import SpecError, parse_spec
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import SlurmJobStatus
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> ObjectRef:
+        meta = body.get("metadata") or {}
+        return cls(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+
+
+@dataclass(frozen=True)
+class ResourceView:
+    ref: ObjectRef
+    generation: int | None
+    annotations: Mapping[str, str]
+    deleting: bool
+    status: SlurmJobStatus
+    # Kept for the spec's lazy parse only: most reads (the poller's) never need the spec.
+    _raw_spec: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> ResourceView:
+        meta = body.get("metadata") or {}
+        generation = meta.get("generation")
+        annotations = meta.get("annotations") or {}
+        return cls(
+            ref=ObjectRef.of(body),
+            generation=int(generation) if generation is not None else None,
+            annotations=MappingProxyType({str(k): str(v) for k, v in annotations.items()}),
+            deleting=bool(meta.get("deletionTimestamp")),
+            status=SlurmJobStatus.parse(body.get("status")),
+            _raw_spec=body.get("spec"),
+        )
+
+    @cached_property
+    def _parsed(self) -> SlurmJobSpec | SpecError:
+        try:
+            return parse_spec(self._raw_spec)
+        except SpecError as exc:
+            return exc
+
+    @property
+    def spec(self) -> SlurmJobSpec | None:
+        """The validated spec, None when it is invalid (`spec_error` says why)."""
+        parsed = self._parsed
+        return parsed if isinstance(parsed, SlurmJobSpec) else None
+
+    @property
+    def spec_error(self) -> SpecError | None:
+        parsed = self._parsed
+        return parsed if isinstance(parsed, SpecError) else None
+
+    @property
+    def suspend(self) -> bool:
+        """spec.suspend; for a spec that does not validate, the field as written (a user who
+        suspends a broken spec still sees it suspended, not failed)."""
+        spec = self.spec
+        if spec is not None:
+            return spec.suspend
+        raw = self._raw_spec if isinstance(self._raw_spec, Mapping) else {}
+        return bool(raw.get("suspend", False))
+
+    def with_status(self, status: SlurmJobStatus) -> ResourceView:
+        """The same resource after a status write (the spec parse is not repeated)."""
+        new = ResourceView(
+            self.ref, self.generation, self.annotations, self.deleting, status, self._raw_spec
+        )
+        if "_parsed" in self.__dict__:
+            new.__dict__["_parsed"] = self.__dict__["_parsed"]
+        return new

@@ -1,0 +1,92 @@
+"""The controller: one per process, kept in kopf's memo (or in `LocalRunner`), composing the
+lifecycle pieces around one resource edge, one registry and one slurmrestd client.
+
+The poller, the kopf handlers and the local runner use only the methods below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.deletion import Deletion
+from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.controller.registry import Registry, Tracked
+from slurmjob_operator.controller.resource import ResourceEdge
+from slurmjob_operator.controller.slurmlink import SlurmLink
+from slurmjob_operator.controller.submission import Submission
+from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.kube import ResourceStore
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.slurm.auth import TokenProvider
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import make_token_provider
+from slurmjob_operator.slurm.http import HttpTransport
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        kube: ResourceStore,
+        transport: HttpTransport,
+        metrics: Metrics,
+        *,
+        token: TokenProvider | None = None,
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.transport = transport
+        self.metrics = metrics
+        self.token = token or make_token_provider(settings)
+        self.registry = Registry()
+        self._link = SlurmLink(settings, transport, self.token, metrics.on_request)
+        self._edge = ResourceEdge(kube, metrics, self.registry)
+        # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
+        backoff = max(1.0, min(30.0, settings.poll_interval * 5))
+        self._following = Following(settings, self._edge, self.slurm, self.reconcile, backoff)
+        self._submission = Submission(
+            settings, Site.load(settings), self._edge, metrics, self.slurm, self._following, backoff
+        )
+        self._deletion = Deletion(settings, self._edge, self.slurm, self._following)
+
+    async def slurm(self) -> SlurmClient:
+        """The client, connected (and the version chosen) on first use."""
+        return await self._link.client()
+
+    async def reconcile(self, ref: ObjectRef) -> None:
+        """Drive the submission side one step; raises RetryLater when it must run again."""
+        await self._submission.reconcile(ref)
+
+    async def refresh(
+        self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
+    ) -> None:
+        await self._following.refresh(tracked, views, logs_only=logs_only)
+
+    async def finalize(self, body: Mapping[str, Any]) -> None:
+        """Deletion; raises RetryLater while the job is still ending."""
+        await self._deletion.finalize(ResourceView.of(body))
+
+    async def report_reachability(self, reachable: bool, reason: Reason, message: str) -> None:
+        await self._following.report_reachability(
+            self.registry.followed(), reachable, reason, message
+        )
+
+    def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+        """Every watch event: what the poller must follow."""
+        ref = ObjectRef.of(body)
+        if deleted:
+            self._edge.forget(ref)
+        else:
+            self._edge.observe(ref, SlurmJobStatus.parse(body.get("status")))
+
+    def followed(self) -> list[Tracked]:
+        return self.registry.followed()
+
+    def phase_counts(self) -> Mapping[str, int]:
+        return self.registry.phase_counts()

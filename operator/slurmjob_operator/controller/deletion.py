@@ -1,0 +1,83 @@
+"""Deleting a resource: cancel its job unless it is final, wait for the end, archive the log
+tails into the status, remove the staging directory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.slurmlink import cancel_quietly
+from slurmjob_operator.core.decisions import carries
+from slurmjob_operator.core.reconcile import Transition, with_logs
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.storage.staging import remove_resource_dir
+
+
+class Deletion:
+    def __init__(
+        self,
+        settings: Settings,
+        edge: ResourceEdge,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        following: Following,
+    ) -> None:
+        self.settings = settings
+        self.edge = edge
+        self.slurm = slurm
+        self.following = following
+
+    async def finalize(self, view: ResourceView) -> None:
+        """Raises RetryLater while the job is still ending."""
+        ref = view.ref
+        async with self.edge.lock(ref.uid):
+            # The handler's body predates the lock: a retry may have submitted a new attempt.
+            view = await self.edge.fresh(ref) or view
+            status = view.status
+            attempt = status.current_attempt
+            live = status.phase is None or not status.phase.is_terminal
+            if attempt is not None and live:
+                client = await self.slurm()
+                await self._end_job(ref, client, attempt)
+                fresh = await self.edge.fresh(ref)
+                if fresh is not None and attempt.staging_dir:
+                    logs = await self.following.logs(fresh, attempt.staging_dir)
+                    if logs is not None:
+                        await self.edge.apply(fresh, Transition(with_logs(fresh.status, logs)))
+            await asyncio.to_thread(
+                remove_resource_dir, self.settings.storage_root, ref.namespace, ref.name, ref.uid
+            )
+        self.edge.forget(ref)
+
+    async def _end_job(self, ref: ObjectRef, client: SlurmClient, attempt: Attempt) -> None:
+        if attempt.job_id is None:
+            # An unconfirmed submission may still have created a job: cancel what carries
+            # this attempt's name and identity.
+            for job in await client.find_by_name(attempt.job_name):
+                if carries(job, ref.uid, attempt):
+                    await cancel_quietly(client, job.job_id)
+            return
+        target = client.lifecycle_ref(attempt.job_id, attempt.sluid)
+        try:
+            await client.cancel(target)
+        except SlurmNotFound:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.delete_timeout
+        while loop.time() < deadline:
+            try:
+                views = await client.get_job(target)
+            except SlurmNotFound:
+                return
+            if all(v.is_final for v in views):
+                via = f" through its SLUID {target}" if isinstance(target, str) else ""
+                text = f"Slurm job {attempt.job_id} cancelled{via} on deletion"
+                await self.edge.event(ref, "Normal", "Cancelled", text)
+                return
+            await asyncio.sleep(0.5)
+        raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)

@@ -1,0 +1,219 @@
+"""Following a submitted job: folding what Slurm says (or that it forgot the job), the log
+tails and, for a failed attempt, the retry rules into the status; scheduling the retry;
+telling every followed job whether slurmrestd answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.registry import Tracked
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import (
+    Transition,
+    lost,
+    not_retried,
+    observed,
+    reachability,
+    retry_scheduled,
+    with_logs,
+)
+from slurmjob_operator.core.retries import decide
+from slurmjob_operator.core.states import Observation, observe
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmUnsupported
+from slurmjob_operator.storage.logs import read_logs
+from slurmjob_operator.storage.staging import remove_secrets
+from slurmjob_operator.times import parse_rfc3339
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+class Following:
+    def __init__(
+        self,
+        settings: Settings,
+        edge: ResourceEdge,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        reconcile: Callable[[ObjectRef], Awaitable[None]],
+        backoff: float,
+    ) -> None:
+        self.settings = settings
+        self.edge = edge
+        self.slurm = slurm
+        self._reconcile = reconcile
+        self._backoff = backoff
+        self._background: set[asyncio.Task[None]] = set()
+        self._reachable: bool | None = None
+
+    async def refresh(
+        self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
+    ) -> None:
+        """Fold a changed Slurm state (None: the job is gone from the controller) and the log
+        tails into the resource's status; `logs_only` when only the log files moved."""
+        ref = tracked.ref
+        async with self.edge.lock(ref.uid):
+            view = await self.edge.fresh(ref)
+            if view is not None:
+                status = view.status
+                attempt = status.current_attempt
+                moved_on = status.next_attempt_at is not None or (
+                    status.phase is not None and status.phase.is_terminal
+                )
+                if attempt is None or attempt.job_id != tracked.job_id or moved_on:
+                    self.edge.observe(ref, status)
+                else:
+                    await self.fold(view, status, views, logs_only=logs_only)
+        if view is None:
+            self.edge.forget(ref)
+
+    async def fold(
+        self,
+        view: ResourceView,
+        status: SlurmJobStatus,
+        views: Sequence[SlurmJobView] | None,
+        *,
+        logs_only: bool = False,
+    ) -> None:
+        """Fold Slurm's view (None: gone from the controller), the log tails and, for a failed
+        attempt, the retry rules into `status` (built on `view.status`) and write it."""
+        attempt = status.current_attempt
+        assert attempt is not None
+        generation, now = view.generation, _now()
+        obs: Observation | None = None
+        if logs_only:
+            transition = Transition(status)
+        else:
+            if views is None:
+                views = await self._from_accounting(attempt)
+            if not views:
+                transition = lost(
+                    status,
+                    f"Slurm job {attempt.job_id} is no longer known to the controller and "
+                    "there is no accounting record; it is not resubmitted",
+                    generation,
+                    now,
+                )
+            else:
+                obs = observe(views)
+                transition = observed(status, obs, generation, now)
+        new = transition.status
+        logs: Logs | None = None
+        if attempt.staging_dir:
+            logs = await self.logs(view, attempt.staging_dir)
+            if logs is not None:
+                new = with_logs(new, logs)
+            if obs is not None and obs.final:
+                # The script deletes it when it runs; a job that ended without running must
+                # not leave secret values on the shared storage.
+                await asyncio.to_thread(remove_secrets, Path(attempt.staging_dir))
+        transition = Transition(new, transition.events)
+        if obs is not None and obs.final and obs.phase is Phase.FAILED:
+            transition = self._after_failure(view, transition, obs, logs, now)
+        await self.edge.apply(view, transition)
+        if transition.status.next_attempt_at is not None:
+            self._retry_later(view.ref, transition.status.next_attempt_at)
+
+    def _after_failure(
+        self,
+        view: ResourceView,
+        transition: Transition,
+        obs: Observation,
+        logs: Logs | None,
+        now: datetime,
+    ) -> Transition:
+        """Ask the retry rules about a failed attempt; schedule a new one when they say so."""
+        spec = view.spec
+        if spec is None:
+            return transition
+        tails = [logs.stdout, logs.stderr] if logs is not None else []
+        text = "\n".join(t.tail for t in tails if t is not None)
+        status = transition.status
+        decision = decide(spec.retry, obs, text, status.attempts[:-1])
+        if not decision.retries:
+            return Transition(not_retried(status, decision), transition.events)
+        scheduled = retry_scheduled(status, decision, view.generation, now)
+        return Transition(scheduled.status, transition.events + scheduled.events)
+
+    def _retry_later(self, ref: ObjectRef, due: str) -> None:
+        """Submit the scheduled retry when it is due (a restart finds it again on resume)."""
+
+        async def later() -> None:
+            when = parse_rfc3339(due)
+            while True:
+                await asyncio.sleep(max(0.0, (when - _now()).total_seconds()) if when else 0)
+                try:
+                    await self._reconcile(ref)
+                    return
+                except RetryLater as exc:
+                    when = _now() + timedelta(seconds=exc.delay)
+                except Exception:
+                    log.exception("retry of %s/%s failed; trying again", ref.namespace, ref.name)
+                    when = _now() + timedelta(seconds=self._backoff)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def logs(self, view: ResourceView, staging_dir: str) -> Logs | None:
+        """The attempt's log tails; None (keep what the status has) when they cannot be read
+        or when secret values cannot be resolved to redact them."""
+        base = Path(staging_dir)
+        redact = await self.edge.redactions(view)
+        if redact is None:
+            return None
+        try:
+            return await asyncio.to_thread(
+                read_logs, base / STDOUT_FILE, base / STDERR_FILE, redact
+            )
+        except OSError as exc:
+            ref = view.ref
+            log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
+            return None
+
+    async def _from_accounting(self, attempt: Attempt) -> list[SlurmJobView]:
+        client = await self.slurm()
+        assert attempt.job_id is not None
+        try:
+            return await client.get_job_accounting(
+                client.lifecycle_ref(attempt.job_id, attempt.sluid)
+            )
+        except (SlurmUnsupported, SlurmNotFound):
+            return []
+
+    async def report_reachability(
+        self, followed: Sequence[Tracked], reachable: bool, reason: Reason, message: str
+    ) -> None:
+        """slurmrestd answered (or refused) the last sweep: say so on every followed job,
+        once per change."""
+        if self._reachable is reachable:
+            return
+        complete = True
+        for item in followed:
+            try:
+                async with self.edge.lock(item.ref.uid):
+                    view = await self.edge.fresh(item.ref)
+                    if view is None:
+                        continue
+                    transition = reachability(
+                        view.status, reachable, reason, message, view.generation, _now()
+                    )
+                    await self.edge.apply(view, transition)
+            except Exception:  # one resource must not keep the others from hearing it
+                log.exception("cannot report reachability on %s", item.ref.name)
+                complete = False
+        if complete:
+            self._reachable = reachable

@@ -1,0 +1,109 @@
+"""The resource edge: the fresh read, the status write with its Events, the per-resource
+locks and the cache of secret values used to redact log tails.
+
+Every write starts from the object as the API server has it now and happens under that
+resource's lock, so the submission handler, the poller and the finalizer never overwrite
+each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from slurmjob_operator.api import patch
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.controller.registry import Registry
+from slurmjob_operator.core.reconcile import Transition, changed
+from slurmjob_operator.kube import ResourceStore, SecretError
+from slurmjob_operator.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class RetryLater(Exception):
+    """Not done yet; the handler should run again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class ResourceEdge:
+    def __init__(self, store: ResourceStore, metrics: Metrics, registry: Registry) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.registry = registry
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._secrets: dict[str, dict[str, str]] = {}
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    async def fresh(self, ref: ObjectRef) -> ResourceView | None:
+        """The resource as the API server has it now; None when it is gone or is another
+        object of the same name (another uid)."""
+        body = await self.store.get(ref.namespace, ref.name)
+        if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
+            return None
+        return ResourceView.of(body)
+
+    async def apply(self, view: ResourceView, transition: Transition) -> ResourceView:
+        """Patch the status when something visible changed, post the Events, keep the
+        registry in step; the view returned carries the new status."""
+        ref, old, new = view.ref, view.status, transition.status
+        if changed(old, new):
+            if await self.store.patch_status(ref, patch.diff(old.dump(), new.dump())) is None:
+                raise RetryLater(f"{ref.namespace}/{ref.name} is gone", 0)
+            if old.phase != new.phase and new.phase is not None:
+                self.metrics.count_transition(new.phase)
+        for event in transition.events:
+            await self.event(ref, event.type, event.reason, event.message)
+        self.registry.observe(ref, new)
+        return view.with_status(new)
+
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        try:
+            await self.store.post_event(ref, type_, reason, message)
+        except Exception:  # an Event is worth a log line, never a failed reconcile
+            log.exception("cannot post event %s on %s/%s", reason, ref.namespace, ref.name)
+
+    def observe(self, ref: ObjectRef, status: SlurmJobStatus) -> None:
+        self.registry.observe(ref, status)
+
+    def forget(self, ref: ObjectRef) -> None:
+        """The resource is gone: drop everything kept for it. A lock still held (a handler is
+        inside it) stays; the next `forget` or the end of the process drops it."""
+        self.registry.forget(ref.uid)
+        self._secrets.pop(ref.uid, None)
+        lock = self._locks.get(ref.uid)
+        if lock is not None and not lock.locked():
+            del self._locks[ref.uid]
+
+    async def secret_values(self, view: ResourceView, spec: SlurmJobSpec) -> dict[str, str]:
+        """The values of the spec's secret env vars (SecretError when one cannot be read)."""
+        values: dict[str, str] = {}
+        for env in spec.secret_env:
+            source = env.value_from
+            assert source is not None  # secret_env holds only valueFrom entries
+            values[env.name] = await self.store.read_secret_value(
+                view.ref.namespace, source.secret_key_ref.name, source.secret_key_ref.key
+            )
+        self._secrets[view.ref.uid] = values
+        return values
+
+    async def redactions(self, view: ResourceView) -> list[str] | None:
+        """The secret values to hide in log tails; None when the spec has secrets that cannot
+        be read any more (then no tail is published rather than an unredacted one)."""
+        uid = view.ref.uid
+        if uid not in self._secrets:
+            spec = view.spec
+            if spec is None:
+                return []
+            try:
+                await self.secret_values(view, spec)
+            except SecretError:
+                return None if spec.secret_env else []
+        return list(self._secrets.get(uid, {}).values())

@@ -1,0 +1,334 @@
+"""The submission side of a resource: the spec.suspend gate, the submit (render, record,
+stage, POST), the confirmation of the receipt, the adoption of a job whose answer was lost,
+and holding or releasing a queued job.
+
+What each failure becomes is `core.decisions.FAILURES`; here an exception is only classified
+(`classify`) and the returned plan carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from slurmjob_operator.api.errors import SpecError
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.pipeline import (
+    PreparedAttempt,
+    Site,
+    prepare_attempt,
+    stage,
+    verify_runtime,
+)
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.slurmlink import cancel_quietly
+from slurmjob_operator.core.decisions import (
+    AdoptAction,
+    Failure,
+    Hold,
+    Retry,
+    adoption,
+    declared_lost_now,
+    failed_step,
+    gate,
+    hold_action,
+    hold_transition,
+)
+from slurmjob_operator.core.jobview import SlurmJobView, leader
+from slurmjob_operator.core.naming import SCRIPT_FILE
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import (
+    Step,
+    confirmed,
+    declared_lost,
+    next_step,
+    not_submitted,
+    record_attempt,
+    submitted,
+    unconfirmed,
+)
+from slurmjob_operator.kube import SecretError
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.artifacts import ArtifactError
+from slurmjob_operator.site.preflight import PreflightError
+from slurmjob_operator.site.render import RenderError
+from slurmjob_operator.slurm.auth import TokenError
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import (
+    SlurmAmbiguous,
+    SlurmAuthError,
+    SlurmError,
+    SlurmNotFound,
+    SlurmRejected,
+)
+from slurmjob_operator.storage.staging import StagingError, remove_attempt
+from slurmjob_operator.times import parse_rfc3339
+
+log = logging.getLogger(__name__)
+
+#: What may stop a submit before the attempt is recorded (nothing sent) and after it.
+PREPARE_ERRORS = (
+    SpecError,
+    RenderError,
+    PreflightError,
+    ArtifactError,
+    SecretError,
+    SlurmError,
+    TokenError,
+)
+SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
+
+
+def classify(exc: Exception, *, recorded: bool) -> Failure:
+    """The failure class of an exception from a submit step (see `core.decisions`)."""
+    if not recorded:
+        if isinstance(exc, SpecError | RenderError | PreflightError):
+            return Failure.SPEC_INVALID
+        if isinstance(exc, ArtifactError):
+            return Failure.RUNTIME_INVALID
+        if isinstance(exc, SecretError):
+            return Failure.SECRET_MISSING
+        if isinstance(exc, SlurmAuthError):
+            return Failure.SLURM_REFUSED_CREDENTIALS
+        return Failure.SLURM_UNREACHABLE
+    if isinstance(exc, SlurmRejected):
+        return Failure.REJECTED
+    if isinstance(exc, SlurmAmbiguous):
+        return Failure.AMBIGUOUS
+    if isinstance(exc, SlurmAuthError | TokenError):
+        return Failure.SEND_REFUSED_CREDENTIALS
+    return Failure.SEND_FAILED
+
+
+def _messages(exc: Exception) -> list[str]:
+    return exc.messages if isinstance(exc, SpecError) else [str(exc)]
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
+class Submission:
+    def __init__(
+        self,
+        settings: Settings,
+        site: Site,
+        edge: ResourceEdge,
+        metrics: Metrics,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        following: Following,
+        backoff: float,
+    ) -> None:
+        self.settings = settings
+        self.site = site
+        self.edge = edge
+        self.metrics = metrics
+        self.slurm = slurm
+        self.following = following
+        self._backoff = backoff
+
+    async def reconcile(self, ref: ObjectRef) -> None:
+        """Drive a resource's submission side one step (create, resume and spec updates)."""
+        async with self.edge.lock(ref.uid):
+            view = await self.edge.fresh(ref)
+            if view is None or view.deleting:
+                return
+            step = next_step(view.status)
+            if step in (Step.SUBMIT, Step.RETRY):
+                blocked, transition = gate(view.status, view.suspend, view.generation, _now())
+                if transition is not None:
+                    view = await self.edge.apply(view, transition)
+                if blocked:
+                    return
+            if step is Step.RETRY:
+                due = parse_rfc3339(view.status.next_attempt_at)
+                wait = (due - _now()).total_seconds() if due else 0.0
+                if wait > 0:
+                    raise RetryLater(f"retry due at {view.status.next_attempt_at}", wait)
+            if step in (Step.SUBMIT, Step.RETRY):
+                await self._submit(view)
+            elif step is Step.ADOPT:
+                await self._adopt(view)
+            elif step is Step.CONFIRM:
+                await self._confirm(view)
+            else:
+                self.edge.observe(ref, view.status)
+                if step is Step.TRACK:
+                    await self._sync_hold(view)
+
+    # -- submit ---------------------------------------------------------------------------
+
+    async def _failed(
+        self, view: ResourceView, exc: Exception, *, recorded: bool, staging: Path | None = None
+    ) -> None:
+        """Carry out what the failure table says of a failed submit step."""
+        transition, plan = failed_step(
+            view.status, classify(exc, recorded=recorded), _messages(exc), view.generation, _now()
+        )
+        if plan.metric is not None:
+            self.metrics.count_submission(plan.metric)
+        if plan.cancel_created and isinstance(exc, SlurmRejected) and exc.job_id is not None:
+            # Slurm created a record despite refusing the job (200 + errors): end it.
+            await cancel_quietly(await self.slurm(), exc.job_id)
+        if plan.discard_attempt and staging is not None:
+            await asyncio.to_thread(remove_attempt, staging)
+        await self.edge.apply(view, transition)
+        if plan.retry is Retry.BACKOFF:
+            raise RetryLater(str(exc), self._backoff) from exc
+        if plan.retry is Retry.POLL:
+            raise RetryLater(str(exc), self.settings.poll_interval) from exc
+
+    async def _prepare(
+        self, view: ResourceView, number: int
+    ) -> tuple[SlurmClient, PreparedAttempt]:
+        """Everything before the attempt is recorded; raises one of PREPARE_ERRORS."""
+        spec: SlurmJobSpec | None = view.spec
+        if spec is None:
+            assert view.spec_error is not None
+            raise view.spec_error
+        secrets = await self.edge.secret_values(view, spec)
+        client = await self.slurm()
+        prepared = await asyncio.to_thread(
+            prepare_attempt,
+            spec,
+            self.site,
+            namespace=view.ref.namespace,
+            name=view.ref.name,
+            uid=view.ref.uid,
+            attempt=number,
+            api_version=client.version,
+            secret_values=secrets,
+        )
+        # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
+        await asyncio.to_thread(verify_runtime, prepared, self.settings)
+        return client, prepared
+
+    async def _submit(self, view: ResourceView) -> None:
+        number = len(view.status.attempts) + 1
+        try:
+            client, prepared = await self._prepare(view, number)
+        except PREPARE_ERRORS as exc:
+            await self._failed(view, exc, recorded=False)
+            return
+        launch = prepared.rendered.launch
+        staging = prepared.rendered.staging_dir
+        view = await self.edge.apply(
+            view,
+            record_attempt(
+                view.status,
+                number=number,
+                job_name=launch.job_name,
+                staging_dir=str(staging),
+                generation=view.generation,
+                now=_now(),
+            ),
+        )
+        try:
+            await asyncio.to_thread(stage, prepared, self.settings)
+            receipt = await client.submit(launch)
+        except SEND_ERRORS as exc:
+            await self._failed(view, exc, recorded=True, staging=staging)
+            return
+        self.metrics.count_submission("accepted")
+        view = await self.edge.apply(
+            view, submitted(view.status, receipt.job_id, view.generation, _now())
+        )
+        await self._confirm(view)
+
+    # -- confirm and adopt ----------------------------------------------------------------
+
+    async def _confirm(self, view: ResourceView) -> None:
+        """Fetch the job once by its numeric id: record the SLUID, take its state."""
+        attempt = view.status.current_attempt
+        assert attempt is not None
+        assert attempt.job_id is not None
+        client = await self.slurm()
+        try:
+            views: list[SlurmJobView] | None = await client.get_job(attempt.job_id)
+        except SlurmNotFound:
+            views = None  # purged already (a long outage): accounting, else Unknown
+        except SlurmError as exc:
+            raise RetryLater(str(exc), self._backoff) from exc
+        sluid = leader(views).sluid if views else None
+        # A quick job may already have ended: the same fold as the poller's (log tails, retry).
+        await self.following.fold(view, confirmed(view.status, sluid), views)
+
+    async def _adopt(self, view: ResourceView) -> None:
+        """The last POST's answer was lost: look for the job by its unique name and adopt it."""
+        status = view.status
+        attempt = status.current_attempt
+        assert attempt is not None
+        if declared_lost_now(attempt, view.annotations):
+            view = await self.edge.apply(view, declared_lost(status, view.generation, _now()))
+            await self._submit(view)
+            return
+        try:
+            client = await self.slurm()
+            found = await client.find_by_name(attempt.job_name)
+        except SlurmError as exc:
+            raise RetryLater(str(exc), self.settings.poll_interval) from exc
+        staged = not attempt.staging_dir or await asyncio.to_thread(
+            (Path(attempt.staging_dir) / SCRIPT_FILE).is_file
+        )
+        decision = adoption(found, view.ref.uid, attempt, staged=staged)
+        if decision.action is AdoptAction.RESTART:
+            # The operator stopped before the attempt's files were complete, and they are
+            # always complete before the POST: this attempt was never sent. Start it over.
+            assert attempt.staging_dir is not None
+            await asyncio.to_thread(remove_attempt, Path(attempt.staging_dir))
+            text = (
+                f"attempt {attempt.number} was interrupted before it was sent; submitting it again"
+            )
+            view = await self.edge.apply(
+                view,
+                not_submitted(status, Reason.SUBMIT_INTERRUPTED, text, view.generation, _now()),
+            )
+            await self._submit(view)
+            return
+        if decision.action is AdoptAction.WAIT:
+            text = "the job is not visible in Slurm yet"
+            await self.edge.apply(view, unconfirmed(status, text, view.generation, _now()))
+            raise RetryLater(f"job {attempt.job_name} not found yet", self.settings.poll_interval)
+        keep = decision.keep
+        assert keep is not None
+        for duplicate in decision.duplicates:
+            await cancel_quietly(client, duplicate.job_id)
+            self.metrics.duplicates_total.inc()
+            await self.edge.event(
+                view.ref,
+                "Warning",
+                "DuplicateCancelled",
+                f"Slurm job {duplicate.job_id} duplicated attempt {attempt.number} "
+                f"(kept {keep.job_id}); cancelled",
+            )
+        self.metrics.count_adoption("name")
+        view = await self.edge.apply(
+            view,
+            submitted(status, keep.job_id, view.generation, _now(), sluid=keep.sluid, adopted=True),
+        )
+        await self._confirm(view)
+
+    # -- hold and release -----------------------------------------------------------------
+
+    async def _sync_hold(self, view: ResourceView) -> None:
+        """Hold a queued job while spec.suspend is true; release it when it is false again."""
+        action = hold_action(view.status, view.suspend)
+        if action is Hold.NOTHING:
+            return
+        client = await self.slurm()
+        attempt = view.status.current_attempt
+        assert attempt is not None
+        assert attempt.job_id is not None
+        if action is not Hold.CANNOT_HOLD:
+            try:
+                await client.hold(attempt.job_id, action is Hold.HOLD)
+            except SlurmError as exc:
+                verb = "hold" if action is Hold.HOLD else "release"
+                raise RetryLater(f"cannot {verb}: {exc}", 10) from exc
+        await self.edge.apply(view, hold_transition(view.status, action, view.generation, _now()))

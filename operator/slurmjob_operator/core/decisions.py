@@ -1,0 +1,217 @@
+"""The controller's remaining choices, as pure functions: what a failed submit step becomes,
+whether spec.suspend gates or holds, and which of the jobs found by name is adopted.
+
+The controller only classifies what happened (an exception, a lookup result) and carries out
+the returned transition and plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum, StrEnum
+from typing import Literal
+
+from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.jobview import SlurmJobView, by_leader, leader
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import (
+    DECLARE_LOST_ANNOTATION,
+    SUSPENDED,
+    Transition,
+    invalid_spec,
+    not_submitted,
+    rejected,
+    suspension,
+    unconfirmed,
+    waiting,
+)
+
+# -- a failed submit step -------------------------------------------------------------------
+
+
+class Failure(StrEnum):
+    """Why a submit step stopped, as the controller classifies it."""
+
+    # Before the attempt is recorded: nothing was sent.
+    SPEC_INVALID = "SpecInvalid"  # the spec, its rendering or its preflight
+    RUNTIME_INVALID = "RuntimeInvalid"  # the runtime artifact's magic or checksum
+    SECRET_MISSING = "SecretMissing"  # noqa: S105 (a failure class, not a secret)
+    SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
+    SLURM_UNREACHABLE = "SlurmUnreachable"  # while connecting
+    # After the attempt is recorded.
+    REJECTED = "Rejected"  # Slurm refused the job description
+    AMBIGUOUS = "Ambiguous"  # the POST may have created a job
+    SEND_REFUSED_CREDENTIALS = "SendRefusedCredentials"  # nothing was created
+    SEND_FAILED = "SendFailed"  # staging or the request failed before Slurm had it
+
+
+class Retry(Enum):
+    NEVER = "never"  # final until the spec changes
+    BACKOFF = "backoff"  # a few poll intervals
+    POLL = "poll"  # one poll interval (an adoption lookup)
+
+
+#: The label values of the submissions counter.
+SubmissionResult = Literal["accepted", "rejected", "ambiguous", "transient", "auth"]
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    reason: Reason
+    retry: Retry
+    metric: SubmissionResult | None = None  # the submissions counter's label, if counted
+    discard_attempt: bool = False  # remove the attempt's staged files
+    cancel_created: bool = False  # Slurm may have made a record despite refusing: cancel it
+
+
+#: One row per failure: what it becomes. The transition is built by `failed_step`.
+FAILURES: Mapping[Failure, FailurePlan] = {
+    Failure.SPEC_INVALID: FailurePlan(Reason.INVALID_SPEC, Retry.NEVER),
+    Failure.RUNTIME_INVALID: FailurePlan(
+        Reason.RUNTIME_ARTIFACT_INVALID, Retry.NEVER, metric="rejected"
+    ),
+    Failure.SECRET_MISSING: FailurePlan(Reason.SECRET_NOT_FOUND, Retry.BACKOFF),
+    Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
+    Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
+    Failure.REJECTED: FailurePlan(
+        Reason.SUBMIT_REJECTED,
+        Retry.NEVER,
+        metric="rejected",
+        discard_attempt=True,
+        cancel_created=True,
+    ),
+    Failure.AMBIGUOUS: FailurePlan(Reason.SUBMISSION_UNCONFIRMED, Retry.POLL, metric="ambiguous"),
+    Failure.SEND_REFUSED_CREDENTIALS: FailurePlan(
+        Reason.SLURM_AUTH_FAILED, Retry.BACKOFF, metric="auth", discard_attempt=True
+    ),
+    Failure.SEND_FAILED: FailurePlan(
+        Reason.SUBMIT_FAILED, Retry.BACKOFF, metric="transient", discard_attempt=True
+    ),
+}
+
+
+def failed_step(
+    status: SlurmJobStatus,
+    failure: Failure,
+    messages: Sequence[str],
+    generation: int | None,
+    now: datetime,
+) -> tuple[Transition, FailurePlan]:
+    """The transition a failed submit step writes, and what else the controller must do."""
+    plan = FAILURES[failure]
+    message = "; ".join(messages)
+    if failure in (Failure.SPEC_INVALID, Failure.RUNTIME_INVALID):
+        return invalid_spec(status, messages, generation, now, plan.reason), plan
+    if failure is Failure.REJECTED:
+        return rejected(status, message, generation, now), plan
+    if failure is Failure.AMBIGUOUS:
+        return unconfirmed(status, message, generation, now), plan
+    if plan.discard_attempt:
+        return not_submitted(status, plan.reason, message, generation, now), plan
+    return waiting(status, plan.reason, message, generation, now), plan
+
+
+# -- spec.suspend ---------------------------------------------------------------------------
+
+
+def gate(
+    status: SlurmJobStatus, wanted: bool, generation: int | None, now: datetime
+) -> tuple[bool, Transition | None]:
+    """Before a submit: (blocked, what to write). Suspended blocks; lifting it says so."""
+    if wanted:
+        text = "spec.suspend is true: nothing is submitted"
+        return True, suspension(status, True, Reason.SUSPENDED, text, generation, now)
+    cond = get_condition(status.conditions, SUSPENDED)
+    if cond is not None and cond.status == "True":
+        text = "spec.suspend is false"
+        return False, suspension(status, False, Reason.RESUMED, text, generation, now)
+    return False, None
+
+
+class Hold(StrEnum):
+    NOTHING = "Nothing"
+    HOLD = "Hold"
+    RELEASE = "Release"
+    CANNOT_HOLD = "CannotHold"  # Slurm holds only pending jobs
+
+
+def hold_action(status: SlurmJobStatus, wanted: bool) -> Hold:
+    """For a submitted job: what spec.suspend asks of Slurm now."""
+    cond = get_condition(status.conditions, SUSPENDED)
+    held = cond is not None and cond.status == "True"
+    attempt = status.current_attempt
+    if wanted == held or attempt is None or attempt.job_id is None:
+        return Hold.NOTHING
+    if wanted and status.phase is not Phase.QUEUED:
+        return Hold.CANNOT_HOLD
+    return Hold.HOLD if wanted else Hold.RELEASE
+
+
+def hold_transition(
+    status: SlurmJobStatus, action: Hold, generation: int | None, now: datetime
+) -> Transition:
+    """What to write once `action` (not NOTHING) was carried out."""
+    attempt = status.current_attempt
+    job = attempt.job_id if attempt is not None else None
+    if action is Hold.CANNOT_HOLD:
+        text = (
+            "spec.suspend is true but the Slurm job already left the queue; Slurm holds "
+            "only pending jobs, so it keeps running"
+        )
+        return suspension(status, False, Reason.NOT_HELD, text, generation, now)
+    held = action is Hold.HOLD
+    verb = "held" if held else "released"
+    text = f"Slurm job {job} {verb} (spec.suspend is {str(held).lower()})"
+    reason = Reason.HELD if held else Reason.RELEASED
+    return suspension(status, held, reason, text, generation, now)
+
+
+# -- adoption -------------------------------------------------------------------------------
+
+
+class AdoptAction(StrEnum):
+    ADOPT = "Adopt"  # keep `keep`, cancel `duplicates`
+    WAIT = "Wait"  # not visible yet: look again later
+    RESTART = "Restart"  # never sent (its staging never finished): submit it again
+
+
+@dataclass(frozen=True)
+class Adoption:
+    action: AdoptAction
+    keep: SlurmJobView | None = None
+    duplicates: tuple[SlurmJobView, ...] = ()
+
+
+def declared_lost_now(attempt: Attempt, annotations: Mapping[str, str]) -> bool:
+    """Whether a person declared this very attempt lost (the annotation names its number)."""
+    return annotations.get(DECLARE_LOST_ANNOTATION) == str(attempt.number)
+
+
+def carries(job: SlurmJobView, uid: str, attempt: Attempt) -> bool:
+    """Whether a job found by the attempt's name is this attempt's: its comment names the
+    resource's uid and the attempt (a job without our comment, e.g. from accounting where the
+    comment may be cut, is taken on its unique name alone)."""
+    ident = naming.parse_comment(job.comment)
+    return ident is None or (ident.uid == uid and ident.attempt == attempt.number)
+
+
+def adoption(
+    found: Sequence[SlurmJobView], uid: str, attempt: Attempt, *, staged: bool
+) -> Adoption:
+    """Which of the jobs found by the attempt's name to keep. `staged`: the attempt's script
+    is on the storage (it is written last, before the POST: without it nothing was sent)."""
+    mine = [job for job in found if carries(job, uid, attempt)]
+    # One entry per job, as its leader component (a het job's components share a name);
+    # the oldest is kept.
+    leaders = sorted(
+        (leader(views) for views in by_leader(mine).values()),
+        key=lambda j: (j.sluid or "", j.job_id),
+    )
+    if leaders:
+        return Adoption(AdoptAction.ADOPT, leaders[0], tuple(leaders[1:]))
+    if attempt.staging_dir and not staged:
+        return Adoption(AdoptAction.RESTART)
+    return Adoption(AdoptAction.WAIT)

@@ -1,0 +1,172 @@
+"""Every condition the operator writes and every reason it writes them with, declared once.
+
+The transitions in `reconcile` take their types and reasons from here, `gen.docs` prints this
+table as the reference's conditions section, and `tests/unit/test_reasons.py` drives every
+transition to prove the two agree (nothing written that is not declared, nothing declared that
+no transition writes).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    SUBMITTED = "Submitted"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    READY = "Ready"
+    SUSPENDED = "Suspended"
+    SLURM_REACHABLE = "SlurmReachable"
+
+
+CONDITION_MEANINGS: dict[ConditionType, str] = {
+    ConditionType.SUBMITTED: (
+        "Whether the current attempt is known to Slurm: True once Slurm gave (or showed) its "
+        "job id, Unknown while the POST is in flight or its answer was lost, False when "
+        "nothing was submitted."
+    ),
+    ConditionType.RUNNING: "True while the Slurm job runs (or holds its allocation).",
+    ConditionType.SUCCEEDED: "Written when the job is final: True when it completed with exit 0.",
+    ConditionType.FAILED: (
+        "True when the job failed, Slurm refused it, or the spec is invalid; False when a "
+        "retry is scheduled."
+    ),
+    ConditionType.READY: (
+        "True while the job is healthy (Queued, Running, Succeeded); False on failures, "
+        "cancellation, Unknown, an invalid spec, waits and unconfirmed submissions."
+    ),
+    ConditionType.SUSPENDED: (
+        "spec.suspend took effect (nothing submitted, or the queued job held)."
+    ),
+    ConditionType.SLURM_REACHABLE: (
+        "Whether slurmrestd answers the operator's poll with its credentials (written on "
+        "followed jobs when that changes). Refused tokens come back as HTTP 500 or 511, so "
+        "this condition and its Event are where they show."
+    ),
+}
+
+
+class Reason(StrEnum):
+    SUBMITTING = "Submitting"
+    ACCEPTED = "Accepted"
+    ADOPTED = "Adopted"
+    QUEUED = "Queued"
+    SUBMISSION_UNCONFIRMED = "SubmissionUnconfirmed"
+    SUBMIT_INTERRUPTED = "SubmitInterrupted"
+    DECLARED_LOST = "DeclaredLost"
+    INVALID_SPEC = "InvalidSpec"
+    RUNTIME_ARTIFACT_INVALID = "RuntimeArtifactInvalid"
+    SECRET_NOT_FOUND = "SecretNotFound"  # noqa: S105 (a reason, not a secret)
+    SLURM_AUTH_FAILED = "SlurmAuthFailed"
+    SLURM_UNAVAILABLE = "SlurmUnavailable"
+    SUBMIT_FAILED = "SubmitFailed"
+    SUBMIT_REJECTED = "SubmitRejected"
+    JOB_LOST = "JobLost"
+    RETRY_SCHEDULED = "RetryScheduled"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    HELD = "Held"
+    RELEASED = "Released"
+    NOT_HELD = "NotHeld"
+    SLURM_ANSWERING = "SlurmAnswering"
+
+
+#: What each reason tells a user.
+REASON_MEANINGS: dict[Reason, str] = {
+    Reason.SUBMITTING: "The attempt is recorded and its POST is being sent.",
+    Reason.ACCEPTED: "slurmrestd answered the POST with the job id.",
+    Reason.ADOPTED: "The POST's answer was lost; the job was found by its unique name.",
+    Reason.QUEUED: "Slurm has the job.",
+    Reason.SUBMISSION_UNCONFIRMED: (
+        "The POST may have created a job whose answer was lost: no resubmit until it is "
+        "found (or declared lost)."
+    ),
+    Reason.SUBMIT_INTERRUPTED: (
+        "The operator stopped before the attempt's files were complete, so it was never "
+        "sent: it is submitted again."
+    ),
+    Reason.DECLARED_LOST: "A person declared the unconfirmed attempt lost (annotation).",
+    Reason.INVALID_SPEC: "The spec cannot run on this site; the message names the field.",
+    Reason.RUNTIME_ARTIFACT_INVALID: "The runtime artifact is missing or its checksum is wrong.",
+    Reason.SECRET_NOT_FOUND: "A referenced Secret or key does not exist (yet).",
+    Reason.SLURM_AUTH_FAILED: "slurmrestd refused the operator's credentials.",
+    Reason.SLURM_UNAVAILABLE: "slurmrestd could not be reached or failed.",
+    Reason.SUBMIT_FAILED: "The POST certainly created no job (nothing was sent); retried.",
+    Reason.SUBMIT_REJECTED: "Slurm refused the job description (its words in the message).",
+    Reason.JOB_LOST: "Slurm forgot the job and accounting has no record: never resubmitted.",
+    Reason.RETRY_SCHEDULED: "The attempt failed and the retry rules give it another.",
+    Reason.SUSPENDED: "spec.suspend is true: nothing is submitted.",
+    Reason.RESUMED: "spec.suspend is false again before anything was submitted.",
+    Reason.HELD: "spec.suspend is true: the queued Slurm job is held.",
+    Reason.RELEASED: "spec.suspend is false: the held Slurm job is released.",
+    Reason.NOT_HELD: "spec.suspend is true, but the job already left the queue: it runs on.",
+    Reason.SLURM_ANSWERING: "slurmrestd answers the poll.",
+}
+
+#: A condition whose reason is the one of the phase Slurm's state maps to (`core.states`).
+FROM_SLURM = "(from Slurm)"
+
+#: (condition type, status, reason); the reason is a `Reason` or `FROM_SLURM`.
+Written = tuple[str, str, str]
+
+_T, _F, _U = "True", "False", "Unknown"
+C = ConditionType
+R = Reason
+
+#: Every (condition, status, reason) any transition writes.
+WRITTEN: frozenset[Written] = frozenset(
+    [
+        (C.SUBMITTED, _U, R.SUBMITTING),
+        (C.SUBMITTED, _T, R.ACCEPTED),
+        (C.SUBMITTED, _T, R.ADOPTED),
+        (C.READY, _T, R.QUEUED),
+        (C.SUBMITTED, _U, R.SUBMISSION_UNCONFIRMED),
+        (C.READY, _F, R.SUBMISSION_UNCONFIRMED),
+        (C.SUBMITTED, _F, R.DECLARED_LOST),
+        *(
+            (cond, _F, reason)
+            for cond in (C.SUBMITTED, C.READY)
+            for reason in (
+                R.SECRET_NOT_FOUND,
+                R.SLURM_AUTH_FAILED,
+                R.SLURM_UNAVAILABLE,
+                R.SUBMIT_FAILED,
+                R.SUBMIT_INTERRUPTED,
+            )
+        ),
+        *(
+            (cond, status, reason)
+            for reason in (R.INVALID_SPEC, R.RUNTIME_ARTIFACT_INVALID)
+            for cond, status in ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T))
+        ),
+        *(
+            (cond, status, R.SUBMIT_REJECTED)
+            for cond, status in (
+                (C.SUBMITTED, _F),
+                (C.FAILED, _T),
+                (C.SUCCEEDED, _F),
+                (C.READY, _F),
+            )
+        ),
+        (C.READY, _F, R.JOB_LOST),
+        (C.RUNNING, _F, R.JOB_LOST),
+        (C.READY, _F, R.RETRY_SCHEDULED),
+        (C.RUNNING, _F, R.RETRY_SCHEDULED),
+        (C.FAILED, _F, R.RETRY_SCHEDULED),
+        (C.SUSPENDED, _T, R.SUSPENDED),
+        (C.SUSPENDED, _F, R.RESUMED),
+        (C.SUSPENDED, _T, R.HELD),
+        (C.SUSPENDED, _F, R.RELEASED),
+        (C.SUSPENDED, _F, R.NOT_HELD),
+        (C.SLURM_REACHABLE, _T, R.SLURM_ANSWERING),
+        (C.SLURM_REACHABLE, _F, R.SLURM_AUTH_FAILED),
+        (C.SLURM_REACHABLE, _F, R.SLURM_UNAVAILABLE),
+        *(
+            (cond, status, FROM_SLURM)
+            for cond in (C.RUNNING, C.READY, C.SUCCEEDED, C.FAILED)
+            for status in (_T, _F)
+        ),
+    ]
+)
