@@ -220,6 +220,33 @@ def sandbox(installed: Installed) -> Iterator[Sandbox]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _world_readable(root: Path) -> None:
+    """Open `root` and everything under it to every uid: directories 0755, files 0644."""
+    root.chmod(0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+
+
+@pytest.fixture
+def examples(installed: Installed) -> Iterator[Path]:
+    """A world-readable copy of the checkout's examples/ (manifests and site files).
+
+    The image's uid cannot be assumed to reach the checkout: under a private directory (say
+    /root/x, mode 0700) it cannot even traverse to it. The copy sits beside the venv, which
+    the uid must reach anyway, and is removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="examples-", dir=installed.root))
+    try:
+        copy = base / "examples"
+        shutil.copytree(REPO / "examples", copy, symlinks=False)
+        _world_readable(base)
+        yield copy
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _cli(
     installed: Installed, sandbox: Sandbox, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -331,7 +358,7 @@ def test_wheel_carries_the_templates(installed: Installed) -> None:
         assert (shipped / rel).read_bytes() == (REPO / "templates" / rel).read_bytes()
 
 
-def test_cli_help_crd_and_render(installed: Installed, sandbox: Sandbox) -> None:
+def test_cli_help_crd_and_render(installed: Installed, sandbox: Sandbox, examples: Path) -> None:
     before = _tree(installed.venv, sandbox.readonly)
     helped = _cli(installed, sandbox, "--help")
     assert helped.returncode == 0, helped.stderr
@@ -342,12 +369,13 @@ def test_cli_help_crd_and_render(installed: Installed, sandbox: Sandbox) -> None
     assert crd.returncode == 0, crd.stderr
     assert crd.stdout == CRD.read_text()
 
+    # Read by the image's uid: from the world-readable copy, not from the checkout.
     site = {
-        "SLURMJOB_RUNTIME_REGISTRY_FILE": str(REPO / "examples/site/runtime-registry.yaml"),
-        "SLURMJOB_GPU_SERIES_FILE": str(REPO / "examples/site/gpu-series.yaml"),
+        "SLURMJOB_RUNTIME_REGISTRY_FILE": str(examples / "site/runtime-registry.yaml"),
+        "SLURMJOB_GPU_SERIES_FILE": str(examples / "site/gpu-series.yaml"),
         "SLURMJOB_STORAGE_ROOT": "/lustre/slurmjob",
     }
-    example = str(REPO / "examples/cpu-job.yaml")
+    example = str(examples / "cpu-job.yaml")
     rendered = _cli(installed, sandbox, "render", "-f", example, env=site)
     assert rendered.returncode == 0, rendered.stderr
     body = json.loads(rendered.stdout)

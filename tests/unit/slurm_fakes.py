@@ -14,8 +14,8 @@ from aiohttp import web
 
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-SAMPLES = SHARED / "slurm-samples"
+# Verbatim copies of captured slurmrestd traffic, kept in the repository (see its README.md).
+SAMPLES = Path(__file__).resolve().parent.parent / "data" / "slurm-samples"
 S2205 = SAMPLES / "slurm-22.05"
 S2605 = SAMPLES / "slurm-26.05"
 

@@ -15,7 +15,7 @@ from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
-from .slurm_fakes import S2205, S2605, SAMPLES, cpu_request, gpu_request, het_request, sample
+from .slurm_fakes import S2205, S2605, cpu_request, gpu_request, het_request, sample
 
 SERVED_2605 = ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 NO_DOCUMENT = ("v0.0.40", "v0.0.41")
@@ -59,9 +59,6 @@ def _validator(version: str, overrides: bool = True) -> jsonschema.Draft7Validat
         components = _document("26.05")["components"]
         ref = f"#/components/schemas/{version}_job_submit_req"
     return jsonschema.Draft7Validator({"$ref": ref, "components": components})
-
-
-pytestmark = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"no samples at {SAMPLES}")
 
 
 def body(version: str, req: LaunchRequest) -> dict[str, Any]:

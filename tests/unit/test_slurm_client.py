@@ -23,7 +23,7 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.http import HttpTransport
 
 from .raw_http import GET_404_2605, SUBMIT_422_2605, raw_server
-from .slurm_fakes import S2205, S2605, SAMPLES, FakeSlurm, cpu_request, envelope, sample
+from .slurm_fakes import S2205, S2605, FakeSlurm, cpu_request, envelope, sample
 
 
 class StaticToken:
@@ -65,13 +65,11 @@ def client(
 
 V45 = "/slurm/v0.0.45"
 V38 = "/slurm/v0.0.38"
-needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason="no samples")
 
 
 # -- submit ---------------------------------------------------------------------------------
 
 
-@needs_samples
 async def test_submit_success_sends_headers_and_body(fake: FakeSlurm, session: Any) -> None:
     fake.json("POST", f"{V45}/job/submit", sample("slurm-26.05/resp_submit.json"))
     calls: Calls = []
@@ -300,7 +298,6 @@ async def test_unserved_path_is_unsupported_not_missing(fake: FakeSlurm, session
         await client(fake, session).get_job(1)
 
 
-@needs_samples
 async def test_get_job_het_and_sluid(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", f"{V45}/job/6", sample("slurm-26.05/resp_get_job_het.json"))
     fake.json("GET", f"{V45}/job/s2FSM8MPC68800", sample("slurm-26.05/resp_get_job_by_sluid.json"))
@@ -356,7 +353,6 @@ async def test_list_jobs_no_change_warning_on_v045(fake: FakeSlurm, session: Any
     assert result.warnings[0].description == warning["description"]
 
 
-@needs_samples
 async def test_list_jobs_full(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", f"{V45}/jobs", sample("slurm-26.05/resp_list_jobs.json"))
     result = await client(fake, session).list_jobs()
@@ -465,7 +461,6 @@ async def test_cancel_unknown_job_v38(fake: FakeSlurm, session: Any) -> None:
 # -- ping, accounting, discovery ------------------------------------------------------------
 
 
-@needs_samples
 async def test_ping(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", f"{V45}/ping", sample("slurm-26.05/resp_ping.json"))
     assert (await client(fake, session).ping()).release == "26.05.3"
@@ -474,7 +469,6 @@ async def test_ping(fake: FakeSlurm, session: Any) -> None:
         await client(fake, session).ping()
 
 
-@needs_samples
 async def test_find_by_name_merges_controller_and_accounting(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", f"{V45}/jobs", sample("slurm-26.05/resp_list_jobs.json"))
     fake.json("GET", "/slurmdb/v0.0.45/jobs", sample("slurm-26.05/resp_slurmdb_jobs.json"))
@@ -488,7 +482,6 @@ async def test_find_by_name_merges_controller_and_accounting(fake: FakeSlurm, se
     assert abs(int(query["start_time"]) - (datetime.now(tz=UTC).timestamp() - 7 * 86400)) < 60
 
 
-@needs_samples
 async def test_find_by_name_uses_accounting_for_purged_jobs(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", f"{V45}/jobs", envelope(jobs=[]))
     fake.json("GET", "/slurmdb/v0.0.45/jobs", sample("slurm-26.05/resp_slurmdb_jobs.json"))
@@ -509,14 +502,12 @@ async def test_find_by_name_remembers_missing_accounting(fake: FakeSlurm, sessio
         await c.get_job_accounting(1)
 
 
-@needs_samples
 async def test_get_job_accounting(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", "/slurmdb/v0.0.45/job/9", sample("slurm-26.05/resp_slurmdb_job.json"))
     (job,) = await client(fake, session).get_job_accounting(9)
     assert job.sluid == "s2FSM8MPSV2T00"
 
 
-@needs_samples
 def test_pick_version_from_documents() -> None:
     import json
 
@@ -528,14 +519,12 @@ def test_pick_version_from_documents() -> None:
     assert pick_version({"paths": {}}) is None
 
 
-@needs_samples
 async def test_discover_from_openapi_v3(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", "/openapi/v3", sample("slurm-26.05/openapi_v3.json"))
     assert await discover_version(session, fake.base_url, token=StaticToken()) == "v0.0.45"
     assert fake.seen[-1].headers["X-SLURM-USER-TOKEN"] == "tok"
 
 
-@needs_samples
 async def test_discover_falls_back_to_openapi_json(fake: FakeSlurm, session: Any) -> None:
     fake.json("GET", "/openapi.json", sample("slurm-22.05/openapi.json"))
     assert (

@@ -19,8 +19,6 @@ from slurmjob_operator.slurm.errors import (
 
 from .slurm_fakes import S2205, S2605, SAMPLES, sample, sample_json_22
 
-pytestmark = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"no samples at {SAMPLES}")
-
 V45 = dialect_for("v0.0.45")
 
 
