@@ -138,6 +138,21 @@ async def test_headers_are_case_insensitive_and_repeats_joined() -> None:
     assert resp.headers["x-a"] == "1, 2"
 
 
+async def test_answer_trickling_in_byte_by_byte_is_assembled() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        for i in range(len(SUBMIT_422_2605)):
+            writer.write(SUBMIT_422_2605[i : i + 1])
+            await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        resp = await fetch(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x", seconds=10)
+    assert (resp.status, len(resp.body)) == (422, 715)
+
+
 # -- broken answers ---------------------------------------------------------------------------
 
 
@@ -152,6 +167,13 @@ async def test_truncated_body_is_an_exchange_error() -> None:
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a little"
     async with raw_server(reply) as srv:
         with pytest.raises(ExchangeError, match="13 of 100"):
+            await fetch(srv.url + "/x")
+
+
+async def test_truncated_chunked_body_is_an_exchange_error() -> None:
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"
+    async with raw_server(reply) as srv:
+        with pytest.raises(ExchangeError, match="connection closed"):
             await fetch(srv.url + "/x")
 
 
@@ -341,6 +363,16 @@ async def test_header_injection_is_refused_before_sending() -> None:
             async with HttpTransport() as t:
                 await t.request("GET", srv.url, headers={"X-A": "1\r\nX-B: 2"}, timeout=2)
         assert not srv.requests
+
+
+async def test_refused_header_value_is_not_quoted() -> None:
+    # A token read from a file often ends in a newline; the token must not reach the logs.
+    async with raw_server() as srv, HttpTransport() as t:
+        with pytest.raises(ConnectError, match="X-SLURM-USER-TOKEN") as info:
+            await t.request("GET", srv.url, headers={"X-SLURM-USER-TOKEN": "s3cr3t\n"}, timeout=2)
+        assert not srv.requests
+    assert info.value.__cause__ is None
+    assert "s3cr3t" not in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@ So this transport sends no `Connection` header (HTTP/1.1 keep-alive is the defau
 harmless because we close the socket ourselves), reads exactly one response (framed by
 `Transfer-Encoding: chunked`, `Content-Length`, or the end of the connection), ignores anything
 the server writes after it and closes the connection. Connections are never reused, which is
-what slurmrestd needs anyway: releases before 25.11 do not honour keep-alive reliably.
+what slurmrestd needs anyway: releases before 25.11 do not honour keep-alive reliably. The bytes
+are written and parsed by h11, as strict as any parser but sans-I/O: it parses only what it is
+asked for, and it is never asked past the first response's end.
 
 Failures say how far the request got, because a submit that may have been processed must not
 be repeated blindly:
@@ -30,11 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_module
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import quote, urlencode, urlsplit
+
+import h11
 
 from slurmjob_operator import __version__
 
@@ -46,11 +49,9 @@ USER_AGENT = f"slurmjob-operator/{__version__}"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Headers the transport writes itself; a caller's value for these is dropped.
 _MANAGED = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-_TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 # Characters left alone in a request path: RFC 3986 pchar, "/" and "%" (existing escapes).
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
-_CHUNK_LINE_LIMIT = 4096
-_MAX_TRAILERS = MAX_HEADERS
+_READ_SIZE = 64 * 1024
 # How long a graceful close may wait: TLS sends close_notify and waits for the peer's answer
 # or EOF; a peer that gives neither must not hold up an answer already read.
 _CLOSE_TIMEOUT = 0.5
@@ -122,183 +123,122 @@ def _target(url: str, params: Sequence[tuple[str, str]] | None) -> _Target:
     return _Target(scheme, host, port, host_header, target)
 
 
-def _valid_token(text: str) -> bool:
-    return bool(text) and all(c in _TOKEN_CHARS for c in text)
-
-
-def _request_bytes(
+def _header_fields(
     method: str, target: _Target, headers: Mapping[str, str], body: bytes | None
-) -> bytes:
-    if not _valid_token(method):
-        raise ConnectError(f"invalid HTTP method {method!r}")
-    lines = [f"{method} {target.request_target} HTTP/1.1", f"Host: {target.host_header}"]
-    own = {"user-agent": USER_AGENT, "accept-encoding": "identity"}
+) -> list[tuple[str, str]]:
+    fields = [("Host", target.host_header)]
     given = {name.lower() for name in headers}
-    lines += [f"{name.title()}: {value}" for name, value in own.items() if name not in given]
-    for name, value in headers.items():
-        if name.lower() in _MANAGED:
-            continue
-        if not _valid_token(name) or any(c in value for c in "\r\n\0"):
-            raise ConnectError(f"invalid HTTP header {name!r}")
-        lines.append(f"{name}: {value}")
+    own = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+    fields += [(name, value) for name, value in own.items() if name.lower() not in given]
+    # h11 refuses surrounding whitespace, which is not part of a value anyway.
+    fields += [
+        (name, value.strip(" \t"))
+        for name, value in headers.items()
+        if name.lower() not in _MANAGED
+    ]
     if body is not None:
-        lines.append(f"Content-Length: {len(body)}")
+        fields.append(("Content-Length", str(len(body))))
     elif method in ("POST", "PUT", "PATCH"):
-        lines.append("Content-Length: 0")
+        fields.append(("Content-Length", "0"))
+    return fields
+
+
+def _refused(method: str, target: str, fields: list[tuple[bytes, bytes]]) -> ConnectError:
+    # h11's message quotes the offending value, and a header value may be the JWT: name the
+    # header instead. A Response checks header fields as a Request does, minus the Host rule.
+    for name, value in fields:
+        try:
+            h11.Response(status_code=200, headers=[(name, value)])
+        except h11.LocalProtocolError:
+            return ConnectError(f"invalid HTTP header {name.decode('latin-1')!r}")
+    return ConnectError(f"invalid HTTP method or target: {method!r} {target!r}")
+
+
+def _start(
+    method: str, target: _Target, headers: Mapping[str, str], body: bytes | None
+) -> tuple[h11.Connection, bytes]:
+    """The exchange's protocol state and the request's bytes."""
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
     try:
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        fields = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in _header_fields(method, target, headers, body)
+        ]
+        request = h11.Request(method=method, target=target.request_target, headers=fields)
     except UnicodeEncodeError as exc:
-        raise ConnectError(f"request header not encodable: {exc}") from exc
-    return head + body if body else head
+        raise ConnectError(f"request not encodable: {exc}") from exc
+    except h11.LocalProtocolError:
+        raise _refused(method, target.request_target, fields) from None
+    data = conn.send(request)
+    if body:
+        data += conn.send(h11.Data(data=body))
+    return conn, data + conn.send(h11.EndOfMessage())
 
 
-# -- response parsing ---------------------------------------------------------------------
+# -- response reading ---------------------------------------------------------------------
 
 
-async def _read_line(reader: asyncio.StreamReader, limit: int, what: str) -> bytes:
-    """One line without its line ending (CRLF or bare LF), at most `limit` bytes long."""
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            raise ExchangeError(f"connection closed while reading the {what}") from exc
-        raise ExchangeError(f"connection closed in the middle of the {what}") from exc
-    except asyncio.LimitOverrunError as exc:
-        raise ExchangeError(f"{what} too long") from exc
-    if len(line) > limit:
-        raise ExchangeError(f"{what} too long")
-    return line.rstrip(b"\r\n")
+def _check_head(event: h11.InformationalResponse | h11.Response) -> None:
+    # h11 has no header count limit, and bounds its buffer only while a head is incomplete:
+    # a head that arrives in one read may be larger.
+    if len(event.headers) > MAX_HEADERS:
+        raise ExchangeError(f"more than {MAX_HEADERS} response headers")
+    if sum(len(name) + len(value) + 4 for name, value in event.headers) > MAX_HEADER_BYTES:
+        raise ExchangeError(f"response headers exceed {MAX_HEADER_BYTES} bytes")
 
 
-async def _read_head(
-    reader: asyncio.StreamReader,
-) -> tuple[int, str, dict[str, str]]:
-    """Status line and headers, bounded by MAX_HEADERS and MAX_HEADER_BYTES."""
-    used = 0
-    status_line = await _read_line(reader, MAX_HEADER_BYTES, "status line")
-    used += len(status_line)
-    version, _, rest = status_line.partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if (
-        version not in (b"HTTP/1.1", b"HTTP/1.0")
-        or len(code) != 3
-        or not code.isdigit()
-        or code.startswith(b"0")
-    ):
-        raise ExchangeError(f"malformed status line {status_line[:80]!r}")
-    headers: dict[str, str] = {}
-    count = 0
-    last: str | None = None
-    while True:
-        line = await _read_line(reader, MAX_HEADER_BYTES, "response header")
-        used += len(line) + 2
-        if used > MAX_HEADER_BYTES:
-            raise ExchangeError(f"response headers exceed {MAX_HEADER_BYTES} bytes")
-        if not line:
-            break
-        text = line.decode("latin-1")
-        if text[0] in " \t":  # obsolete line folding: continues the previous header
-            if last is None:
-                raise ExchangeError("malformed response header: continuation first")
-            headers[last] = f"{headers[last]} {text.strip()}"
-            continue
-        count += 1
-        if count > MAX_HEADERS:
-            raise ExchangeError(f"more than {MAX_HEADERS} response headers")
-        name, sep, value = text.partition(":")
-        if not sep or not _valid_token(name):
-            raise ExchangeError(f"malformed response header {text[:80]!r}")
-        last = name.lower()
-        value = value.strip(" \t")
-        headers[last] = f"{headers[last]}, {value}" if last in headers else value
-    return int(code), reason.decode("latin-1").strip(), headers
+def _broken(
+    exc: h11.RemoteProtocolError, head: h11.Response | None, received: int, closed: bool
+) -> ExchangeError:
+    """Where the answer broke off (h11's messages do not say)."""
+    if head is None:
+        if closed:
+            return ExchangeError("connection closed before a complete response head")
+        return ExchangeError(f"invalid response head: {exc}")
+    if not closed:  # only a chunked body has a syntax to get wrong
+        return ExchangeError(f"malformed chunked body (chunk size, chunk end or trailer): {exc}")
+    fields = dict(head.headers)
+    length = fields.get(b"content-length")
+    if length is None or b"transfer-encoding" in fields:
+        return ExchangeError("connection closed in the middle of the response body")
+    return ExchangeError(
+        f"connection closed in the response body: got {received} of {int(length)} bytes"
+    )
 
 
-def _content_length(headers: Mapping[str, str]) -> int | None:
-    raw = headers.get("content-length")
-    if raw is None:
-        return None
-    values = {v.strip() for v in raw.split(",")}
-    if len(values) != 1:
-        raise ExchangeError(f"conflicting Content-Length {raw!r}")
-    value = values.pop()
-    if not value.isdigit() or not value.isascii():
-        raise ExchangeError(f"malformed Content-Length {raw!r}")
-    length = int(value)
-    if length > MAX_BODY_BYTES:
-        raise ExchangeError(f"response body of {length} bytes exceeds {MAX_BODY_BYTES}")
-    return length
-
-
-def _is_chunked(headers: Mapping[str, str]) -> bool | None:
-    """True: chunked; False: another transfer coding (read to EOF); None: no such header."""
-    raw = headers.get("transfer-encoding")
-    if raw is None:
-        return None
-    codings = [c.strip().lower() for c in raw.split(",") if c.strip()]
-    return bool(codings) and codings[-1] == "chunked"
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def _read_response(reader: asyncio.StreamReader, conn: h11.Connection) -> HttpResponse:
+    """The first response only: what follows it is never parsed (see the module docstring)."""
+    head: h11.Response | None = None
     body = bytearray()
+    closed = False
     while True:
-        line = await _read_line(reader, _CHUNK_LINE_LIMIT, "chunk size")
-        size_text = line.split(b";", 1)[0].strip().decode("latin-1")
-        if not size_text or any(c not in string.hexdigits for c in size_text):
-            raise ExchangeError(f"malformed chunk size {line[:40]!r}")
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        if len(body) + size > MAX_BODY_BYTES:
-            raise ExchangeError(f"chunked response body exceeds {MAX_BODY_BYTES} bytes")
-        body += await _read_exactly(reader, size, "chunk")
-        if await _read_line(reader, _CHUNK_LINE_LIMIT, "chunk end"):
-            raise ExchangeError("chunk not followed by a line ending")
-    for _ in range(_MAX_TRAILERS + 1):
-        if not await _read_line(reader, MAX_HEADER_BYTES, "trailer"):
-            return bytes(body)
-    raise ExchangeError(f"more than {_MAX_TRAILERS} trailer lines")
-
-
-async def _read_exactly(reader: asyncio.StreamReader, size: int, what: str) -> bytes:
-    try:
-        return await reader.readexactly(size)
-    except asyncio.IncompleteReadError as exc:
-        raise ExchangeError(
-            f"connection closed in the {what}: got {len(exc.partial)} of {size} bytes"
-        ) from exc
-
-
-async def _read_to_eof(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while chunk := await reader.read(256 * 1024):
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ExchangeError(f"response body exceeds {MAX_BODY_BYTES} bytes")
-    return bytes(body)
-
-
-async def _read_response(reader: asyncio.StreamReader, method: str) -> HttpResponse:
-    while True:
-        status, reason, headers = await _read_head(reader)
-        # Interim answers (100 Continue, 103 Early Hints) precede the real one.
-        if not (100 <= status < 200 and status != 101):
-            break
-    if method == "HEAD" or 100 <= status < 200 or status in (204, 304):
-        body = b""
-    else:
-        chunked = _is_chunked(headers)
-        if chunked:
-            body = await _read_chunked(reader)
-        elif chunked is False:
-            body = await _read_to_eof(reader)
-        else:
-            length = _content_length(headers)
-            if length is None:
-                body = await _read_to_eof(reader)
-            else:
-                body = await _read_exactly(reader, length, "response body")
-    return HttpResponse(status=status, reason=reason, headers=headers, body=body)
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise _broken(exc, head, len(body), closed) from exc
+        if event is h11.NEED_DATA:
+            data = await reader.read(_READ_SIZE)
+            closed = not data
+            conn.receive_data(data)  # b"" tells h11 the connection closed
+        elif isinstance(event, h11.InformationalResponse):  # 100 Continue, 103 Early Hints
+            _check_head(event)
+        elif isinstance(event, h11.Response):
+            _check_head(event)
+            head = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                raise ExchangeError(f"response body exceeds {MAX_BODY_BYTES} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            assert head is not None  # h11 yields the Response first
+            headers: dict[str, str] = {}
+            for raw_name, raw_value in head.headers:
+                name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+                headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            reason = head.reason.decode("latin-1")
+            return HttpResponse(head.status_code, reason, headers, bytes(body))
+        else:  # PAUSED or ConnectionClosed: h11 gives neither before the response's end
+            raise ExchangeError(f"unexpected HTTP event {event!r}")
 
 
 async def _close(writer: asyncio.StreamWriter, *, graceful: bool) -> None:
@@ -368,7 +308,7 @@ class HttpTransport:
         if self._closed:
             raise ConnectError("HTTP transport is closed")
         target = _target(url, params)
-        data = _request_bytes(method.upper(), target, headers or {}, body)
+        conn, data = _start(method.upper(), target, headers or {}, body)
         tls = self._tls(target.scheme)
         where = target.host_header
         phase = "connect"
@@ -379,10 +319,7 @@ class HttpTransport:
                 async with self._slots:
                     try:
                         reader, writer = await asyncio.open_connection(
-                            target.host,
-                            target.port,
-                            ssl=tls,
-                            limit=MAX_HEADER_BYTES + 1024,
+                            target.host, target.port, ssl=tls
                         )
                     except OSError as exc:  # refused, unreachable, DNS (gaierror), TLS
                         raise ConnectError(f"cannot connect to {where}: {exc}") from exc
@@ -390,7 +327,7 @@ class HttpTransport:
                     try:
                         writer.write(data)
                         await writer.drain()
-                        response = await _read_response(reader, method.upper())
+                        response = await _read_response(reader, conn)
                     except OSError as exc:  # reset, broken pipe, TLS failure mid-stream
                         raise ExchangeError(f"connection to {where} failed: {exc!r}") from exc
                     graceful = True
