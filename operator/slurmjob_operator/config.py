@@ -1,20 +1,39 @@
 """Operator settings, read once from `SLURMJOB_*` environment variables.
 
-Every field carries its env name and meaning in `json_schema_extra`/description so that
+`Settings` is a pydantic-settings `BaseSettings`: the env source finds, parses and validates
+the variables. Every field carries its meaning in its description so that
 `docs/configuration.md` and `doctor` can list them; a test keeps the docs in step.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
+
+from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
 ENV_PREFIX = "SLURMJOB_"
 AUTO = "auto"
+# A bool setting is true unless set to one of these (case and surrounding blanks ignored).
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+# The environment `Settings.from_env` reads; unset (a plain `Settings(...)`) means none at all.
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("slurmjob_environ", default=None)
 
 
 class RuntimeProfile(StrEnum):
@@ -26,8 +45,56 @@ class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' env source over the environment given to `Settings.from_env`.
+
+    Names match as spelled in upper case (`SLURMJOB_POLL_INTERVAL`, not
+    `slurmjob_poll_interval`): the source matches case-insensitively, since a case-sensitive
+    one would look for `SLURMJOB_poll_interval`, and only upper-case names reach it. Bool
+    settings take the operator's own spelling: anything but 0/false/no/off is true.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls, case_sensitive=False)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get() or {}
+        spelled = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX) and k.isupper()}
+        return parse_env_vars(
+            spelled, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        if field.annotation is bool and isinstance(value, str):
+            return value.strip().lower() not in FALSE_WORDS
+        return super().prepare_field_value(field_name, field, value, value_is_complex)
+
+
+@contextmanager
+def _reading(environ: Mapping[str, str]) -> Iterator[None]:
+    token = _ENVIRON.set(environ)
+    try:
+        yield
+    finally:
+        _ENVIRON.reset(token)
+
+
+class Settings(BaseSettings):
+    """The operator's settings: `Settings.from_env()` reads them from `SLURMJOB_*` variables.
+
+    `Settings(...)` directly takes keyword arguments only and never looks at os.environ.
+    Unknown `SLURMJOB_*` variables are ignored; unknown keyword arguments are errors.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,
+        case_sensitive=True,  # keyword arguments; see `_EnvSource` for the variables
+        frozen=True,
+        extra="forbid",
+    )
 
     slurm_rest_url: str = Field(
         default="http://127.0.0.1:6820", description="Base URL of slurmrestd."
@@ -107,8 +174,6 @@ class Settings(BaseModel):
     @field_validator("slurm_rest_api_version")
     @classmethod
     def _version(cls, value: str) -> str:
-        from slurmjob_operator.versions import SUPPORTED_VERSIONS
-
         if value != AUTO and value not in SUPPORTED_VERSIONS:
             raise ValueError(
                 f"{value!r} is not supported; use auto or one of {', '.join(SUPPORTED_VERSIONS)}"
@@ -128,20 +193,24 @@ class Settings(BaseModel):
         return ENV_PREFIX + field.upper()
 
     @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keyword arguments, then the environment; no dotenv or secrets files.
+        return init_settings, _EnvSource(settings_cls)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        values: dict[str, str] = {}
-        for field in cls.model_fields:
-            raw = env.get(cls.env_name(field))
-            if raw is not None and raw != "":
-                values[field] = raw
-        if "slurm_tls_verify" in values:
-            values["slurm_tls_verify"] = str(
-                values["slurm_tls_verify"].strip().lower() not in {"0", "false", "no", "off"}
-            )
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            name = cls.env_name(str(first["loc"][0])) if first["loc"] else ENV_PREFIX
-            raise ConfigError(f"{name}: {first['msg']}") from exc
+        """Settings from `environ` (os.environ when None; a given mapping replaces it)."""
+        with _reading(os.environ if environ is None else environ):
+            try:
+                return cls()
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                name = cls.env_name(str(first["loc"][0])) if first["loc"] else ENV_PREFIX
+                raise ConfigError(f"{name}: {first['msg']}") from exc

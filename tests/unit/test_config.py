@@ -1,0 +1,260 @@
+"""Settings from `SLURMJOB_*` variables (config): values, defaults and the errors naming them."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from slurmjob_operator.config import AUTO, ConfigError, RuntimeProfile, Settings
+from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
+
+APPTAINER = RuntimeProfile.APPTAINER
+
+# -- values ---------------------------------------------------------------------------------------
+
+VALUES: list[tuple[str, str, str, Any]] = [
+    ("SLURMJOB_SLURM_REST_URL", "https://slurm:6820", "slurm_rest_url", "https://slurm:6820"),
+    ("SLURMJOB_SLURM_REST_API_VERSION", "auto", "slurm_rest_api_version", AUTO),
+    ("SLURMJOB_SLURM_REST_API_VERSION", "v0.0.38", "slurm_rest_api_version", "v0.0.38"),
+    ("SLURMJOB_SLURM_REST_API_VERSION", NEWEST, "slurm_rest_api_version", NEWEST),
+    ("SLURMJOB_SLURM_REST_USER", "slurm", "slurm_rest_user", "slurm"),
+    ("SLURMJOB_SLURM_JWT_FILE", "/run/jwt", "slurm_jwt_file", Path("/run/jwt")),
+    ("SLURMJOB_SLURM_JWT_KEY_FILE", "/run/key", "slurm_jwt_key_file", Path("/run/key")),
+    ("SLURMJOB_SLURM_JWT_LIFESPAN", "60", "slurm_jwt_lifespan", 60),
+    ("SLURMJOB_SLURM_REST_TIMEOUT", "2.5", "slurm_rest_timeout", 2.5),
+    ("SLURMJOB_SLURM_PARTITION", "batch", "slurm_partition", "batch"),
+    ("SLURMJOB_SLURM_RUNTIME_PROFILE", "apptainer", "slurm_runtime_profile", APPTAINER),
+    ("SLURMJOB_STORAGE_ROOT", "/lustre/sj", "storage_root", Path("/lustre/sj")),
+    ("SLURMJOB_SLURM_STORAGE_ROOT", "/mnt/sj", "slurm_storage_root", Path("/mnt/sj")),
+    ("SLURMJOB_SLURM_CA_BUNDLE", "ca.pem", "slurm_ca_bundle", Path("ca.pem")),
+    ("SLURMJOB_SLURM_JOB_PATH", "/usr/bin:/bin", "slurm_job_path", "/usr/bin:/bin"),
+    ("SLURMJOB_STAGING_OWNER", "1000:100", "staging_owner", "1000:100"),
+    ("SLURMJOB_RUNTIME_REGISTRY_FILE", "rt.yaml", "runtime_registry_file", Path("rt.yaml")),
+    ("SLURMJOB_GPU_SERIES_FILE", "/etc/gpu.yaml", "gpu_series_file", Path("/etc/gpu.yaml")),
+    ("SLURMJOB_TEMPLATES_DIR", "/etc/tpl", "templates_dir", Path("/etc/tpl")),
+    ("SLURMJOB_POLL_INTERVAL", "5", "poll_interval", 5.0),
+    ("SLURMJOB_POLL_INTERVAL", " 0.5 ", "poll_interval", 0.5),
+    ("SLURMJOB_DELETE_TIMEOUT", "30", "delete_timeout", 30.0),
+    ("SLURMJOB_METRICS_PORT", "0", "metrics_port", 0),
+    ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "field", "expected"), VALUES)
+def test_a_variable_sets_its_field(name: str, raw: str, field: str, expected: Any) -> None:
+    settings = Settings.from_env({name: raw})
+    assert getattr(settings, field) == expected
+    assert type(getattr(settings, field)) is type(expected)
+    assert Settings.env_name(field) == name
+
+
+def test_the_value_table_covers_every_setting() -> None:
+    names = {name for name, *_ in VALUES} | {"SLURMJOB_SLURM_TLS_VERIFY"}
+    assert names == {Settings.env_name(f) for f in Settings.model_fields}
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("0", False),
+        ("false", False),
+        ("FALSE", False),
+        ("No", False),
+        (" off ", False),
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+        ("on", True),
+        # Anything but 0/false/no/off verifies, as documented: a typo never disables TLS checks.
+        ("f", True),
+        ("n", True),
+        ("2", True),
+        ("disabled", True),
+        (" ", True),
+    ],
+)
+def test_tls_verify_is_true_unless_switched_off(raw: str, expected: bool) -> None:
+    assert Settings.from_env({"SLURMJOB_SLURM_TLS_VERIFY": raw}).slurm_tls_verify is expected
+
+
+# -- defaults -------------------------------------------------------------------------------------
+
+
+def test_no_variables_give_the_defaults() -> None:
+    assert Settings.from_env({}) == Settings()
+    settings = Settings.from_env({})
+    assert settings.slurm_rest_url == "http://127.0.0.1:6820"
+    assert settings.slurm_rest_api_version == AUTO
+    assert settings.slurm_tls_verify is True
+    assert settings.slurm_runtime_profile is RuntimeProfile.ENROOT_PYXIS
+    assert settings.storage_root == Path("/var/lib/slurmjob")
+    assert settings.poll_interval == 10.0
+    assert settings.metrics_port == 9090
+    assert settings.slurm_jwt_file is None
+
+
+@pytest.mark.parametrize("field", list(Settings.model_fields))
+def test_an_empty_variable_is_unset(field: str) -> None:
+    assert Settings.from_env({Settings.env_name(field): ""}) == Settings()
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"SLURMJOB_BOGUS": "1"},
+        {"SLURMJOB_": "x"},
+        {"SLURMJOB_POLL_INTERVAL_SECONDS": "nonsense"},
+        {"POLL_INTERVAL": "0"},
+        {"poll_interval": "0"},
+        {"HOME": "/root", "PATH": "/bin"},
+    ],
+)
+def test_unrelated_variables_are_ignored(environ: dict[str, str]) -> None:
+    assert Settings.from_env(environ) == Settings()
+
+
+@pytest.mark.parametrize("name", ["slurmjob_poll_interval", "SLURMJOB_poll_interval"])
+def test_names_match_only_as_spelled(name: str) -> None:
+    assert Settings.from_env({name: "0"}).poll_interval == 10.0
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+ERRORS: list[tuple[dict[str, str], str]] = [
+    ({"SLURMJOB_POLL_INTERVAL": "0"}, "SLURMJOB_POLL_INTERVAL: Input should be greater than 0"),
+    ({"SLURMJOB_POLL_INTERVAL": "soon"}, "SLURMJOB_POLL_INTERVAL: Input should be a valid number"),
+    ({"SLURMJOB_POLL_INTERVAL": " "}, "SLURMJOB_POLL_INTERVAL: Input should be a valid number"),
+    ({"SLURMJOB_DELETE_TIMEOUT": "-1"}, "SLURMJOB_DELETE_TIMEOUT: Input should be greater than 0"),
+    ({"SLURMJOB_SLURM_REST_TIMEOUT": "0"}, "SLURMJOB_SLURM_REST_TIMEOUT: Input should be greater"),
+    ({"SLURMJOB_SLURM_JWT_LIFESPAN": "59"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be greater"),
+    ({"SLURMJOB_SLURM_JWT_LIFESPAN": "1e3"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be"),
+    ({"SLURMJOB_METRICS_PORT": "65536"}, "SLURMJOB_METRICS_PORT: Input should be less than"),
+    ({"SLURMJOB_METRICS_PORT": "-1"}, "SLURMJOB_METRICS_PORT: Input should be greater"),
+    ({"SLURMJOB_METRICS_PORT": "http"}, "SLURMJOB_METRICS_PORT: Input should be a valid integer"),
+    ({"SLURMJOB_STAGING_OWNER": "1000"}, "SLURMJOB_STAGING_OWNER: String should match pattern"),
+    ({"SLURMJOB_STAGING_OWNER": "slurm:slurm"}, "SLURMJOB_STAGING_OWNER: String should match"),
+    (
+        {"SLURMJOB_SLURM_RUNTIME_PROFILE": "docker"},
+        "SLURMJOB_SLURM_RUNTIME_PROFILE: Input should be 'enroot-pyxis' or 'apptainer'",
+    ),
+    (
+        {"SLURMJOB_SLURM_RUNTIME_PROFILE": "APPTAINER"},
+        "SLURMJOB_SLURM_RUNTIME_PROFILE: Input should be 'enroot-pyxis' or 'apptainer'",
+    ),
+    (
+        {"SLURMJOB_SLURM_REST_API_VERSION": "v0.0.39"},
+        "SLURMJOB_SLURM_REST_API_VERSION: Value error, 'v0.0.39' is not supported; use auto or "
+        f"one of {', '.join(SUPPORTED_VERSIONS)}",
+    ),
+    (
+        {"SLURMJOB_SLURM_REST_API_VERSION": "AUTO"},
+        "SLURMJOB_SLURM_REST_API_VERSION: Value error, 'AUTO' is not supported",
+    ),
+    # Several bad variables: the first setting in declaration order is named.
+    (
+        {"SLURMJOB_METRICS_PORT": "-1", "SLURMJOB_POLL_INTERVAL": "0"},
+        "SLURMJOB_POLL_INTERVAL: ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("environ", "prefix"), ERRORS)
+def test_a_bad_variable_is_named(environ: dict[str, str], prefix: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(environ)
+    assert str(caught.value).startswith(prefix), str(caught.value)
+    assert isinstance(caught.value.__cause__, ValidationError)
+
+
+# -- where the values come from -------------------------------------------------------------------
+
+
+def test_an_explicit_mapping_replaces_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMJOB_POLL_INTERVAL", "0")  # invalid: read, it would raise
+    monkeypatch.setenv("SLURMJOB_STORAGE_ROOT", "/from/os")
+    settings = Settings.from_env({"SLURMJOB_SLURM_PARTITION": "batch"})
+    assert settings.slurm_partition == "batch"
+    assert settings.poll_interval == 10.0
+    assert settings.storage_root == Path("/var/lib/slurmjob")
+    assert Settings.from_env({}) == Settings()
+
+
+def test_without_a_mapping_os_environ_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMJOB_STORAGE_ROOT", "/from/os")
+    monkeypatch.setenv("SLURMJOB_SLURM_TLS_VERIFY", "off")
+    settings = Settings.from_env()
+    assert settings.storage_root == Path("/from/os")
+    assert settings.slurm_tls_verify is False
+    monkeypatch.setenv("SLURMJOB_POLL_INTERVAL", "0")
+    with pytest.raises(ConfigError, match=r"^SLURMJOB_POLL_INTERVAL: "):
+        Settings.from_env()
+
+
+def test_direct_construction_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMJOB_STORAGE_ROOT", "/from/os")
+    monkeypatch.setenv("SLURMJOB_POLL_INTERVAL", "0")
+    assert Settings().storage_root == Path("/var/lib/slurmjob")
+    assert Settings(storage_root=Path("/s")).storage_root == Path("/s")
+
+
+def test_from_env_leaves_no_environment_behind() -> None:
+    Settings.from_env({"SLURMJOB_STORAGE_ROOT": "/a"})
+    with pytest.raises(ConfigError):
+        Settings.from_env({"SLURMJOB_POLL_INTERVAL": "0"})
+    assert Settings().storage_root == Path("/var/lib/slurmjob")
+
+
+def test_threads_read_their_own_mapping() -> None:
+    results: dict[str, Path] = {}
+
+    def read(root: str) -> None:
+        for _ in range(50):
+            results[root] = Settings.from_env({"SLURMJOB_STORAGE_ROOT": root}).storage_root
+            assert results[root] == Path(root)
+
+    threads = [threading.Thread(target=read, args=(f"/root{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {f"/root{i}": Path(f"/root{i}") for i in range(4)}
+
+
+# -- direct construction (tests and callers that build Settings themselves) -----------------------
+
+
+def test_keyword_arguments_are_validated_and_exact() -> None:
+    assert Settings(slurm_tls_verify=False).slurm_tls_verify is False
+    with pytest.raises(ValidationError):
+        Settings(poll_interval=0)
+    with pytest.raises(ValidationError):
+        Settings(bogus=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        Settings(STORAGE_ROOT="/s")  # type: ignore[call-arg]
+
+
+def test_settings_are_frozen_and_hashable() -> None:
+    settings = Settings()
+    with pytest.raises(ValidationError):
+        settings.poll_interval = 1.0  # type: ignore[misc]
+    assert hash(settings) == hash(Settings())
+
+
+def test_every_setting_has_a_description() -> None:
+    for field, info in Settings.model_fields.items():
+        assert info.description, field
+
+
+def test_cluster_paths() -> None:
+    same = Settings(storage_root=Path("/lustre/sj"))
+    assert same.cluster_storage_root == Path("/lustre/sj")
+    assert same.to_cluster_path(Path("/lustre/sj/a/b")) == Path("/lustre/sj/a/b")
+    mapped = Settings(storage_root=Path("/data"), slurm_storage_root=Path("/lustre/sj"))
+    assert mapped.cluster_storage_root == Path("/lustre/sj")
+    assert mapped.to_cluster_path(Path("/data/a/b")) == Path("/lustre/sj/a/b")
+    with pytest.raises(ValueError, match="not in the subpath"):
+        mapped.to_cluster_path(Path("/elsewhere/a"))
