@@ -33,6 +33,7 @@ lint: venv
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # pytest's exit 5 (no tests collected) is a failure like any other non-zero exit.
 pytest: venv

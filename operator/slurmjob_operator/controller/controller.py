@@ -17,7 +17,7 @@ from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.registry import Registry, Tracked
 from slurmjob_operator.controller.resource import ResourceEdge
-from slurmjob_operator.controller.slurmlink import SlurmLink
+from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.reasons import Reason
@@ -38,6 +38,7 @@ class Controller:
         metrics: Metrics,
         *,
         token: TokenProvider | None = None,
+        link: ClientSource | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
@@ -45,7 +46,7 @@ class Controller:
         self.metrics = metrics
         self.token = token or make_token_provider(settings)
         self.registry = Registry()
-        self._link = SlurmLink(settings, transport, self.token, metrics.on_request)
+        self._link = link or SlurmLink(settings, transport, self.token, metrics.on_request)
         self._edge = ResourceEdge(kube, metrics, self.registry)
         # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
         backoff = max(1.0, min(30.0, settings.poll_interval * 5))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.slurm.auth import TokenProvider
@@ -17,6 +18,12 @@ from slurmjob_operator.slurm.http import HttpTransport
 log = logging.getLogger(__name__)
 
 OnRequest = Callable[[str, str, str, float], None]
+
+
+class ClientSource(Protocol):
+    """Where the controller gets its client: `SlurmLink`, or a test's in-memory Slurm."""
+
+    async def client(self) -> SlurmClient: ...
 
 
 class SlurmLink:

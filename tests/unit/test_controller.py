@@ -1,0 +1,514 @@
+"""The controller against an in-memory store and Slurm: every lifecycle path, in milliseconds.
+
+Each test drives the same `Controller` the operator runs (`reconcile`, `refresh`,
+`report_reachability`, `finalize`, `observe_body`) and reads the status and Events it wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.controller import RetryLater, Tracked
+from slurmjob_operator.core.naming import SCRIPT_FILE
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
+from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmTransient
+
+from .controller_fakes import SIF, Bed, MemorySlurm, cpu_spec, make_bed
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Bed:
+    return make_bed(tmp_path)
+
+
+def condition(bed: Bed, ref: Any, type_: str) -> tuple[str, str] | None:
+    cond = get_condition(bed.store.status(ref).conditions, type_)
+    return (cond.status, cond.reason) if cond is not None else None
+
+
+async def reconcile(bed: Bed, ref: Any) -> RetryLater | None:
+    """One run of the submission handler; the RetryLater it asks for, if any."""
+    try:
+        await bed.controller.reconcile(ref)
+    except RetryLater as exc:
+        return exc
+    return None
+
+
+def tracked(bed: Bed, ref: Any) -> Tracked:
+    [item] = [t for t in bed.controller.followed() if t.ref == ref]
+    return item
+
+
+async def refresh(bed: Bed, ref: Any) -> None:
+    item = tracked(bed, ref)
+    try:
+        views = await bed.slurm.get_job(bed.slurm.lifecycle_ref(item.job_id, item.sluid))
+    except Exception:
+        views = None
+    await bed.controller.refresh(item, views)
+
+
+def counter(bed: Bed, name: str, **labels: str) -> float:
+    return bed.metrics.sample(name, labels) or 0.0
+
+
+# -- submit ---------------------------------------------------------------------------------
+
+
+async def test_a_submit_is_recorded_confirmed_and_followed(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    assert await reconcile(bed, ref) is None
+    status = bed.store.status(ref)
+    [attempt] = status.attempts
+    assert status.phase is Phase.QUEUED
+    assert attempt.job_id == 100
+    assert attempt.confirmed
+    assert attempt.sluid == "s00000100"
+    assert condition(bed, ref, "Submitted") == ("True", "Accepted")
+    assert bed.store.reasons() == ["Submitted"]
+    assert bed.slurm.calls == ["submit", "get_job 100"]
+    assert attempt.staging_dir is not None
+    assert (Path(attempt.staging_dir) / SCRIPT_FILE).is_file()
+    assert tracked(bed, ref).job_id == 100
+    assert counter(bed, "slurmjob_operator_submissions_total", result="accepted") == 1
+    # Nothing more to do on the submission side: a second run sends nothing.
+    assert await reconcile(bed, ref) is None
+    assert bed.slurm.calls.count("submit") == 1
+
+
+# One row per failure class: what the resource shows and what happens next.
+SUBMIT_FAILURES = [
+    # fault, phase, Ready reason, attempts left, retried later, staging kept
+    ("auth", Phase.PENDING, "SlurmAuthFailed", 0, True, False),
+    ("down", Phase.PENDING, "SubmitFailed", 0, True, False),
+    ("rejected", Phase.FAILED, "SubmitRejected", 1, False, False),
+    ("rejected-record", Phase.FAILED, "SubmitRejected", 1, False, False),
+    ("lost", Phase.SUBMITTING, "SubmissionUnconfirmed", 1, True, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("fault", "phase", "reason", "attempts", "retried", "staged"), SUBMIT_FAILURES
+)
+async def test_each_submit_failure_becomes_its_transition(
+    bed: Bed, fault: str, phase: Phase, reason: str, attempts: int, retried: bool, staged: bool
+) -> None:
+    bed.slurm.faults = [fault]
+    ref = bed.store.create("train", cpu_spec())
+    retry = await reconcile(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is phase
+    assert condition(bed, ref, "Ready") == ("False", reason)
+    assert len(status.attempts) == attempts
+    assert (retry is not None) is retried
+    staging = bed.settings.storage_root / "team-a"
+    assert any(staging.rglob(SCRIPT_FILE)) is staged
+    if fault == "rejected-record":
+        assert "cancel 100" in bed.slurm.calls, "the record Slurm made anyway is cancelled"
+    assert not bed.controller.followed()
+
+
+@pytest.mark.parametrize("fault", ["auth", "down"])
+async def test_a_submit_that_sent_nothing_is_tried_again_under_the_same_number(
+    bed: Bed, fault: str
+) -> None:
+    bed.slurm.faults = [fault]
+    ref = bed.store.create("train", cpu_spec())
+    assert await reconcile(bed, ref) is not None
+    assert await reconcile(bed, ref) is None
+    [attempt] = bed.store.status(ref).attempts
+    assert attempt.number == 1
+    assert attempt.job_id == 100
+    assert bed.store.status(ref).phase is Phase.QUEUED
+
+
+async def test_a_refused_submit_is_final(bed: Bed) -> None:
+    bed.slurm.faults = ["rejected"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    assert await reconcile(bed, ref) is None
+    assert bed.slurm.calls == ["submit"]
+    assert "Invalid partition" in (bed.store.status(ref).message or "")
+
+
+PREPARE_FAILURES = [
+    # what is wrong, phase, Ready reason, retried later
+    ("spec", Phase.FAILED, "InvalidSpec", False),
+    ("runtime", Phase.FAILED, "RuntimeArtifactInvalid", False),
+    ("secret", Phase.PENDING, "SecretNotFound", True),
+    ("unreachable", Phase.PENDING, "SlurmUnavailable", True),
+    ("credentials", Phase.PENDING, "SlurmAuthFailed", True),
+]
+
+
+@pytest.mark.parametrize(("broken", "phase", "reason", "retried"), PREPARE_FAILURES)
+async def test_what_stops_a_submit_before_anything_is_recorded(
+    bed: Bed, broken: str, phase: Phase, reason: str, retried: bool
+) -> None:
+    spec = cpu_spec()
+    if broken == "spec":
+        spec["framework"]["runtimeId"] = "not-in-the-registry"
+    if broken == "runtime":
+        (bed.settings.storage_root / "runtimes" / "unit.sif").write_bytes(SIF + b"tampered")
+    if broken == "secret":
+        spec["env"] = [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+        ]
+    if broken == "unreachable":
+        bed.slurm.connect_error = SlurmTransient("connection refused")
+    if broken == "credentials":
+        bed.slurm.connect_error = SlurmAuthError("token refused", status=401)
+    ref = bed.store.create("train", spec)
+    retry = await reconcile(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is phase
+    assert condition(bed, ref, "Ready") == ("False", reason)
+    assert status.attempts == []
+    assert bed.slurm.calls == []
+    assert (retry is not None) is retried
+    assert reason in bed.store.reasons()
+
+
+async def test_a_secret_created_later_lets_the_submit_through(bed: Bed) -> None:
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    ref = bed.store.create("train", cpu_spec(env=env))
+    assert await reconcile(bed, ref) is not None
+    bed.store.secrets[("team-a", "hf")] = {"token": "s3cret-value"}
+    assert await reconcile(bed, ref) is None
+    assert bed.store.status(ref).phase is Phase.QUEUED
+
+
+# -- adoption -------------------------------------------------------------------------------
+
+
+async def test_a_lost_answer_is_adopted_by_name_never_resubmitted(bed: Bed) -> None:
+    bed.slurm.faults = ["lost"]
+    ref = bed.store.create("train", cpu_spec())
+    retry = await reconcile(bed, ref)
+    assert retry is not None
+    assert retry.delay == bed.settings.poll_interval
+    assert condition(bed, ref, "Submitted") == ("Unknown", "SubmissionUnconfirmed")
+    assert await reconcile(bed, ref) is None
+    status = bed.store.status(ref)
+    [attempt] = status.attempts
+    assert attempt.job_id == 100
+    assert attempt.confirmed
+    assert condition(bed, ref, "Submitted") == ("True", "Adopted")
+    assert bed.slurm.calls.count("submit") == 1
+    assert counter(bed, "slurmjob_operator_adoptions_total", how="name") == 1
+
+
+async def test_of_two_jobs_for_one_attempt_the_oldest_is_kept(bed: Bed) -> None:
+    bed.slurm.faults = ["twice"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    assert await reconcile(bed, ref) is None
+    assert bed.store.status(ref).attempts[0].job_id == 100
+    assert "cancel 101" in bed.slurm.calls
+    assert bed.slurm.jobs[101].base_state == "CANCELLED"
+    assert "DuplicateCancelled" in bed.store.reasons()
+    assert counter(bed, "slurmjob_operator_duplicates_total") == 1
+
+
+async def test_a_job_of_another_resource_with_the_same_name_is_not_adopted(bed: Bed) -> None:
+    bed.slurm.faults = ["unsent"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    attempt = bed.store.status(ref).attempts[0]
+    foreign = bed.slurm.jobs[999] = bed.slurm.jobs.get(999) or _foreign(attempt.job_name)
+    assert foreign.name == attempt.job_name
+    assert await reconcile(bed, ref) is not None, "still searching"
+    assert bed.store.status(ref).attempts[0].job_id is None
+
+
+def _foreign(name: str) -> Any:
+    from slurmjob_operator.core.jobview import BaseState, SlurmJobView
+
+    comment = "slurmjob.io ns=team-b name=train uid=someone-else attempt=1"
+    return SlurmJobView(
+        job_id=999, name=name, comment=comment, raw_state=("PENDING",), base_state=BaseState.PENDING
+    )
+
+
+async def test_an_unconfirmed_attempt_waits_until_declared_lost(bed: Bed) -> None:
+    bed.slurm.faults = ["unsent"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    for _ in range(3):
+        assert await reconcile(bed, ref) is not None
+    assert bed.slurm.calls.count("submit") == 1, "never a blind resubmit"
+    bed.store.update(ref, annotations={DECLARE_LOST_ANNOTATION: "1"})
+    assert await reconcile(bed, ref) is None
+    first, second = bed.store.status(ref).attempts
+    assert first.declared_lost
+    assert first.job_id is None
+    assert second.number == 2
+    assert second.job_id is not None
+    assert "DeclaredLost" in bed.store.reasons()
+
+
+async def test_an_annotation_naming_another_attempt_changes_nothing(bed: Bed) -> None:
+    bed.slurm.faults = ["unsent"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.store.update(ref, annotations={DECLARE_LOST_ANNOTATION: "7"})
+    assert await reconcile(bed, ref) is not None
+    assert len(bed.store.status(ref).attempts) == 1
+
+
+async def test_an_attempt_interrupted_before_its_staging_finished_is_started_over(
+    bed: Bed,
+) -> None:
+    bed.slurm.faults = ["unsent"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    staging = bed.store.status(ref).attempts[0].staging_dir
+    assert staging is not None
+    (Path(staging) / SCRIPT_FILE).unlink()  # the crash came before job.sh was written
+    assert await reconcile(bed, ref) is None
+    [attempt] = bed.store.status(ref).attempts
+    assert attempt.number == 1
+    assert attempt.job_id is not None
+    assert "SubmitInterrupted" in bed.store.reasons()
+    assert bed.slurm.calls.count("submit") == 2
+
+
+async def test_a_receipt_that_cannot_be_confirmed_now_is_confirmed_later(bed: Bed) -> None:
+    bed.slurm.get_faults = 1
+    ref = bed.store.create("train", cpu_spec())
+    assert await reconcile(bed, ref) is not None
+    attempt = bed.store.status(ref).attempts[0]
+    assert attempt.job_id == 100
+    assert not attempt.confirmed
+    assert await reconcile(bed, ref) is None
+    assert bed.store.status(ref).attempts[0].confirmed
+    assert bed.slurm.calls.count("submit") == 1
+
+
+# -- following --------------------------------------------------------------------------------
+
+
+async def test_states_are_folded_until_final(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "RUNNING")
+    await refresh(bed, ref)
+    assert bed.store.status(ref).phase is Phase.RUNNING
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    (staging / "stdout.log").write_text("epoch 1\nepoch 2\n")
+    bed.slurm.set_state(100, "COMPLETED", 0)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.SUCCEEDED
+    assert status.logs is not None
+    assert status.logs.stdout is not None
+    assert status.logs.stdout.tail == "epoch 1\nepoch 2\n"
+    assert not bed.controller.followed(), "a final job is no longer polled"
+    assert [r for r in bed.store.reasons() if r in ("Running", "Succeeded")] == [
+        "Running",
+        "Succeeded",
+    ]
+
+
+RETRY = {
+    "limit": 2,
+    "backoffSeconds": 0,
+    "rules": [{"action": "Retry", "onExitCodes": {"operator": "In", "values": [3]}}],
+}
+
+
+async def test_a_failure_the_rules_retry_becomes_a_new_attempt(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec(retry=RETRY))
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "FAILED", 3)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.PENDING
+    assert status.next_attempt_at is not None
+    assert condition(bed, ref, "Ready") == ("False", "RetryScheduled")
+    await reconcile(bed, ref)
+    first, second = bed.store.status(ref).attempts
+    assert first.retry_action == "Retry"
+    assert second.retry_of == 1
+    assert second.job_id == 101
+    await asyncio.sleep(0)  # the background retry task finds nothing left to do
+
+
+async def test_a_failure_no_rule_retries_is_final(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec(retry=RETRY))
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    assert status.next_attempt_at is None
+    assert await reconcile(bed, ref) is None
+    assert bed.slurm.calls.count("submit") == 1
+
+
+@pytest.mark.parametrize("accounting", [True, False])
+async def test_a_job_the_controller_forgot_is_read_from_accounting_else_lost(
+    tmp_path: Path, accounting: bool
+) -> None:
+    bed = make_bed(tmp_path, MemorySlurm(accounting=accounting))
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "COMPLETED", 0)
+    bed.slurm.purge(100)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    if accounting:
+        assert status.phase is Phase.SUCCEEDED
+    else:
+        assert status.phase is Phase.UNKNOWN
+        assert condition(bed, ref, "Ready") == ("False", "JobLost")
+    assert not bed.controller.followed()
+    assert await reconcile(bed, ref) is None
+    assert bed.slurm.calls.count("submit") == 1, "a lost job is never resubmitted"
+
+
+async def test_reachability_is_reported_once_per_change(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    for _ in range(2):
+        await bed.controller.report_reachability(
+            False, Reason.SLURM_AUTH_FAILED, "slurmrestd refused the credentials"
+        )
+    assert condition(bed, ref, "SlurmReachable") == ("False", "SlurmAuthFailed")
+    assert bed.store.reasons().count("SlurmAuthFailed") == 1
+    await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+    assert condition(bed, ref, "SlurmReachable") == ("True", "SlurmAnswering")
+
+
+# -- spec.suspend -----------------------------------------------------------------------------
+
+
+async def test_suspend_gates_the_submit_until_lifted(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec(suspend=True))
+    assert await reconcile(bed, ref) is None
+    assert bed.store.status(ref).phase is Phase.PENDING
+    assert condition(bed, ref, "Suspended") == ("True", "Suspended")
+    assert bed.slurm.calls == []
+    bed.store.update(ref, suspend=False)
+    assert await reconcile(bed, ref) is None
+    assert condition(bed, ref, "Suspended") == ("False", "Resumed")
+    assert bed.store.status(ref).phase is Phase.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("state", "call", "suspended"),
+    [("PENDING", "hold 100", ("True", "Held")), ("RUNNING", None, ("False", "NotHeld"))],
+)
+async def test_suspend_holds_a_queued_job_only(
+    bed: Bed, state: str, call: str | None, suspended: tuple[str, str]
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, state)
+    await refresh(bed, ref)
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == suspended
+    assert (call in bed.slurm.calls) if call else not any("hold" in c for c in bed.slurm.calls)
+
+
+async def test_a_held_job_is_released(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    bed.store.update(ref, suspend=False)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == ("False", "Released")
+    assert bed.slurm.calls[-1] == "release 100"
+
+
+async def test_an_invalid_spec_that_asks_for_suspend_is_suspended(bed: Bed) -> None:
+    ref = bed.store.create("train", {"suspend": True, "command": []})
+    assert await reconcile(bed, ref) is None
+    assert condition(bed, ref, "Suspended") == ("True", "Suspended")
+
+
+# -- deletion ---------------------------------------------------------------------------------
+
+
+async def test_deleting_cancels_waits_and_removes_the_staging(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    assert await asyncio.to_thread(staging.is_dir)
+    await bed.controller.finalize(bed.store.body(ref))
+    assert "cancel s00000100" in bed.slurm.calls, "by SLUID where the version takes it"
+    assert bed.slurm.jobs[100].base_state == "CANCELLED"
+    assert "Cancelled" in bed.store.reasons()
+    assert not staging.parent.exists()
+    assert not bed.controller.followed()
+
+
+async def test_deleting_an_unconfirmed_attempt_cancels_what_carries_its_identity(
+    bed: Bed,
+) -> None:
+    bed.slurm.faults = ["lost"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.slurm.jobs[999] = _foreign(bed.store.status(ref).attempts[0].job_name)
+    await bed.controller.finalize(bed.store.body(ref))
+    assert "cancel 100" in bed.slurm.calls
+    assert "cancel 999" not in bed.slurm.calls, "another resource's job is left alone"
+
+
+async def test_deleting_a_final_job_cancels_nothing(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "COMPLETED", 0)
+    await refresh(bed, ref)
+    await bed.controller.finalize(bed.store.body(ref))
+    assert not any(c.startswith("cancel") for c in bed.slurm.calls)
+
+
+# -- the registry and the handlers --------------------------------------------------------------
+
+
+async def test_watch_events_keep_the_registry(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    body = bed.store.body(ref)
+    bed.controller.observe_body(body, deleted=True)
+    assert not bed.controller.followed()
+    bed.controller.observe_body(body)
+    assert tracked(bed, ref).job_id == 100
+    assert bed.controller.phase_counts() == {"Queued": 1}
+
+
+async def test_forgetting_never_drops_a_lock_that_is_held(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    edge = bed.controller._edge
+    lock = edge.lock(ref.uid)
+    async with lock:
+        edge.forget(ref)
+        assert edge.lock(ref.uid) is lock, "a second writer would otherwise get a new lock"
+    edge.forget(ref)
+    assert edge.lock(ref.uid) is not lock
+
+
+async def test_a_refresh_of_a_deleted_resource_forgets_it(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    item = tracked(bed, ref)
+    del bed.store.objects[(ref.namespace, ref.name)]
+    await bed.controller.refresh(item, None)
+    assert not bed.controller.followed()
+
+
+def test_the_watch_handler_runs_on_the_event_loop() -> None:
+    from slurmjob_operator.handlers import slurmjob
+
+    assert inspect.iscoroutinefunction(slurmjob.watched)

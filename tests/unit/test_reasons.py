@@ -1,0 +1,110 @@
+"""The declared table of conditions and reasons (`core/reasons.py`) is exactly what the
+transitions write: every transition is driven with every reason its callers give it, and the
+(condition, status, reason) triples it writes are compared with the table both ways."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from slurmjob_operator.api.spec import RetryAction
+from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.core import decisions, reconcile
+from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
+from slurmjob_operator.core.reasons import (
+    CONDITION_MEANINGS,
+    FROM_SLURM,
+    REASON_MEANINGS,
+    WRITTEN,
+    Reason,
+)
+from slurmjob_operator.core.retries import RetryDecision
+from slurmjob_operator.core.states import observe
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+FRESH = SlurmJobStatus()
+RECORDED = reconcile.record_attempt(
+    FRESH, number=1, job_name="sj-a", staging_dir="/s/attempt-1", generation=1, now=NOW
+).status
+QUEUED = reconcile.submitted(RECORDED, 7, 1, NOW).status
+UNSENT = RECORDED.model_copy(
+    update={"attempts": [Attempt(number=1, job_name="sj-a", staging_dir="/s/attempt-1")]}
+)
+
+
+def _view(state: str, rc: int | None = None) -> SlurmJobView:
+    return SlurmJobView(
+        job_id=7, raw_state=(state,), base_state=BaseState(state), exit=JobExit(return_code=rc)
+    )
+
+
+def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
+    """Every transition's result; True where the reason comes from Slurm's state."""
+    out: list[tuple[SlurmJobStatus, bool]] = [
+        (RECORDED, False),
+        (QUEUED, False),
+        (reconcile.submitted(RECORDED, 7, 1, NOW, adopted=True).status, False),
+        (reconcile.declared_lost(UNSENT, 1, NOW).status, False),
+        (reconcile.lost(QUEUED, "gone", 1, NOW).status, False),
+        (
+            reconcile.not_submitted(RECORDED, Reason.SUBMIT_INTERRUPTED, "again", 1, NOW).status,
+            False,
+        ),
+    ]
+    for failure in decisions.Failure:
+        base = (
+            RECORDED
+            if failure in decisions.FAILURES
+            and failure.name.startswith(("REJECTED", "AMBIGUOUS", "SEND_"))
+            else FRESH
+        )
+        transition, _ = decisions.failed_step(base, failure, ["why"], 1, NOW)
+        out.append((transition.status, False))
+    decision = RetryDecision(RetryAction.RETRY, "rules[0]", "again", 5)
+    out.append((reconcile.retry_scheduled(QUEUED, decision, 1, NOW).status, False))
+    for wanted in (True, False):
+        _, gated = decisions.gate(
+            reconcile.suspension(FRESH, True, Reason.SUSPENDED, "x", 1, NOW).status, wanted, 1, NOW
+        )
+        assert gated is not None
+        out.append((gated.status, False))
+    for action in (decisions.Hold.HOLD, decisions.Hold.RELEASE, decisions.Hold.CANNOT_HOLD):
+        out.append((decisions.hold_transition(QUEUED, action, 1, NOW).status, False))
+    # What the poller reports (controller/poller.py).
+    for reachable, reason in (
+        (True, Reason.SLURM_ANSWERING),
+        (False, Reason.SLURM_AUTH_FAILED),
+        (False, Reason.SLURM_UNAVAILABLE),
+    ):
+        out.append((reconcile.reachability(QUEUED, reachable, reason, "x", 1, NOW).status, False))
+    for state, rc in (("PENDING", None), ("RUNNING", None), ("COMPLETED", 0), ("FAILED", 1)):
+        out.append((reconcile.observed(QUEUED, observe([_view(state, rc)]), 1, NOW).status, True))
+    return out
+
+
+def _written() -> set[tuple[str, str, str]]:
+    found: set[tuple[str, str, str]] = set()
+    for status, from_slurm in _statuses():
+        for cond in status.conditions:
+            reason = cond.reason
+            if from_slurm and cond.type in ("Running", "Ready", "Succeeded", "Failed"):
+                reason = FROM_SLURM
+            found.add((str(cond.type), cond.status, str(reason)))
+    return found
+
+
+def test_the_transitions_write_exactly_the_declared_table() -> None:
+    written = _written()
+    declared = {(str(c), s, str(r)) for c, s, r in WRITTEN}
+    assert written - declared == set(), "written but not declared in core/reasons.py"
+    assert declared - written == set(), "declared but no transition writes it"
+
+
+def test_every_reason_and_condition_has_a_meaning() -> None:
+    assert set(REASON_MEANINGS) == set(Reason)
+    assert {c for c, _, _ in WRITTEN} == set(CONDITION_MEANINGS)
+    assert {r for _, _, r in WRITTEN} == {*Reason, FROM_SLURM}
+
+
+def test_a_queued_phase_still_counts_as_a_slurm_reason() -> None:
+    status = reconcile.observed(QUEUED, observe([_view("PENDING")]), 1, NOW).status
+    assert status.phase is Phase.QUEUED
