@@ -32,7 +32,8 @@ from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller, RetryLater, Tracked
 from slurmjob_operator.controller.poller import Poller
-from slurmjob_operator.core.reconcile import Step, is_lost, next_step
+from slurmjob_operator.core.following import is_lost
+from slurmjob_operator.core.reconcile import Step, next_step
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.connect import open_transport

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from slurmjob_operator.api.spec import RetryAction
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.core import decisions, reconcile
+from slurmjob_operator.core import decisions, following, reconcile
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
@@ -44,7 +44,7 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         (QUEUED, False),
         (reconcile.submitted(RECORDED, 7, 1, NOW, adopted=True).status, False),
         (reconcile.declared_lost(UNSENT, 1, NOW).status, False),
-        (reconcile.lost(QUEUED, "gone", 1, NOW).status, False),
+        (following.lost(QUEUED, "gone", 1, NOW).status, False),
         (
             reconcile.not_submitted(RECORDED, Reason.SUBMIT_INTERRUPTED, "again", 1, NOW).status,
             False,
@@ -60,10 +60,10 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         transition, _ = decisions.failed_step(base, failure, ["why"], 1, NOW)
         out.append((transition.status, False))
     decision = RetryDecision(RetryAction.RETRY, "rules[0]", "again", 5)
-    out.append((reconcile.retry_scheduled(QUEUED, decision, 1, NOW).status, False))
+    out.append((following.retry_scheduled(QUEUED, decision, 1, NOW).status, False))
     for wanted in (True, False):
         _, gated = decisions.gate(
-            reconcile.suspension(FRESH, True, Reason.SUSPENDED, "x", 1, NOW).status, wanted, 1, NOW
+            following.suspension(FRESH, True, Reason.SUSPENDED, "x", 1, NOW).status, wanted, 1, NOW
         )
         assert gated is not None
         out.append((gated.status, False))
@@ -75,9 +75,9 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         (False, Reason.SLURM_AUTH_FAILED),
         (False, Reason.SLURM_UNAVAILABLE),
     ):
-        out.append((reconcile.reachability(QUEUED, reachable, reason, "x", 1, NOW).status, False))
+        out.append((following.reachability(QUEUED, reachable, reason, "x", 1, NOW).status, False))
     for state, rc in (("PENDING", None), ("RUNNING", None), ("COMPLETED", 0), ("FAILED", 1)):
-        out.append((reconcile.observed(QUEUED, observe([_view(state, rc)]), 1, NOW).status, True))
+        out.append((following.observed(QUEUED, observe([_view(state, rc)]), 1, NOW).status, True))
     return out
 
 
@@ -106,5 +106,5 @@ def test_every_reason_and_condition_has_a_meaning() -> None:
 
 
 def test_a_queued_phase_still_counts_as_a_slurm_reason() -> None:
-    status = reconcile.observed(QUEUED, observe([_view("PENDING")]), 1, NOW).status
+    status = following.observed(QUEUED, observe([_view("PENDING")]), 1, NOW).status
     assert status.phase is Phase.QUEUED

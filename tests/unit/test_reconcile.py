@@ -9,18 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
+from slurmjob_operator.core.following import lost, observed
 from slurmjob_operator.core.reconcile import (
     READY,
     SUBMITTED,
     SUCCEEDED,
     Step,
-    changed,
     confirmed,
     invalid_spec,
-    lost,
     next_step,
     not_submitted,
-    observed,
     record_attempt,
     rejected,
     submitted,
@@ -28,6 +26,7 @@ from slurmjob_operator.core.reconcile import (
     waiting,
 )
 from slurmjob_operator.core.states import Observation
+from slurmjob_operator.core.transition import changed
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -272,12 +271,8 @@ def test_declared_lost_ignores_a_confirmed_attempt() -> None:
 
 
 def test_suspension_and_reachability_post_only_on_flips() -> None:
-    from slurmjob_operator.core.reconcile import (
-        SLURM_REACHABLE,
-        SUSPENDED,
-        reachability,
-        suspension,
-    )
+    from slurmjob_operator.core.following import reachability, suspension
+    from slurmjob_operator.core.reconcile import SLURM_REACHABLE, SUSPENDED
 
     t = suspension(SlurmJobStatus(), True, "Suspended", "spec.suspend is true", 1, T0)
     assert t.status.phase is Phase.PENDING
@@ -298,7 +293,7 @@ def test_suspension_and_reachability_post_only_on_flips() -> None:
 
 def test_a_retry_whose_submit_failed_stays_scheduled() -> None:
     from slurmjob_operator.api.spec import RetrySpec
-    from slurmjob_operator.core.reconcile import retry_scheduled
+    from slurmjob_operator.core.following import retry_scheduled
     from slurmjob_operator.core.retries import decide
 
     node_fail = obs(Phase.FAILED, final=True, native_state="NODE_FAIL")

@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 
 from slurmjob_operator.api.spec import RetryAction, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.core.reconcile import (
-    Step,
-    confirmed,
-    next_step,
-    record_attempt,
-    retry_scheduled,
-    submitted,
-)
+from slurmjob_operator.core.following import retry_scheduled
+from slurmjob_operator.core.reconcile import Step, confirmed, next_step, record_attempt, submitted
 from slurmjob_operator.core.retries import MAX_BACKOFF_SECONDS, MAX_IGNORED, decide
 from slurmjob_operator.core.states import Observation
 

@@ -13,7 +13,8 @@ from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.decisions import carries
-from slurmjob_operator.core.reconcile import Transition, with_logs
+from slurmjob_operator.core.following import with_logs
+from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound
 from slurmjob_operator.storage.staging import remove_resource_dir

@@ -15,11 +15,7 @@ from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
-from slurmjob_operator.core.jobview import SlurmJobView
-from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
-from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.core.reconcile import (
-    Transition,
+from slurmjob_operator.core.following import (
     lost,
     not_retried,
     observed,
@@ -27,8 +23,12 @@ from slurmjob_operator.core.reconcile import (
     retry_scheduled,
     with_logs,
 )
+from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
+from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.logs import read_logs

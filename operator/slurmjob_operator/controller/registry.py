@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import SlurmJobStatus
-from slurmjob_operator.core.reconcile import is_lost
+from slurmjob_operator.core.following import is_lost
 
 
 @dataclass(frozen=True)

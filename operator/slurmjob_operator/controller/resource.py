@@ -16,7 +16,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.registry import Registry
-from slurmjob_operator.core.reconcile import Transition, changed
+from slurmjob_operator.core.transition import Transition, changed
 from slurmjob_operator.kube import ResourceStore, SecretError
 from slurmjob_operator.metrics import Metrics
 

@@ -15,19 +15,19 @@ from typing import Literal
 
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.core import naming
+from slurmjob_operator.core.following import suspension
 from slurmjob_operator.core.jobview import SlurmJobView, by_leader, leader
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
     SUSPENDED,
-    Transition,
     invalid_spec,
     not_submitted,
     rejected,
-    suspension,
     unconfirmed,
     waiting,
 )
+from slurmjob_operator.core.transition import Transition
 
 # -- a failed submit step -------------------------------------------------------------------
 

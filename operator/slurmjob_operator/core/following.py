@@ -1,0 +1,182 @@
+"""Transitions of a submitted job: what Slurm says folded in, a retry scheduled or not, the
+log tails, spec.suspend taking effect, slurmrestd's reachability, and a job Slurm forgot.
+
+Pure functions (no I/O, `now` passed in), like `reconcile`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.core.reasons import ConditionType, Reason
+from slurmjob_operator.core.retries import RetryDecision
+from slurmjob_operator.core.states import Observation
+from slurmjob_operator.core.transition import (
+    NORMAL,
+    WARNING,
+    Event,
+    Transition,
+    flip_event,
+    phase_event,
+    ready_for,
+    replace_attempt,
+    with_conditions,
+)
+from slurmjob_operator.times import rfc3339
+
+RUNNING = ConditionType.RUNNING
+SUCCEEDED = ConditionType.SUCCEEDED
+FAILED = ConditionType.FAILED
+READY = ConditionType.READY
+SUSPENDED = ConditionType.SUSPENDED
+SLURM_REACHABLE = ConditionType.SLURM_REACHABLE
+
+
+def observed(
+    status: SlurmJobStatus, obs: Observation, generation: int | None, now: datetime
+) -> Transition:
+    """Fold what Slurm says about the current attempt into the status."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(
+        update={
+            "native_state": obs.native_state,
+            "native_flags": list(obs.native_flags),
+            "reason": obs.slurm_reason,
+            "exit_code": obs.exit_code,
+            "signal": obs.signal,
+            "started_at": rfc3339(obs.started_at) if obs.started_at else attempt.started_at,
+            "finished_at": _finished(attempt, obs, now),
+        }
+    )
+    phase = obs.phase
+    updates: list[tuple[str, ConditionStatus, str, str]] = [
+        (RUNNING, "True" if phase is Phase.RUNNING else "False", obs.reason, obs.message),
+        (READY, ready_for(phase), obs.reason, obs.message),
+    ]
+    if obs.final:
+        updates.append(
+            (SUCCEEDED, "True" if phase is Phase.SUCCEEDED else "False", obs.reason, obs.message)
+        )
+        updates.append(
+            (FAILED, "True" if phase is Phase.FAILED else "False", obs.reason, obs.message)
+        )
+    start = status.start_time or attempt.started_at
+    new = with_conditions(status, updates, generation, now).model_copy(
+        update={
+            "phase": phase,
+            "attempts": replace_attempt(status, attempt),
+            "nodes": obs.nodes or status.nodes,
+            "start_time": start,
+            "completion_time": attempt.finished_at if obs.final else None,
+            "message": obs.message,
+        }
+    )
+    return Transition(new, phase_event(status.phase, phase, obs.reason, obs.message))
+
+
+def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:
+    """When the job ended: Slurm's end time, else when the end was first seen."""
+    if not obs.final:
+        return None
+    if obs.finished_at is not None:
+        return rfc3339(obs.finished_at)
+    return attempt.finished_at or rfc3339(now)
+
+
+def retry_scheduled(
+    status: SlurmJobStatus,
+    decision: RetryDecision,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """The attempt failed and the retry rules give it another: Pending until `nextAttemptAt`."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing failed")
+    attempt = attempt.model_copy(update={"retry_action": decision.action.value})
+    new = with_conditions(
+        status,
+        [
+            (READY, "False", Reason.RETRY_SCHEDULED, decision.message),
+            (RUNNING, "False", Reason.RETRY_SCHEDULED, decision.message),
+            (FAILED, "False", Reason.RETRY_SCHEDULED, decision.message),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.PENDING,
+            "attempts": replace_attempt(status, attempt),
+            "message": decision.message,
+            "next_attempt_at": rfc3339(now + timedelta(seconds=decision.delay_seconds)),
+            "completion_time": None,
+        }
+    )
+    return Transition(new, (Event(WARNING, Reason.RETRY_SCHEDULED, decision.message),))
+
+
+def not_retried(status: SlurmJobStatus, decision: RetryDecision) -> SlurmJobStatus:
+    """A failed attempt the rules do not retry: say why on the attempt."""
+    attempt = status.current_attempt
+    if attempt is None:
+        return status
+    attempt = attempt.model_copy(update={"retry_action": decision.action.value})
+    return status.model_copy(update={"attempts": replace_attempt(status, attempt)})
+
+
+def suspension(
+    status: SlurmJobStatus,
+    suspended: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """spec.suspend took effect (nothing submitted, or the queued job held) or was lifted."""
+    value: ConditionStatus = "True" if suspended else "False"
+    new = with_conditions(status, [(SUSPENDED, value, reason, message)], generation, now)
+    if suspended and status.current_attempt is None:
+        new = new.model_copy(update={"phase": Phase.PENDING, "message": message})
+    events = flip_event(status, SUSPENDED, value, Event(NORMAL, reason, message))
+    return Transition(new, events)
+
+
+def reachability(
+    status: SlurmJobStatus,
+    reachable: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """Whether slurmrestd answers with the operator's credentials (refused tokens come back
+    as HTTP 500 or 511, so this is the only place a user sees them)."""
+    value: ConditionStatus = "True" if reachable else "False"
+    new = with_conditions(status, [(SLURM_REACHABLE, value, reason, message)], generation, now)
+    event = Event(NORMAL if reachable else WARNING, reason, message)
+    return Transition(new, flip_event(status, SLURM_REACHABLE, value, event))
+
+
+def is_lost(status: SlurmJobStatus) -> bool:
+    """Slurm forgot the job without a trace (`lost`): Unknown for good, nobody asks again."""
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == Reason.JOB_LOST
+
+
+def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:
+    """The controller no longer knows the job and there is no accounting to ask: Unknown,
+    never a resubmit."""
+    new = with_conditions(
+        status,
+        [(READY, "False", Reason.JOB_LOST, message), (RUNNING, "False", Reason.JOB_LOST, message)],
+        generation,
+        now,
+    ).model_copy(update={"phase": Phase.UNKNOWN, "message": message})
+    return Transition(new, phase_event(status.phase, Phase.UNKNOWN, Reason.JOB_LOST, message))
+
+
+def with_logs(status: SlurmJobStatus, logs: Logs) -> SlurmJobStatus:
+    return status.model_copy(update={"logs": logs})
