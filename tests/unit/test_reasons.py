@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from slurmjob_operator.api.spec import RetryAction
+from slurmjob_operator.api.retry import RetryAction
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.core import decisions, following, reconcile
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView

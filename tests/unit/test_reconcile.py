@@ -292,7 +292,7 @@ def test_suspension_and_reachability_post_only_on_flips() -> None:
 
 
 def test_a_retry_whose_submit_failed_stays_scheduled() -> None:
-    from slurmjob_operator.api.spec import RetrySpec
+    from slurmjob_operator.api.retry import RetrySpec
     from slurmjob_operator.core.following import retry_scheduled
     from slurmjob_operator.core.retries import decide
 

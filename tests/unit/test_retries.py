@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmjob_operator.api.spec import RetryAction, RetrySpec
+from slurmjob_operator.api.retry import RetryAction, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.core.following import retry_scheduled
 from slurmjob_operator.core.reconcile import Step, confirmed, next_step, record_attempt, submitted

@@ -2,18 +2,20 @@
 
 Intrinsic rules (those that need no site catalog) live here as pydantic validators, so the
 same message reaches `kubectl apply` users (through CEL rules derived from the same facts, see
-`api.crd`) and the operator. Rules that need the site's catalogs (GPU series, runtime registry,
-storage root) live in `api.site`.
+`gen.crd`) and the operator. Rules that need the site's catalogs (GPU series, runtime registry,
+storage root) live in `site.resolve`.
 """
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
+
+from slurmjob_operator.api.model import Model as _Model
+from slurmjob_operator.api.retry import RetrySpec
 
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -23,15 +25,6 @@ RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMJOB_")
 
 CUSTOM = "custom"
 CUSTOM_RUNTIME_PREFIX = "custom-"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
 
 
 class Framework(_Model):
@@ -182,94 +175,6 @@ class Pool(_Model):
         if self.gpus_per_node > 0 and not self.gpu_series:
             raise ValueError(f"pool {self.name}: gpusPerNode > 0 needs a gpuSeries")
         return self
-
-
-class RetryAction(StrEnum):
-    RETRY = "Retry"
-    FAIL = "Fail"
-    IGNORE = "Ignore"
-
-
-class ExitCodes(_Model):
-    operator: Literal["In", "NotIn"] = Field(description="In or NotIn.")
-    values: list[int] = Field(
-        min_length=1, max_length=64, description="Exit codes (0-255) of the batch script."
-    )
-
-    @field_validator("values")
-    @classmethod
-    def _byte(cls, value: list[int]) -> list[int]:
-        if any(v < 0 or v > 255 for v in value):
-            raise ValueError("exit codes are 0 to 255")
-        return value
-
-
-class RetryRule(_Model):
-    """Matches a failed attempt when every criterion given matches; the first match decides."""
-
-    action: RetryAction = Field(
-        description=(
-            "Retry (a new attempt, counted against limit), Fail (fail now) or Ignore (a new "
-            "attempt not counted against limit)."
-        )
-    )
-    on_states: list[str] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Slurm base states or flags, e.g. NODE_FAIL, BOOT_FAIL, LAUNCH_FAILED.",
-    )
-    on_reasons: list[str] = Field(
-        default_factory=list, max_length=32, description="Slurm state reasons, e.g. NodeDown."
-    )
-    on_exit_codes: ExitCodes | None = Field(default=None, description="Exit codes to match.")
-    on_log_pattern: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="Regular expression searched in the attempt's stdout and stderr tails.",
-    )
-
-    @field_validator("on_log_pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"onLogPattern is not a valid regular expression: {exc}") from exc
-        return value
-
-    @model_validator(mode="after")
-    def _some_criterion(self) -> RetryRule:
-        if not (self.on_states or self.on_reasons or self.on_exit_codes or self.on_log_pattern):
-            raise ValueError(
-                "a retry rule needs at least one of onStates, onReasons, onExitCodes, onLogPattern"
-            )
-        return self
-
-
-class RetrySpec(_Model):
-    limit: int = Field(
-        default=0, ge=0, le=20, description="Retries of infrastructure failures (new attempts)."
-    )
-    backoff_seconds: int = Field(
-        default=30,
-        ge=0,
-        le=3600,
-        description="Delay before the first retry; doubled for each further one (at most 1 h).",
-    )
-    rules: list[RetryRule] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Ordered rules, tried before the default infrastructure rules.",
-    )
-    default_rules: bool = Field(
-        default=True,
-        description=(
-            "Append the default rules: NODE_FAIL, BOOT_FAIL, LAUNCH_FAILED and log patterns of "
-            "NCCL timeouts, CUDA driver init failures, Xid errors, GPU/IB link down and OOM-killer "
-            "node reaping are retried."
-        ),
-    )
 
 
 class DataSpec(_Model):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slurmjob_operator.api.spec import ExitCodes, RetryAction, RetryRule, RetrySpec
+from slurmjob_operator.api.retry import ExitCodes, RetryAction, RetryRule, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase
 from slurmjob_operator.core.states import Observation
 

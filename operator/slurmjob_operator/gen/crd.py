@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from slurmjob_operator import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from slurmjob_operator.api.retry import RetryRule
 from slurmjob_operator.api.spec import (
     CUSTOM,
     CUSTOM_RUNTIME_PREFIX,
@@ -27,7 +28,6 @@ from slurmjob_operator.api.spec import (
     Framework,
     Mount,
     Pool,
-    RetryRule,
     SlurmJobSpec,
 )
 from slurmjob_operator.api.status import SlurmJobStatus
