@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from slurmjob_operator.api.status import Phase
 from slurmjob_operator.metrics import SUBMISSION_RESULTS, Metrics
-from slurmjob_operator.slurm.client import OnRequest
+from slurmjob_operator.slurm.exchange import OnRequest
 
 JOB = "/slurm/v0.0.45/job/{job_id}"
 

@@ -11,7 +11,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from slurmjob_operator.core.jobview import BaseState, JobSource
-from slurmjob_operator.slurm.client import SlurmClient, discover_version, pick_version
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.discovery import discover_version, pick_version
 from slurmjob_operator.slurm.errors import (
     SlurmAmbiguous,
     SlurmAuthError,

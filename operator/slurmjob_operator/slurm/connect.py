@@ -6,7 +6,9 @@ import ssl
 
 from slurmjob_operator.config import AUTO, ConfigError, Settings
 from slurmjob_operator.slurm.auth import JwtFileToken, MintedToken, TokenProvider
-from slurmjob_operator.slurm.client import OnRequest, SlurmClient, discover
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.discovery import discover
+from slurmjob_operator.slurm.exchange import OnRequest
 from slurmjob_operator.slurm.http import HttpTransport
 
 
