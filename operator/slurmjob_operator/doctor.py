@@ -30,6 +30,7 @@ from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport
 from slurmjob_operator.slurm.errors import SlurmError
 from slurmjob_operator.slurm.nodes import NodeInfo
+from slurmjob_operator.times import rfc3339
 
 
 class Outcome(StrEnum):
@@ -154,7 +155,7 @@ def _expiry_text(token: TokenProvider) -> str:
     if expires is None:
         return "token has no exp claim"
     left = int((expires - datetime.now(tz=UTC)).total_seconds())
-    return f"token expires {expires.isoformat()} (in {left} s)"
+    return f"token expires {rfc3339(expires)} (in {left} s)"
 
 
 async def _step(report: Report, name: str, action: Callable[[], Awaitable[str]]) -> bool:

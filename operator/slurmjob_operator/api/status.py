@@ -12,10 +12,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 from pydantic.config import JsonDict
 
+from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.times import rfc3339
 
 # metav1.Condition's own limits and patterns, so a condition the operator writes is also a
@@ -28,15 +28,6 @@ CONDITION_REASON_RE = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 _RFC3339: JsonDict = {"format": "date-time"}
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
 
 
 class Phase(StrEnum):

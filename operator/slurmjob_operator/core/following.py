@@ -9,7 +9,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
-from slurmjob_operator.core.reasons import ConditionType, Reason
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import (
+    FAILED,
+    READY,
+    RUNNING,
+    SLURM_REACHABLE,
+    SUCCEEDED,
+    SUSPENDED,
+)
 from slurmjob_operator.core.retries import RetryDecision
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import (
@@ -24,13 +32,6 @@ from slurmjob_operator.core.transition import (
     with_conditions,
 )
 from slurmjob_operator.times import rfc3339
-
-RUNNING = ConditionType.RUNNING
-SUCCEEDED = ConditionType.SUCCEEDED
-FAILED = ConditionType.FAILED
-READY = ConditionType.READY
-SUSPENDED = ConditionType.SUSPENDED
-SLURM_REACHABLE = ConditionType.SLURM_REACHABLE
 
 
 def observed(
