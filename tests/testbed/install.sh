@@ -15,6 +15,7 @@ MARKER="$CHROOT/.slurmjob-testbed-complete"
 CHROOT_VERSION=1 # bump to force a rebuild when the package list below changes
 CI_UID=2001
 CI_GID=2001
+TENANT_UID_BASE=2101 # team-a 2101, team-b 2102
 TESTBED_ROOT=/srv/slurmjob-testbed
 
 HOST_PKGS=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge
@@ -69,6 +70,21 @@ ensure_users() { # $1 = root dir ("" for the host)
     if ! "${ch[@]}" getent passwd slurmrest >/dev/null; then
         "${ch[@]}" useradd --system --no-create-home --user-group --shell /usr/sbin/nologin slurmrest
     fi
+    # Two tenants' Unix users (the tenancy tests run jobs as each), fixed ids like slurmci's.
+    local name id
+    for name in team-a team-b; do
+        id=$TENANT_UID_BASE
+        [[ $name == team-b ]] && id=$((TENANT_UID_BASE + 1))
+        if ! "${ch[@]}" getent group "$name" >/dev/null; then
+            "${ch[@]}" groupadd --gid "$id" "$name"
+        fi
+        if ! "${ch[@]}" getent passwd "$name" >/dev/null; then
+            "${ch[@]}" useradd --uid "$id" --gid "$id" --no-create-home \
+                --home-dir "$TESTBED_ROOT/storage" --shell /bin/bash "$name"
+        fi
+        [[ $("${ch[@]}" id -u "$name") == "$id" ]] ||
+            die "user $name in '${root:-/}' does not have uid $id"
+    done
 }
 ensure_users ""
 install -d -m 0755 "$TESTBED_ROOT"
