@@ -19,7 +19,7 @@ TENANT_UID_BASE=2101 # team-a 2101, team-b 2102
 TESTBED_ROOT=/srv/slurmjob-testbed
 
 HOST_PKGS=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge
-    libslurm-dev gcc libc6-dev debootstrap python3 util-linux)
+    libslurm-dev gcc libc6-dev debootstrap python3 util-linux acl)
 CHROOT_BASE_PKGS=slurmctld,slurmd,slurmrestd,slurm-client,munge,python3,procps,ca-certificates
 CHROOT_EXTRA_PKGS=(slurm-wlm-jwt-plugin libslurm-dev gcc libc6-dev)
 
