@@ -154,6 +154,15 @@ class Settings(BaseSettings):
         default=None,
         description="YAML GPU series catalog: series: [{name, slurmConstraint, gpusPerNode}].",
     )
+    tenants_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML tenants file: tenants: [{name, namespaces, accounts, partitions, qos, "
+            "mountSources, maxTimeLimit, slurmUser, uid}]. Unset: single-tenant; set: a "
+            "SlurmJob in a namespace of no tenant is refused, and each tenant's limits are "
+            "enforced before submit."
+        ),
+    )
     templates_dir: Path | None = Field(
         default=None, description="Directory with site copies of the batch-script templates."
     )

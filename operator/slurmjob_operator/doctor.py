@@ -25,6 +25,7 @@ from slurmjob_operator.site.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
+from slurmjob_operator.site.tenants import check_against_registry, load_tenants
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport
@@ -140,6 +141,51 @@ def _check_series(series: GpuSeriesCatalog, nodes: list[NodeInfo], report: Repor
             )
 
 
+def _check_tenancy(settings: Settings, registry: RuntimeRegistry, report: Report) -> None:
+    path = settings.tenants_file
+    if path is None:
+        report.add(
+            "tenancy",
+            Outcome.OK,
+            "single-tenant (SLURMJOB_TENANTS_FILE unset): every namespace's SlurmJobs are "
+            "taken, with the operator's Slurm user and no tenant limits",
+        )
+        return
+    try:
+        tenants = load_tenants(path)
+        if tenants is not None:
+            check_against_registry(tenants, registry, path)
+    except CatalogError as exc:
+        report.add("tenancy", Outcome.FAIL, str(exc))
+        return
+    if tenants is None:
+        return
+    names = ", ".join(t.name for t in tenants.tenants)
+    report.add(
+        "tenancy",
+        Outcome.OK,
+        f"{len(tenants.tenants)} tenant(s) ({names}) in {path}; SlurmJobs of other "
+        "namespaces are refused (TenantUnknown)",
+    )
+    shared = [t.name for t in tenants.tenants if t.slurm_user is None]
+    if shared:
+        report.add(
+            "tenant users",
+            Outcome.WARN,
+            f"no slurmUser for tenant(s) {', '.join(shared)}: their jobs run as the operator's "
+            "Slurm user, shared by every tenant without a slurmUser, so Unix permissions do not "
+            "keep their files apart",
+        )
+    own = [t.name for t in tenants.tenants if t.slurm_user is not None]
+    if own and settings.slurm_jwt_key_file is None:
+        report.add(
+            "tenant users",
+            Outcome.WARN,
+            f"tenant(s) {', '.join(own)} name a slurmUser, which needs the JWT key mode "
+            "(SLURMJOB_SLURM_JWT_KEY_FILE): a token file carries one user only",
+        )
+
+
 def _constraint_features(expression: str) -> list[str]:
     """Feature names in a Slurm constraint expression (`a&b`, `a|b`, `[a|b]`, `a*2`)."""
     cleaned = expression
@@ -240,6 +286,7 @@ async def run_doctor(environ: dict[str, str] | None = None) -> Report:
             Outcome.OK,
             f"{len(registry.runtimes)} runtime(s), {len(series.series)} GPU series",
         )
+    _check_tenancy(settings, registry, report)
     await _check_slurm(settings, series, report)
     _check_storage(settings, report)
     if catalogs_ok:

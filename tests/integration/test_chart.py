@@ -25,6 +25,7 @@ from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.tenants import Tenants
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +165,13 @@ def test_default_install_is_cluster_wide_restricted_and_single(kube: KubeTestbed
     assert volumes(docs)["storage"]["hostPath"] == {"path": "/lustre/slurmjob", "type": "Directory"}
     (catalogs,) = of_kind(docs, "ConfigMap")
     assert yaml.safe_load(catalogs["data"]["runtime-registry.yaml"]) == {"runtimes": []}
+    # No tenants: single-tenant, no tenants file.
+    assert "tenants.yaml" not in catalogs["data"]
+    assert "SLURMJOB_TENANTS_FILE" not in env
+    assert [i["key"] for i in volumes(docs)["catalogs"]["configMap"]["items"]] == [
+        "runtime-registry.yaml",
+        "gpu-series.yaml",
+    ]
     # Cluster-wide RBAC, metrics Service, no monitoring objects.
     assert [d["kind"] for d in docs if "Role" in d["kind"]] == ["ClusterRole", "ClusterRoleBinding"]
     (svc,) = of_kind(docs, "Service")
@@ -224,6 +232,16 @@ def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -
     assert registry["runtimes"][0]["id"] == "custom-python"
     series = yaml.safe_load(config_maps["ci-slurmjob-operator-catalogs"]["data"]["gpu-series.yaml"])
     assert series["series"][1] == {"name": "l40s", "gpusPerNode": 4}
+    # The tenants: rendered as tenants.yaml, mounted, named by SLURMJOB_TENANTS_FILE, and a
+    # file the operator's loader takes as it is.
+    text = config_maps["ci-slurmjob-operator-catalogs"]["data"]["tenants.yaml"]
+    loaded = Tenants.model_validate(yaml.safe_load(text))
+    assert [t.name for t in loaded.tenants] == ["team-a", "team-b"]
+    team_a = loaded.tenants[0]
+    assert (team_a.slurm_user, team_a.uid, team_a.max_time_minutes) == ("team-a", 1001, 1440)
+    assert team_a.mount_sources == ["datasets/team-a", "datasets/public"]
+    assert env["SLURMJOB_TENANTS_FILE"] == "/etc/slurmjob/catalogs/tenants.yaml"
+    assert {"key": "tenants.yaml", "path": "tenants.yaml"} in vols["catalogs"]["configMap"]["items"]
     assert (
         "site copy"
         in config_maps["ci-slurmjob-operator-templates"]["data"]["runtime__apptainer.sh.j2"]
@@ -268,6 +286,9 @@ def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) ->
     assert env["SLURMJOB_SLURM_PARTITION"] == "gpu"
     vols = volumes(docs)
     assert vols["catalogs"]["configMap"]["name"] == "site-catalogs"
+    # existingConfigMapHasTenants: the user's ConfigMap's tenants.yaml is mounted and named.
+    assert {"key": "tenants.yaml", "path": "tenants.yaml"} in vols["catalogs"]["configMap"]["items"]
+    assert env["SLURMJOB_TENANTS_FILE"] == "/etc/slurmjob/catalogs/tenants.yaml"
     assert vols["ca-bundle"]["configMap"] == {
         "name": "site-ca",
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
@@ -321,6 +342,14 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
             "runtimeProfile",
         ),
         (["-f", "ci/default-values.yaml", "--set", "watchNamespaces[0]=Bad_NS"], "watchNamespaces"),
+        (
+            ["-f", "ci/signing-key-pvc-values.yaml", "--set", "catalogs.existingConfigMap=cm"],
+            "catalogs.tenants is not read with catalogs.existingConfigMap",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "catalogs.tenants[0].name=team-a"],
+            "missing properties 'namespaces', 'accounts', 'partitions'",
+        ),
     ],
     ids=[
         "no-url",
@@ -331,6 +360,8 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
         "typo",
         "profile",
         "bad-namespace",
+        "tenants-with-existing-configmap",
+        "tenant-without-limits",
     ],
 )
 def test_bad_values_fail_the_render_naming_the_value(

@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.integration.helpers import OPERATOR, cpu_spec, het_pools, slurm_job, slurm_jobs_named
+from tests.integration.helpers import (
+    OPERATOR,
+    ask_slurm,
+    cpu_spec,
+    het_pools,
+    slurm_job,
+    slurm_jobs_named,
+)
 from tests.integration.sitefiles import site_env
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
@@ -315,6 +322,52 @@ def test_deleting_a_running_job_cancels_it_through_its_sluid(op_2605: Operator) 
     messages = [e["message"] for e in op.events("long") if e["reason"] == "Cancelled"]
     assert any(attempt["sluid"] in m for m in messages), messages
     assert not staging.parent.exists(), "the staging directory is removed on deletion"
+
+
+@pytest.mark.slurm2605
+def test_a_status_claiming_another_resources_job_neither_folds_nor_cancels_it(
+    op_2605: Operator,
+) -> None:
+    op = op_2605
+    op.apply("victim", cpu_spec(["sleep", "600"]))
+    op.apply("claimer", cpu_spec(["sleep", "600"]))
+    victim = _attempt(op.wait_phase("victim", "Running", within=120))
+    own = _attempt(op.wait_phase("claimer", "Running", within=120))
+    try:
+        # Someone with status write access points the claimer at the victim's job.
+        patch = [
+            {"op": "replace", "path": "/status/attempts/0/jobId", "value": victim["jobId"]},
+            {"op": "replace", "path": "/status/attempts/0/sluid", "value": victim["sluid"]},
+        ]
+        op.kube.kubectl(
+            "patch", "slurmjob", "claimer", "-n", op.namespace, "--subresource=status",
+            "--type=json", "-p", json.dumps(patch),
+        )  # fmt: skip
+        op.wait_for(
+            "claimer",
+            lambda o: _attempt(o)["jobId"] == victim["jobId"],
+            within=10,
+            what="the patched jobId",
+        )
+        op.kube.kubectl(
+            "delete", "slurmjob", "claimer", "-n", op.namespace, "--timeout=60s", timeout=70
+        )
+        assert op.get("claimer") is None
+        [job] = op.slurm_job(victim["jobId"])
+        assert job.base_state is BaseState.RUNNING, "the victim's job is not cancelled"
+        victim_obj = op.get("victim")
+        assert victim_obj is not None
+        assert victim_obj["status"]["phase"] == "Running"
+        mismatches = [
+            e["message"] for e in op.events("claimer") if e["reason"] == "JobIdentityMismatch"
+        ]
+        assert mismatches, "the refusal is told"
+        assert not any("victim" in m for m in mismatches), "the other job's name is not shown"
+    finally:
+        ask_slurm(op.env, lambda client: client.cancel(own["jobId"]))
+        op.kube.kubectl(
+            "delete", "slurmjob", "victim", "-n", op.namespace, "--timeout=60s", timeout=70
+        )
 
 
 @pytest.mark.slurm2605

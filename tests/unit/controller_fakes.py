@@ -4,7 +4,9 @@ client's interface, so every lifecycle path runs in milliseconds (no tests here)
 `MemorySlurm` keeps jobs as `SlurmJobView`s and takes faults per submit, in order:
 `lost` (the job is created, the answer lost), `twice` (a proxy replayed the POST: two jobs,
 answer lost), `unsent` (the answer lost, but no job was made), `auth`, `down`, `rejected`,
-`rejected-record` (refused, but a record was made). `get_faults` fail the next GETs.
+`rejected-record` (refused, but a record was made). `get_faults` fail the next GETs;
+`impostors` are what a GET of those job ids (or SLUIDs) answers instead: another resource's
+job under a reused id, or a server that lies.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class MemorySlurm:
     purged: dict[int, SlurmJobView] = field(default_factory=dict)  # still in accounting
     faults: list[str] = field(default_factory=list)
     get_faults: int = 0
+    impostors: dict[int | str, SlurmJobView] = field(default_factory=dict)
     connect_error: Exception | None = None
     calls: list[str] = field(default_factory=list)
     next_id: int = 100
@@ -206,6 +209,8 @@ class MemorySlurm:
         if self.get_faults:
             self.get_faults -= 1
             raise SlurmTransient("slurmctld is busy")
+        if ref in self.impostors:
+            return [self.impostors[ref]]
         return [self._find(ref)]
 
     async def find_by_name(self, name: str) -> list[SlurmJobView]:

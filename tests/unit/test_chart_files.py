@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.site.tenants import Tenant, Tenants
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "slurmjob-operator"
@@ -22,6 +23,9 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
+
+
+TENANT = {"name": "a", "namespaces": ["a"], "accounts": ["a"], "partitions": ["p"]}
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +114,31 @@ def test_the_schema_types_every_value_in_values_yaml() -> None:
             {"catalogs": {"gpuSeries": [{"name": "h100", "gpusPerNode": 0}]}},
             "catalogs.gpuSeries.0.gpusPerNode",
         ),
+        (
+            {"catalogs": {"tenants": [{"name": "a", "namespaces": ["a"], "partitions": ["p"]}]}},
+            "catalogs.tenants.0",
+        ),
+        (
+            {"catalogs": {"tenants": [{**TENANT, "accounts": []}]}},
+            "catalogs.tenants.0.accounts",
+        ),
+        (
+            {"catalogs": {"tenants": [{**TENANT, "partitions": ["gpu,debug"]}]}},
+            "catalogs.tenants.0.partitions.0",
+        ),
+        (
+            {"catalogs": {"tenants": [{**TENANT, "mountSources": ["/lustre/a"]}]}},
+            "catalogs.tenants.0.mountSources.0",
+        ),
+        (
+            {"catalogs": {"tenants": [{**TENANT, "maxTimeLimit": "1 day"}]}},
+            "catalogs.tenants.0.maxTimeLimit",
+        ),
+        (
+            {"catalogs": {"tenants": [{**TENANT, "slurmUser": "root"}]}},
+            "catalogs.tenants.0.slurmUser",
+        ),
+        ({"catalogs": {"tenants": [{**TENANT, "acounts": ["a"]}]}}, "catalogs.tenants.0"),
         ({"metrics": {"port": 70000}}, "metrics.port"),
         (
             {"metrics": {"prometheusRule": {"submittingFor": "15 minutes"}}},
@@ -168,3 +197,18 @@ def test_every_operator_setting_is_set_by_the_deployment() -> None:
         if f"name: {Settings.env_name(field)}\n" not in deployment
     ]
     assert missing == []
+
+
+def test_the_tenants_values_are_the_tenants_file() -> None:
+    """What `catalogs.tenants` admits is what the operator's loader takes: the ci values'
+    tenants load as they are, and the schema names every key the loader knows."""
+    values = yaml.safe_load((CHART / "ci" / "signing-key-pvc-values.yaml").read_text())
+    tenants = Tenants.model_validate({"tenants": values["catalogs"]["tenants"]})
+    assert [t.name for t in tenants.tenants] == ["team-a", "team-b"]
+    node = SCHEMA["properties"]["catalogs"]["properties"]["tenants"]["items"]
+    known = {info.alias or name for name, info in Tenant.model_fields.items()}
+    assert set(node["properties"]) == known
+    required = {
+        info.alias or name for name, info in Tenant.model_fields.items() if info.is_required()
+    }
+    assert set(node["required"]) == required

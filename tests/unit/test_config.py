@@ -35,6 +35,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_STAGING_OWNER", "1000:100", "staging_owner", "1000:100"),
     ("SLURMJOB_RUNTIME_REGISTRY_FILE", "rt.yaml", "runtime_registry_file", Path("rt.yaml")),
     ("SLURMJOB_GPU_SERIES_FILE", "/etc/gpu.yaml", "gpu_series_file", Path("/etc/gpu.yaml")),
+    ("SLURMJOB_TENANTS_FILE", "/etc/tenants.yaml", "tenants_file", Path("/etc/tenants.yaml")),
     ("SLURMJOB_TEMPLATES_DIR", "/etc/tpl", "templates_dir", Path("/etc/tpl")),
     ("SLURMJOB_POLL_INTERVAL", "5", "poll_interval", 5.0),
     ("SLURMJOB_POLL_INTERVAL", " 0.5 ", "poll_interval", 0.5),

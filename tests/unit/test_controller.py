@@ -512,3 +512,72 @@ def test_the_watch_handler_runs_on_the_event_loop() -> None:
     from slurmjob_operator.handlers import slurmjob
 
     assert inspect.iscoroutinefunction(slurmjob.watched)
+
+
+# -- tenants --------------------------------------------------------------------------------
+
+
+def tenant_bed(root: Path) -> Bed:
+    tenants = root / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        "  - {name: team-a, namespaces: [team-a], accounts: [team-a, team-a-big],\n"
+        "     partitions: [debug], qos: [normal], maxTimeLimit: 1h}\n"
+    )
+    return make_bed(root, tenants_file=tenants)
+
+
+def nothing_staged(bed: Bed) -> bool:
+    return not any(bed.settings.storage_root.rglob(SCRIPT_FILE))
+
+
+async def test_a_namespace_of_no_tenant_is_refused_with_nothing_submitted(tmp_path: Path) -> None:
+    bed = tenant_bed(tmp_path)
+    ref = bed.store.create("train", cpu_spec(), namespace="team-x")
+    assert await reconcile(bed, ref) is None  # final: retrying cannot change the answer
+    status = bed.store.status(ref)
+    assert condition(bed, ref, "Ready") == ("False", "TenantUnknown")
+    assert condition(bed, ref, "Submitted") == ("False", "TenantUnknown")
+    assert status.phase is Phase.FAILED
+    assert status.attempts == []
+    assert "namespace 'team-x' belongs to no tenant" in (status.message or "")
+    assert bed.store.reasons() == ["TenantUnknown"]
+    assert bed.slurm.calls == []
+    assert nothing_staged(bed)
+    assert not bed.controller.followed()
+
+
+async def test_a_refused_account_leaves_nothing_submitted(tmp_path: Path) -> None:
+    bed = tenant_bed(tmp_path)
+    ref = bed.store.create("train", cpu_spec(account="team-b"))
+    assert await reconcile(bed, ref) is None
+    status = bed.store.status(ref)
+    assert condition(bed, ref, "Ready") == ("False", "InvalidSpec")
+    assert (status.message or "").startswith("spec.account: 'team-b' is not in tenant team-a's")
+    assert status.attempts == []
+    assert bed.slurm.calls == []
+    assert nothing_staged(bed)
+
+
+async def test_a_tenants_job_is_submitted_with_its_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed = tenant_bed(tmp_path)
+    sent: list[Any] = []
+    submit = bed.slurm.submit
+
+    async def capture(req: Any) -> Any:
+        sent.append(req)
+        return await submit(req)
+
+    monkeypatch.setattr(bed.slurm, "submit", capture)
+    ref = bed.store.create("train", cpu_spec(timeLimit=None))
+    assert await reconcile(bed, ref) is None
+    assert bed.store.status(ref).phase is Phase.QUEUED
+    [req] = sent
+    assert (req.account, req.partition, req.qos, req.time_limit_minutes) == (
+        "team-a",
+        "debug",
+        "normal",
+        60,
+    )

@@ -9,6 +9,7 @@ integration tests.
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,9 +20,21 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
 from slurmjob_operator.api.errors import SpecError, parse_spec
+from slurmjob_operator.api.scriptwords import (
+    ABSOLUTE_PATH_RE,
+    RELATIVE_PATH_RE,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    WORKING_DIR_RE,
+    command_problem,
+    reserved_env_name,
+)
+from slurmjob_operator.api.spec import EnvVar, SlurmJobSpec
 from slurmjob_operator.gen.crd import FIELD_RULES, MODEL_RULES, build_crd, to_yaml
 
 from .test_spec import CASES, Case, cpu_spec, gpu_spec, het_spec
@@ -356,3 +369,85 @@ def test_cel_error_paths_name_the_field() -> None:
     assert any(
         e.startswith(".spec.mounts[0].source: mount sources cannot contain '..'") for e in errors
     )
+
+
+# -- the rules of api.scriptwords in the CRD --------------------------------------------------
+
+
+def test_path_patterns_come_from_the_models() -> None:
+    """The path alphabet reaches the CRD as `pattern` through the models (gen.schema copies
+    pydantic's JSON schema), and the patterns mean the same in RE2 (the apiserver's Go regexp
+    and CEL) as in Python."""
+    re2 = pytest.importorskip("re2")
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    mount = spec["mounts"]["items"]["properties"]
+    assert mount["source"]["pattern"] == RELATIVE_PATH_RE
+    assert mount["target"]["pattern"] == ABSOLUTE_PATH_RE
+    assert spec["workingDir"]["pattern"] == WORKING_DIR_RE
+    samples = ["a", "a/b", "/a", "/a/b", "/", "a,b", "/a:b", "/a b", "/a$(x)", "/a//b", "/a/", "/é"]
+    for pattern in (RELATIVE_PATH_RE, ABSOLUTE_PATH_RE, WORKING_DIR_RE):
+        compiled = re2.compile(pattern)
+        for sample in samples:
+            ours = re.fullmatch(pattern, sample) is not None
+            assert (compiled.search(sample) is not None) == ours, (pattern, sample)
+
+
+_ENV_RULES = MODEL_RULES[EnvVar]
+_NAME = st.one_of(
+    st.sampled_from(sorted(RESERVED_ENV_NAMES)),
+    st.tuples(
+        st.sampled_from(RESERVED_ENV_PREFIXES), st.from_regex(r"[A-Z0-9_]{0,6}", fullmatch=True)
+    ).map("".join),
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NAME)
+def test_reserved_env_names_agree(name: str) -> None:
+    """The CEL rule refuses exactly the names api.scriptwords reserves."""
+    celpy = pytest.importorskip("celpy")
+    [rule] = [r for r in _ENV_RULES if r.field_path == ".name"]
+    ok = _program(rule.rule).evaluate({"self": celpy.json_to_cel({"name": name, "value": "x"})})
+    assert bool(ok) == (not reserved_env_name(name))
+
+
+_WORD = st.one_of(
+    st.sampled_from(["", ":", "-", "--", "-x", "::", "a:b", "x", "--jobid=1"]),
+    st.text(max_size=6).filter(lambda w: "\0" not in w),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_WORD, min_size=1, max_size=6))
+def test_command_rules_agree(command: list[str]) -> None:
+    """The CEL rules on spec.command refuse exactly what api.scriptwords refuses."""
+    celpy = pytest.importorskip("celpy")
+    rules = FIELD_RULES[(SlurmJobSpec, "command")]
+    value = celpy.json_to_cel(command)
+    cel_ok = all(bool(_program(r.rule).evaluate({"self": value})) for r in rules)
+    assert cel_ok == (command_problem(command) is None)
+
+
+def test_cel_errors_for_script_words_name_the_field() -> None:
+    pytest.importorskip("celpy")
+    spec = cpu_spec()
+    spec["command"] = ["--jobid=4242", ":", "x"]
+    spec["env"] = [{"name": "LD_PRELOAD", "value": "/x.so"}]
+    spec["mounts"] = [{"source": "./a", "target": "/a/../b"}]
+    spec["workingDir"] = "/w/."
+    errors = apiserver_errors(manifest(spec))
+    for expected in (
+        ".spec.command: command[0] cannot start with '-'",
+        ".spec.command: no word of the command can be ':'",
+        ".spec.env[0].name: this name is reserved",
+        ".spec.mounts[0].source: mount sources cannot contain '..' (it would leave",
+        ".spec.mounts[0].target: mount targets cannot contain '..' or '.' parts",
+        ".spec.workingDir: workingDir cannot contain '..' or '.' parts",
+    ):
+        assert any(e.startswith(expected) for e in errors), (expected, errors)
+    spec = cpu_spec()
+    spec["mounts"] = [{"source": "a", "target": "/data$(id>/tmp/x)"}]
+    errors = apiserver_errors(manifest(spec))
+    assert errors
+    assert all(e.startswith("spec.mounts.0.target: ") for e in errors), errors

@@ -17,7 +17,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
     path.parent.mkdir()
     write_atomically(path, b"old\n")
 
-    def broken_replace(src: str, dst: str) -> None:
+    def broken_replace(src: str, dst: str, **dir_fds: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken_replace)

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from slurmjob_operator.api.status import Logs, LogTail
 from slurmjob_operator.storage import logs
 from slurmjob_operator.storage.logs import (
+    UnsafePath,
     read_logs,
     read_tail,
     redact_text,
-    tail_signature,
+    tail_signatures,
 )
 
 MB = 1024 * 1024
@@ -28,70 +29,77 @@ def write(path: Path, data: bytes | str) -> Path:
     return path
 
 
+ME = os.geteuid()
+
+
+def tail_of(path: Path, **kwargs: Any) -> LogTail | None:
+    """`read_tail` with the file's directory as the (trusted) root and this process as owner."""
+    return read_tail(path, root=path.parent, owner=ME, **kwargs)
+
+
+def logs_of(stdout: Path, stderr: Path | None, *args: Any, **kwargs: Any) -> Logs:
+    return read_logs(stdout, stderr, *args, root=stdout.parent, owner=ME, **kwargs)
+
+
 class ReadSpy:
-    """Wraps the file `read_tail` opens and records every read size."""
+    """Records every positioned read `read_tail` makes (its size)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reads: list[int] = []
-        real_open = Path.open
-        spy = self
+        real_pread = os.pread
 
-        class Wrapped:
-            def __init__(self, f: Any) -> None:
-                self._f = f
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            self.reads.append(n)
+            return real_pread(fd, n, offset)
 
-            def read(self, n: int = -1) -> bytes:
-                spy.reads.append(n)
-                data: bytes = self._f.read(n)
-                return data
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self._f, name)
-
-            def __enter__(self) -> Wrapped:
-                return self
-
-            def __exit__(self, *exc: object) -> None:
-                self._f.close()
-
-        def fake_open(path: Path, *args: Any, **kwargs: Any) -> Any:
-            return Wrapped(real_open(path, *args, **kwargs))
-
-        monkeypatch.setattr(Path, "open", fake_open)
+        monkeypatch.setattr(os, "pread", pread)
 
 
 # -- basics ------------------------------------------------------------------------------
 
 
 def test_missing_file_is_none(tmp_path: Path) -> None:
-    assert read_tail(tmp_path / "nope.out") is None
+    assert tail_of(tmp_path / "nope.out") is None
+    assert read_tail(tmp_path / "no-dir" / "a.out", root=tmp_path, owner=ME) is None
+
+
+def test_a_file_where_a_directory_should_be_is_refused(tmp_path: Path) -> None:
     write(tmp_path / "file", "x")
-    assert read_tail(tmp_path / "file" / "below") is None  # a path component is a file
+    with pytest.raises(UnsafePath, match="not a directory"):
+        read_tail(tmp_path / "file" / "below", root=tmp_path, owner=ME)
+
+
+def test_a_path_outside_the_root_is_refused(tmp_path: Path) -> None:
+    p = write(tmp_path / "a.out", "x\n")
+    with pytest.raises(UnsafePath, match="not below the storage root"):
+        read_tail(p, root=tmp_path / "other", owner=ME)
+    with pytest.raises(UnsafePath, match="not a path below"):
+        read_tail(tmp_path / "d" / ".." / "a.out", root=tmp_path, owner=ME)
 
 
 def test_small_file_whole(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "one\ntwo\nthree\n")
-    assert read_tail(p) == LogTail(tail="one\ntwo\nthree\n", truncated=False, bytes=14, lines=3)
+    assert tail_of(p) == LogTail(tail="one\ntwo\nthree\n", truncated=False, bytes=14, lines=3)
 
 
 def test_last_line_without_newline_counts(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "one\ntwo")
-    tail = read_tail(p)
+    tail = tail_of(p)
     assert tail is not None
     assert (tail.tail, tail.lines, tail.truncated) == ("one\ntwo", 2, False)
 
 
 def test_empty_file(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", b"")
-    assert read_tail(p) == LogTail(tail="", truncated=False, bytes=0, lines=0)
+    assert tail_of(p) == LogTail(tail="", truncated=False, bytes=0, lines=0)
 
 
 def test_caps_must_be_positive(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "x\n")
     with pytest.raises(ValueError, match="at least 1"):
-        read_tail(p, max_bytes=0)
+        tail_of(p, max_bytes=0)
     with pytest.raises(ValueError, match="at least 1"):
-        read_tail(p, max_lines=0)
+        tail_of(p, max_lines=0)
 
 
 # -- the byte cap ------------------------------------------------------------------------
@@ -100,7 +108,7 @@ def test_caps_must_be_positive(tmp_path: Path) -> None:
 def test_exactly_at_the_byte_limit_is_whole(tmp_path: Path) -> None:
     line = b"0123456789abcde\n"  # 16 bytes
     p = write(tmp_path / "a.out", line * 64)  # 1024 bytes
-    tail = read_tail(p, max_bytes=1024)
+    tail = tail_of(p, max_bytes=1024)
     assert tail is not None
     assert (tail.truncated, tail.lines, tail.bytes) == (False, 64, 1024)
     assert tail.tail == (line * 64).decode()
@@ -109,7 +117,7 @@ def test_exactly_at_the_byte_limit_is_whole(tmp_path: Path) -> None:
 def test_one_byte_over_on_a_line_boundary_drops_only_that_line(tmp_path: Path) -> None:
     body = b"0123456789abcde\n" * 64
     p = write(tmp_path / "a.out", b"\n" + body)  # the cut falls right after a newline
-    tail = read_tail(p, max_bytes=len(body))
+    tail = tail_of(p, max_bytes=len(body))
     assert tail is not None
     assert tail.tail == body.decode()
     assert (tail.truncated, tail.lines, tail.bytes) == (True, 64, len(body) + 1)
@@ -117,7 +125,7 @@ def test_one_byte_over_on_a_line_boundary_drops_only_that_line(tmp_path: Path) -
 
 def test_mid_line_cut_drops_the_partial_line(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "first line here\nsecond\nthird\n")
-    tail = read_tail(p, max_bytes=16)  # starts inside "first line here"'s end
+    tail = tail_of(p, max_bytes=16)  # starts inside "first line here"'s end
     assert tail is not None
     assert tail.tail == "second\nthird\n"
     assert (tail.truncated, tail.lines) == (True, 2)
@@ -126,7 +134,7 @@ def test_mid_line_cut_drops_the_partial_line(tmp_path: Path) -> None:
 def test_one_long_line_keeps_its_end(tmp_path: Path) -> None:
     # A progress bar without newlines: dropping "the partial line" would leave nothing.
     p = write(tmp_path / "a.out", "x" * 1000 + "\rdone")
-    tail = read_tail(p, max_bytes=100)
+    tail = tail_of(p, max_bytes=100)
     assert tail is not None
     assert tail.tail == ("x" * 1000 + "\rdone")[-100:]
     assert (tail.truncated, tail.lines) == (True, 1)
@@ -135,20 +143,20 @@ def test_one_long_line_keeps_its_end(tmp_path: Path) -> None:
 def test_multibyte_character_split_at_the_cut(tmp_path: Path) -> None:
     text = "é" * 100  # two bytes each, no newline: the single-line path
     p = write(tmp_path / "a.out", text)
-    tail = read_tail(p, max_bytes=51)  # the cut lands inside a character
+    tail = tail_of(p, max_bytes=51)  # the cut lands inside a character
     assert tail is not None
     assert tail.tail == "é" * 25
     assert "\ufffd" not in tail.tail
     # With lines, a character split by the cut is in the dropped partial line.
     p = write(tmp_path / "b.out", "€€€€\nzwölf €\n")
-    tail = read_tail(p, max_bytes=len("€\nzwölf €\n".encode()) + 1)
+    tail = tail_of(p, max_bytes=len("€\nzwölf €\n".encode()) + 1)
     assert tail is not None
     assert tail.tail == "zwölf €\n"
 
 
 def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", b"ok \xff\xfe bytes\n")
-    tail = read_tail(p)
+    tail = tail_of(p)
     assert tail is not None
     assert tail.tail == "ok \ufffd\ufffd bytes\n"
 
@@ -165,7 +173,7 @@ def test_huge_file_is_read_with_bounded_memory(
     spy = ReadSpy(monkeypatch)
     tracemalloc.start()
     try:
-        tail = read_tail(p)
+        tail = tail_of(p)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -185,7 +193,7 @@ def test_huge_file_is_read_with_bounded_memory(
 def test_line_cap(tmp_path: Path) -> None:
     lines = [f"{i}\n" for i in range(5000)]
     p = write(tmp_path / "a.out", "".join(lines))
-    tail = read_tail(p)
+    tail = tail_of(p)
     assert tail is not None
     assert tail.tail == "".join(lines[-2000:])
     assert (tail.lines, tail.truncated) == (2000, True)
@@ -193,11 +201,11 @@ def test_line_cap(tmp_path: Path) -> None:
 
 def test_exactly_max_lines_is_not_truncated(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "x\n" * 2000)
-    tail = read_tail(p)
+    tail = tail_of(p)
     assert tail is not None
     assert (tail.lines, tail.truncated) == (2000, False)
     p = write(tmp_path / "b.out", "x\n" * 1999 + "x")
-    tail = read_tail(p)
+    tail = tail_of(p)
     assert tail is not None
     assert (tail.lines, tail.truncated) == (2000, False)
 
@@ -208,7 +216,7 @@ def test_exactly_max_lines_is_not_truncated(tmp_path: Path) -> None:
 def test_redaction(tmp_path: Path) -> None:
     content = "token=s3cr3t-value\nuser abc pw hunter2\nagain s3cr3t-value!\n"
     p = write(tmp_path / "a.out", content)
-    tail = read_tail(p, redact=["s3cr3t-value", "abc", "", "hunter2"])
+    tail = tail_of(p, redact=["s3cr3t-value", "abc", "", "hunter2"])
     assert tail is not None
     assert tail.tail == "token=***\nuser abc pw ***\nagain ***!\n"
     assert p.read_text() == content  # only the returned text is redacted
@@ -222,7 +230,7 @@ def test_secret_spanning_the_cut_is_hidden(tmp_path: Path) -> None:
     secret = "SUPERSECRETVALUE"
     p = write(tmp_path / "a.out", "x" * 50 + secret + "y" * 40)
     # The read starts 10 characters into the secret: its end must not leak.
-    tail = read_tail(p, max_bytes=6 + 40, redact=[secret])
+    tail = tail_of(p, max_bytes=6 + 40, redact=[secret])
     assert tail is not None
     assert tail.tail == "***" + "y" * 40
     assert "VALUE" not in tail.tail
@@ -230,7 +238,7 @@ def test_secret_spanning_the_cut_is_hidden(tmp_path: Path) -> None:
 
 def test_secret_being_written_at_the_end_is_hidden(tmp_path: Path) -> None:
     p = write(tmp_path / "a.out", "ok\nexport TOKEN=SUPERSEC")
-    tail = read_tail(p, redact=["SUPERSECRETVALUE"])
+    tail = tail_of(p, redact=["SUPERSECRETVALUE"])
     assert tail is not None
     assert tail.tail == "ok\nexport TOKEN=***"
 
@@ -238,13 +246,14 @@ def test_secret_being_written_at_the_end_is_hidden(tmp_path: Path) -> None:
 def test_multi_line_secret_cut_by_the_line_cap(tmp_path: Path) -> None:
     key = "-----BEGIN KEY-----\nAAAAline1\nBBBBline2\n-----END KEY-----"
     p = write(tmp_path / "a.out", f"start\n{key}\nafter\n")
-    tail = read_tail(p, max_lines=3, redact=[key])
+    tail = tail_of(p, max_lines=3, redact=[key])
     assert tail is not None
     assert tail.tail == "***\n***\nafter\n"
-    whole = read_tail(p, redact=[key])
+    whole = tail_of(p, redact=[key])
     assert whole is not None
-    assert whole.tail == "start\n***\nafter\n"
-    assert whole.lines == 3
+    # The key's line breaks are kept, so the tail has the lines the job wrote.
+    assert whole.tail == "start\n***\n***\n***\n***\nafter\n"
+    assert whole.lines == 6
 
 
 def test_short_values_are_not_redacted() -> None:
@@ -257,37 +266,55 @@ def test_short_values_are_not_redacted() -> None:
 def test_read_logs(tmp_path: Path) -> None:
     out = write(tmp_path / "job.out", "hello\n")
     err = write(tmp_path / "job.err", "oops pw=hunter22\n")
-    got = read_logs(out, err, ["hunter22"])
+    got = logs_of(out, err, ["hunter22"])
     assert got.stdout is not None
     assert got.stderr is not None
     assert got.stdout.tail == "hello\n"
     assert got.stderr.tail == "oops pw=***\n"
-    assert read_logs(out, tmp_path / "missing.err") == Logs(stdout=got.stdout, stderr=None)
-    assert read_logs(out, out).stderr is None  # one file: not stored twice
-    assert read_logs(out, None).stderr is None
+    assert logs_of(out, tmp_path / "missing.err") == Logs(stdout=got.stdout, stderr=None)
+    assert logs_of(out, out).stderr is None  # one file: not stored twice
+    assert logs_of(out, None).stderr is None
     link = tmp_path / "link.err"
     link.symlink_to(out)
-    assert read_logs(out, link).stderr is None
-    small = read_logs(out, err, max_bytes=4, max_lines=1)
+    with pytest.raises(UnsafePath, match="symbolic link"):  # another name: a link, refused
+        logs_of(out, link)
+    small = logs_of(out, err, max_bytes=4, max_lines=1)
     assert small.stderr is not None
     assert small.stderr.truncated
 
 
-def test_tail_signature(tmp_path: Path) -> None:
-    p = tmp_path / "a.out"
-    assert tail_signature(p) is None
+def test_tail_signatures(tmp_path: Path) -> None:
+    d = tmp_path / "attempt-1"
+    d.mkdir()
+    p = d / "a.out"
+    names = ("a.out", "b.out")
+    assert tail_signatures(tmp_path, d, names, ME) == (None, None)
     write(p, "one\n")
-    first = tail_signature(p)
+    first, missing = tail_signatures(tmp_path, d, names, ME)
+    assert missing is None
     assert first is not None
-    assert first[0] == 4
-    assert tail_signature(p) == first
+    assert first[2] == 4  # the size
+    assert tail_signatures(tmp_path, d, names, ME) == (first, None)
     with p.open("ab") as f:
         f.write(b"two\n")
-    os.utime(p, ns=(first[1] + 1_000_000_000, first[1] + 1_000_000_000))
-    second = tail_signature(p)
+    os.utime(p, ns=(first[3] + 1_000_000_000, first[3] + 1_000_000_000))
+    second, _ = tail_signatures(tmp_path, d, names, ME)
     assert second is not None
     assert second != first
-    assert second[0] == 8
+    assert second[2] == 8
+    assert tail_signatures(tmp_path, tmp_path / "gone", names, ME) == (None, None)
+
+
+def test_a_replaced_file_of_the_same_size_and_time_changes_the_signature(tmp_path: Path) -> None:
+    d = tmp_path / "attempt-1"
+    d.mkdir()
+    p = write(d / "a.out", "same\n")
+    before = tail_signatures(tmp_path, d, ("a.out",), ME)[0]
+    assert before is not None
+    write(d / "new", "same\n")
+    os.utime(d / "new", ns=(before[3], before[3]))
+    os.replace(d / "new", p)
+    assert tail_signatures(tmp_path, d, ("a.out",), ME)[0] != before
 
 
 def test_module_defaults_match_the_seed() -> None:
@@ -315,7 +342,7 @@ def test_tail_is_a_bounded_suffix(
 ) -> None:
     p = write(tmp_path / "prop.out", content)
     data = content.encode()
-    tail = read_tail(p, max_bytes=max_bytes, max_lines=max_lines)
+    tail = tail_of(p, max_bytes=max_bytes, max_lines=max_lines)
     assert tail is not None
     text = tail.tail
     assert content.endswith(text)
@@ -344,7 +371,7 @@ def test_tail_is_a_bounded_suffix(
 def test_a_secret_never_leaks(tmp_path: Path, before: str, after: str, max_bytes: int) -> None:
     secret = "XYZW1234"
     p = write(tmp_path / "prop.out", before + secret + after)
-    tail = read_tail(p, max_bytes=max_bytes, redact=[secret])
+    tail = tail_of(p, max_bytes=max_bytes, redact=[secret])
     assert tail is not None
     for k in range(4, len(secret) + 1):
         for i in range(len(secret) - k + 1):

@@ -14,6 +14,7 @@ from slurmjob_operator.core.launch import StagedFile
 from slurmjob_operator.site.catalogs import ArtifactFormat
 from slurmjob_operator.site.preflight import (
     PreflightError,
+    check_env_file,
     check_rendered,
     find_shellcheck,
     shellcheck_script,
@@ -104,3 +105,31 @@ def test_shellcheck_helper() -> None:
     assert shellcheck_script('#!/bin/bash\necho "$1"\n') == []
     findings = shellcheck_script("#!/bin/bash\nrm -rf $1/*\n")
     assert (findings and "SC2115" in " ".join(findings)) or "SC2086" in " ".join(findings)
+
+
+def test_env_files_are_records() -> None:
+    rendered, _ = _rendered()
+    assert rendered.files["job.env"].content == b"EPOCHS=3\0GREETING=it's $HOME `x`\0"
+    check_env_file("job.env", rendered.files["job.env"].content)
+    check_env_file("secrets.env", rendered.files["secrets.env"].content)
+    check_env_file("job.env", b"")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"A=1", "does not end in NUL"),
+        (b"export A=1\n\0", "record 0 does not start with NAME="),
+        (b"A=1\0no-equals\0", "record 1 does not start with NAME="),
+        (b"A=1\0PATH=/tenant/bin\0", "record 1 sets the reserved name PATH"),
+        (b"LD_PRELOAD=/x.so\0", "record 0 sets the reserved name LD_PRELOAD"),
+    ],
+)
+def test_malformed_env_file_is_caught(content: bytes, message: str) -> None:
+    rendered, values = _rendered()
+    files = {**rendered.files, "secrets.env": StagedFile(content, 0o600)}
+    broken = dataclasses.replace(rendered, files=files)
+    with pytest.raises(PreflightError, match=message) as info:
+        check_rendered(broken, values, _body(rendered))
+    assert "/tenant/bin" not in str(info.value)
+    assert "/x.so" not in str(info.value)

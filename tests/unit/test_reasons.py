@@ -108,3 +108,20 @@ def test_every_reason_and_condition_has_a_meaning() -> None:
 def test_a_queued_phase_still_counts_as_a_slurm_reason() -> None:
     status = following.observed(QUEUED, observe([_view("PENDING")]), 1, NOW).status
     assert status.phase is Phase.QUEUED
+
+
+def test_an_unknown_tenant_is_refused_like_an_invalid_spec_under_its_own_reason() -> None:
+    transition, plan = decisions.failed_step(
+        FRESH, decisions.Failure.TENANT_UNKNOWN, ["metadata.namespace: no tenant"], 1, NOW
+    )
+    assert plan.reason is Reason.TENANT_UNKNOWN
+    assert plan.retry is decisions.Retry.NEVER
+    assert not plan.discard_attempt
+    written = {(str(c.type), c.status, str(c.reason)) for c in transition.status.conditions}
+    assert written == {
+        ("Ready", "False", "TenantUnknown"),
+        ("Submitted", "False", "TenantUnknown"),
+        ("Failed", "True", "TenantUnknown"),
+    }
+    assert transition.status.phase is Phase.FAILED
+    assert transition.status.attempts == []

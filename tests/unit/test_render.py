@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 import pytest
 
+from slurmjob_operator.api.spec import EnvVar, Mount
 from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.core import naming
 from slurmjob_operator.site.catalogs import ArtifactFormat, GpuSeries
@@ -37,6 +38,8 @@ from .test_render_support import (
     make_spec,
     profile_format,
     run_attempt,
+    stand_in_settings,
+    user_env,
     write_artifact,
 )
 
@@ -204,10 +207,9 @@ def test_files_and_modes() -> None:
         "secrets.env": 0o600,
     }
     assert rendered.files["job.sh"].content.decode() == rendered.launch.script
-    assert rendered.files["job.env"].content == (
-        b"export EPOCHS=3\nexport GREETING='it'\"'\"'s $HOME `x`'\n"
-    )
-    assert rendered.files["secrets.env"].content == b"export HF_TOKEN=secret-hf_token-value\n"
+    # Data for `mapfile -d ''`, not shell: the value as it is, each record ending in NUL.
+    assert rendered.files["job.env"].content == b"EPOCHS=3\0GREETING=it's $HOME `x`\0"
+    assert rendered.files["secrets.env"].content == b"HF_TOKEN=secret-hf_token-value\0"
     assert "secret-hf_token-value" not in repr(rendered)
 
 
@@ -218,7 +220,8 @@ def test_no_secrets_file_without_secret_env() -> None:
         spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH))
     )
     assert set(rendered.files) == {"job.sh", "job.env"}
-    assert "source ./secrets.env" not in rendered.launch.script
+    assert "read_env_file secrets.env" not in rendered.launch.script
+    assert "secrets.env ]]" not in rendered.launch.script
 
 
 def test_staging_translation_and_mounts() -> None:
@@ -260,11 +263,41 @@ def test_unresolved_secret_is_refused() -> None:
         render_attempt(spec, ctx)
 
 
-def test_bash_reserved_env_name_is_refused() -> None:
+def test_reserved_env_name_is_refused_even_without_validation() -> None:
+    """A spec that skipped validation (model_copy does not validate) still cannot reach a
+    script: render checks the rules of api.scriptwords again."""
     settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
-    spec = make_spec("cpu", env=[{"name": "SHELLOPTS", "value": "x"}])
-    with pytest.raises(RenderError, match="SHELLOPTS"):
-        render_attempt(spec, make_context(spec, settings, fixed_artifact(ArtifactFormat.SQSH)))
+    spec = make_spec("cpu", env=[{"name": "A", "value": "x"}])
+    for name in ("SHELLOPTS", "PATH", "LD_PRELOAD"):
+        bad = spec.model_copy(update={"env": [EnvVar.model_construct(name=name, value="x")]})
+        with pytest.raises(RenderError, match=name):
+            render_attempt(bad, make_context(bad, settings, fixed_artifact(ArtifactFormat.SQSH)))
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"command": ["--container-mounts=/:/host", "bash"]}, "starts with '-'"),
+        ({"command": ["bash", ":", "x"]}, "command\\[1\\] is ':'"),
+        ({"working_dir": "/w$(id)"}, "may only use"),
+    ],
+)
+def test_unsafe_words_are_refused_even_without_validation(
+    update: dict[str, Any], message: str
+) -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    bad = make_spec("cpu").model_copy(update=update)
+    with pytest.raises(RenderError, match=message):
+        render_attempt(bad, make_context(bad, settings, fixed_artifact(ArtifactFormat.SQSH)))
+
+
+def test_unsafe_mount_is_refused_even_without_validation() -> None:
+    settings = golden_settings(RuntimeProfile.ENROOT_PYXIS)
+    spec = make_spec("cpu")
+    mount = Mount.model_construct(source="data", target="/data$(id>/tmp/x)", read_only=False)
+    bad = spec.model_copy(update={"mounts": [mount]})
+    with pytest.raises(RenderError, match="may only use"):
+        render_attempt(bad, make_context(bad, settings, fixed_artifact(ArtifactFormat.SQSH)))
 
 
 def test_mount_separator_in_storage_root_is_refused() -> None:
@@ -318,8 +351,7 @@ def test_shquote() -> None:
 
 @pytest.mark.parametrize(("profile", "shape"), CASES)
 def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> None:
-    settings = Settings(storage_root=tmp_path / "root", slurm_runtime_profile=profile)
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path, slurm_runtime_profile=profile)
     artifact = write_artifact(settings, profile_format(profile))
     spec = make_spec(shape, command=["python", "-c", "print('hi $USER')", ""])
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
@@ -329,13 +361,25 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
     )
     assert run.returncode == 0, run.stderr
     step = command_step(run, spec.command)
-    assert step.env["GREETING"] == "it's $HOME `x`"
-    assert step.env["HF_TOKEN"] == "secret-hf_token-value"
+    container = user_env(step, profile)
+    assert container["GREETING"] == "it's $HOME `x`"
+    assert container["HF_TOKEN"] == "secret-hf_token-value"
+    if profile is RuntimeProfile.APPTAINER:  # only under the prefix, never as themselves
+        assert "GREETING" not in step.env
+        assert "HF_TOKEN" not in step.env
+    # The script's own variables, in the host environment as before.
     assert step.env["MASTER_ADDR"] == "n1"
     assert step.env["MASTER_PORT"] == "29500"
     assert step.env["WORLD_SIZE"] == {"cpu": "1", "gpu": "2", "het": "5"}[shape]
     assert step.env["NODE_RANK"] == "0"
     assert not (rendered.staging_dir / "secrets.env").exists()
+    # Every step: srun's options, `--`, then the launcher and the command.
+    for each in run.steps:
+        cut = each.argv.index("--")
+        assert all(a.startswith("-") for a in each.argv[:cut])
+        if profile is RuntimeProfile.APPTAINER:
+            assert each.argv[cut + 1 : cut + 3] == ["apptainer", "exec"]
+    assert step.argv[step.argv.index("--") + 1 :][-len(spec.command) :] == spec.command
     if shape == "cpu":
         assert len(run.steps) == 1
         assert step.argv[:3] == ["--overlap", "--nodes=1", "--ntasks=1"]
@@ -354,8 +398,7 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
 
 
 def test_script_exit_code_is_the_commands(tmp_path: Path) -> None:
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH)
     spec = make_spec("gpu")
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
@@ -371,8 +414,7 @@ def test_script_exit_code_is_the_commands(tmp_path: Path) -> None:
     ],
 )
 def test_script_refuses_a_bad_artifact(tmp_path: Path, content: bytes | None, message: str) -> None:
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH, content)
     if content is None:  # right magic, tampered afterwards
         (settings.storage_root / artifact.path).write_bytes(b"hsqs-tampered")
@@ -386,8 +428,7 @@ def test_script_refuses_a_bad_artifact(tmp_path: Path, content: bytes | None, me
 
 
 def test_script_refuses_a_missing_artifact(tmp_path: Path) -> None:
-    settings = Settings(storage_root=tmp_path / "root", slurm_runtime_profile="apptainer")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path, slurm_runtime_profile="apptainer")
     artifact = write_artifact(settings, ArtifactFormat.SIF)
     (settings.storage_root / artifact.path).unlink()
     spec = make_spec("cpu")
@@ -398,8 +439,7 @@ def test_script_refuses_a_missing_artifact(tmp_path: Path) -> None:
 
 
 def test_script_refuses_a_second_run_without_secrets(tmp_path: Path) -> None:
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH)
     spec = make_spec("cpu")
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
@@ -410,8 +450,7 @@ def test_script_refuses_a_second_run_without_secrets(tmp_path: Path) -> None:
 
 
 def test_script_missing_staging_dir(tmp_path: Path) -> None:
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH)
     spec = make_spec("cpu")
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
@@ -423,8 +462,7 @@ def test_script_missing_staging_dir(tmp_path: Path) -> None:
 
 
 def test_script_ray_head_that_dies(tmp_path: Path) -> None:
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH)
     spec = make_spec("gpu")
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
@@ -441,13 +479,12 @@ def test_script_ray_head_that_dies(tmp_path: Path) -> None:
 
 def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     """A cancelled job (SIGTERM to the job's processes) exits 143 at once, through the trap."""
-    settings = Settings(storage_root=tmp_path / "root")
-    (tmp_path / "root").mkdir()
+    settings = stand_in_settings(tmp_path)
     artifact = write_artifact(settings, ArtifactFormat.SQSH)
     spec = make_spec("gpu")
     rendered = render_attempt(spec, make_context(spec, settings, artifact))
     stage_attempt(settings, rendered.staging_dir, rendered.files)
-    bin_dir = tmp_path / "bin"
+    bin_dir = tmp_path / "bin"  # the first directory of the job's PATH (stand_in_settings)
     bin_dir.mkdir()
     started = tmp_path / "command-started"
     # Ray steps block, health checks pass, the command blocks until the signal.

@@ -1,50 +1,80 @@
-"""Property tests: no input can break the script's quoting or inject shell.
+"""Property tests: no input can break the script's quoting, inject shell or srun options.
 
-Arbitrary text (quotes, `$()`, backticks, newlines, unicode; no NUL) in the command, env
-values, secret values, names and mount paths is rendered, staged and run with bash against
-stand-ins; the command's argv and the env values must arrive byte for byte.
+Arbitrary text (quotes, `$()`, backticks, newlines, unicode, words starting with `-`, words
+holding `:`; no NUL) in the command, env values, secret values, names, and paths of the safe
+alphabet in mounts and workingDir, is rendered, staged and run with bash against stand-ins:
+the script is shellcheck-clean, every user word is one quoted word of `user_command`, each srun
+gets the script's options, `--`, the launcher and the command (byte for byte), and the env
+values arrive byte for byte in the step's environment (under APPTAINERENV_ for apptainer).
+With validation switched off, a first word starting with `-` still lands after `--`.
 """
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurmjob_operator.api.scriptwords import PATH_CHARS, command_problem
 from slurmjob_operator.api.spec import DNS_LABEL_RE
-from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.config import RuntimeProfile
+from slurmjob_operator.site import render
+from slurmjob_operator.site.preflight import find_shellcheck, shellcheck_script
 from slurmjob_operator.site.render import render_attempt
 
 from .test_render_support import (
+    Step,
     command_step,
     make_context,
     make_spec,
     profile_format,
     run_attempt,
+    stand_in_settings,
+    user_env,
     write_artifact,
 )
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=0, max_size=24)
-NASTY = st.sampled_from(["$(touch pwned)", "`touch pwned`", "'", '"', "\\", "\n", "$HOME", "*"])
+NASTY = st.sampled_from(
+    [
+        "$(touch pwned)",
+        "`touch pwned`",
+        "'",
+        '"',
+        "\\",
+        "\n",
+        "$HOME",
+        "*",
+        "--jobid=4242",
+        "--container-mounts=/:/host",
+        "-",
+        "--",
+        "::",
+        "a:b",
+        " : ",
+        "é\u202e",
+    ]
+)
 VALUE = st.one_of(TEXT, NASTY, st.lists(NASTY, max_size=4).map("".join))
+WORD = VALUE.filter(lambda w: w != ":")  # a lone ':' is refused (test_spec)
+FIRST = WORD.filter(lambda w: bool(w) and not w.startswith("-"))
 LABEL = st.from_regex(DNS_LABEL_RE, fullmatch=True).filter(lambda s: len(s) <= 30)
-SEGMENT = st.text(
-    st.characters(codec="utf-8", exclude_characters="\0\n,:/"),
-    min_size=1,
-    max_size=12,
-).filter(lambda s: s not in {".", ".."})
+SEGMENT = st.from_regex(f"[{PATH_CHARS}]{{1,12}}", fullmatch=True).filter(
+    lambda s: s not in {".", ".."}
+)
 PATH = st.lists(SEGMENT, min_size=1, max_size=3).map("/".join)
 ENV_NAME = st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True).map(lambda s: "U_" + s)
+HAS_SHELLCHECK = find_shellcheck() is not None
 
 
 @st.composite
 def jobs(draw: st.DrawFn) -> dict[str, Any]:
-    command = draw(st.lists(VALUE, min_size=1, max_size=5))
-    if not command[0]:
-        command[0] = "x"
+    command = [draw(FIRST), *draw(st.lists(WORD, max_size=5))]
     names = draw(st.lists(ENV_NAME, min_size=1, max_size=4, unique=True))
     values = [draw(VALUE) for _ in names]
     secret = draw(VALUE)
@@ -65,12 +95,18 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+def _layout(step: Step, launcher: list[str], command: list[str]) -> list[str]:
+    """The step's srun options; asserts the rest is `--`, the launcher and the command."""
+    cut = step.argv.index("--")
+    assert step.argv[cut + 1 :] == [*launcher, *command]
+    return step.argv[:cut]
+
+
 def _check(job: dict[str, Any], shape: str) -> None:
     profile: RuntimeProfile = job["profile"]
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "root"
-        root.mkdir()
-        settings_ = Settings(storage_root=root, slurm_runtime_profile=profile)
+        settings_ = stand_in_settings(Path(tmp), slurm_runtime_profile=profile)
+        root = settings_.storage_root
         artifact = write_artifact(settings_, profile_format(profile))
         env = [{"name": k, "value": v} for k, v in job["env"].items()]
         env.append({"name": "S_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
@@ -112,6 +148,11 @@ def _check(job: dict[str, Any], shape: str) -> None:
             name=job["name"],
         )
         rendered = render_attempt(spec, ctx)
+        script = rendered.launch.script
+        quoted = "".join(f"  {shlex.quote(word)}\n" for word in job["command"])
+        assert f"user_command=(\n{quoted})\n" in script
+        if HAS_SHELLCHECK:
+            assert shellcheck_script(script, severity="warning") == []
         nodes = (("n1",),) if shape == "cpu" else (("n1", "n2"), ("n3",))
         run = run_attempt(rendered, settings_, Path(tmp) / "work", nodes=nodes)
         assert run.returncode == 0, run.stderr
@@ -121,19 +162,33 @@ def _check(job: dict[str, Any], shape: str) -> None:
             f"{root}/{m['source']}:{m['target']}" + (":ro" if m["readOnly"] else "")
             for m in job["mounts"]
         ] + [f"{staging}:{staging}:ro"]
-        prefix = step.argv[: len(step.argv) - len(job["command"])]
+        image = f"{root}/{artifact.path}"
+        names = ",".join([*job["env"], "S_SECRET"])
         if profile is RuntimeProfile.ENROOT_PYXIS:
-            assert f"--container-mounts={','.join(mounts)}" in prefix
-            assert f"--container-image={root}/{artifact.path}" in prefix
-            assert f"--container-workdir={job['working_dir']}" in prefix
+            launcher: list[str] = []
+            container = [
+                f"--container-image={image}",
+                f"--container-mounts={','.join(mounts)}",
+                f"--container-env={names}",
+                f"--container-workdir={job['working_dir']}",
+            ]
         else:
-            binds = [prefix[i + 1] for i, a in enumerate(prefix) if a == "--bind"]
-            assert binds == mounts
-            assert prefix[-1] == f"{root}/{artifact.path}"
-            assert prefix[prefix.index("--pwd") + 1] == job["working_dir"]
+            binds = [w for m in mounts for w in ("--bind", m)]
+            gpu = ["--nv"] if shape != "cpu" else []
+            launcher = ["apptainer", "exec", *gpu, *binds, "--pwd", job["working_dir"], image]
+            container = []
+        head = ["--het-group=0"] if shape != "cpu" else []
+        place = ["--nodelist=n1"] if shape != "cpu" else []
+        expected = ["--overlap", *head, "--nodes=1", "--ntasks=1", *place, *container]
+        assert _layout(step, launcher, job["command"]) == expected
+        for other in run.steps:  # the Ray steps: the same launcher after `--`
+            cut = other.argv.index("--")
+            assert other.argv[cut + 1 : cut + 1 + len(launcher)] == launcher
+            assert other.argv[cut - len(container) : cut] == container
+        values = user_env(step, profile)
         for key, value in job["env"].items():
-            assert step.env[key] == value
-        assert step.env["S_SECRET"] == job["secret"]
+            assert values[key] == value
+        assert values["S_SECRET"] == job["secret"]
         assert step.env["SLURMJOB_STAGING_DIR"] == staging
         assert not (rendered.staging_dir / "secrets.env").exists()
         # Nothing was executed by the shell that the stand-ins did not record.
@@ -151,3 +206,56 @@ def test_cpu_job_quoting(job: dict[str, Any]) -> None:
 @given(jobs())
 def test_het_gpu_job_quoting(job: dict[str, Any]) -> None:
     _check(job, "het")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(VALUE, min_size=1, max_size=5).filter(lambda c: command_problem(c) is None),
+    st.sampled_from(list(RuntimeProfile)),
+)
+def test_accepted_command_lands_after_double_dash(
+    command: list[str], profile: RuntimeProfile
+) -> None:
+    """Whatever command validation accepts arrives whole after srun's `--`."""
+    _run_command(command, profile)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=12).map(
+        lambda w: "-" + w
+    ),
+    st.lists(WORD, max_size=4),
+    st.sampled_from(list(RuntimeProfile)),
+)
+def test_leading_dash_lands_after_double_dash_without_validation(
+    first: str, rest: list[str], profile: RuntimeProfile
+) -> None:
+    """Defence in depth: a first word starting with `-`, which validation refuses, still
+    reaches srun after its `--` (never among its options) when every check is off."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(render, "command_problem", lambda words: None)
+        _run_command([first, *rest], profile)
+
+
+def _run_command(command: list[str], profile: RuntimeProfile) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        settings_ = stand_in_settings(Path(tmp), slurm_runtime_profile=profile)
+        artifact = write_artifact(settings_, profile_format(profile))
+        spec = make_spec("cpu", mounts=[], env=[]).model_copy(update={"command": command})
+        rendered = render_attempt(spec, make_context(spec, settings_, artifact))
+        run = run_attempt(rendered, settings_, Path(tmp) / "work", nodes=(("n1",),))
+        assert run.returncode == 0, run.stderr
+        [step] = run.steps
+        image = str(settings_.storage_root / artifact.path)
+        staging = str(rendered.cluster_staging_dir)
+        if profile is RuntimeProfile.APPTAINER:
+            bind = f"{staging}:{staging}:ro"
+            launcher = ["apptainer", "exec", "--bind", bind, "--pwd", "/workspace", image]
+            options = _layout(step, launcher, command)
+            assert options == ["--overlap", "--nodes=1", "--ntasks=1"]
+        else:
+            options = _layout(step, [], command)
+            assert options[:3] == ["--overlap", "--nodes=1", "--ntasks=1"]
+            assert all(o.startswith("--container-") for o in options[3:])
+        assert not list(Path(tmp).rglob("pwned"))

@@ -1,10 +1,13 @@
 """Builders and stand-ins shared by the render, preflight and staging tests (no tests here).
 
 `run_attempt` stages a rendered attempt and runs its batch script with bash, with fake `srun`
-and `scontrol` first on PATH. The fake srun writes its argv (NUL-separated) and environment
-(`env -0`) to a log directory and exits; a step ending in `--block` (a Ray node) sleeps until
-the script stops it. Artifacts are real small files with the right magic, so the script's
-verification (dd, tr, sha256sum) runs for real.
+and `scontrol` in the first directory of the job's PATH (the script sets the PATH rendered from
+`Settings.slurm_job_path` itself; `stand_in_settings` makes one whose first directory is the
+test's own). The fake srun writes its argv (NUL-separated) and environment (`env -0`) to a log
+directory and exits; a step ending in `--block` (a Ray node) sleeps until the script stops it.
+The fake scontrol, a host tool the script runs after it has read the env files, records its
+environment too (`Run.host_envs`). Artifacts are real small files with the right magic, so the
+script's verification (dd, tr, sha256sum) runs for real.
 """
 
 from __future__ import annotations
@@ -49,10 +52,42 @@ exit "${FAKE_SRUN_EXIT:-0}"
 """
 
 FAKE_SCONTROL = r"""#!/bin/bash
+env -0 >"$(mktemp "$FAKE_LOG_DIR/scontrol.XXXXXX")"
 [[ $1 == show && $2 == hostnames ]] || exit 2
 [[ -n ${3:-} ]] || exit 1
 tr ',' '\n' <<<"$3"
 """
+
+
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def stand_in_settings(tmp: Path, **overrides: Any) -> Settings:
+    """Settings for running scripts: storage root `tmp/root`, job PATH `tmp/bin` first."""
+    root = tmp / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    values: dict[str, Any] = {
+        "storage_root": root,
+        "slurm_job_path": f"{tmp / 'bin'}:{SYSTEM_PATH}",
+        **overrides,
+    }
+    return Settings(**values)
+
+
+def stand_in_dir(settings: Settings) -> Path:
+    """Where the fakes go: the first directory of the job's PATH, a test's own directory."""
+    first = Path(settings.slurm_job_path.split(":")[0])
+    if not first.is_relative_to(settings.storage_root.parent):
+        raise ValueError(f"{first} is not a test directory: use stand_in_settings")
+    return first
+
+
+def user_env(step: Step, profile: RuntimeProfile) -> dict[str, str]:
+    """The variables a step hands to the container: for apptainer, APPTAINERENV_<NAME>."""
+    if profile is RuntimeProfile.APPTAINER:
+        prefix = "APPTAINERENV_"
+        return {k[len(prefix) :]: v for k, v in step.env.items() if k.startswith(prefix)}
+    return step.env
 
 
 def profile_format(profile: RuntimeProfile) -> ArtifactFormat:
@@ -196,6 +231,17 @@ class Run:
     stdout: str
     stderr: str
     steps: list[Step]
+    host_envs: list[dict[str, str]]
+    """The environments of the fake scontrol runs (host tools the script runs itself)."""
+
+
+def _read_env(raw: bytes) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            key, _, value = item.partition(b"=")
+            env[key.decode()] = value.decode("utf-8", "surrogateescape")
+    return env
 
 
 def _read_steps(log_dir: Path) -> list[Step]:
@@ -204,13 +250,8 @@ def _read_steps(log_dir: Path) -> list[Step]:
         raw_argv = argv_file.read_bytes()
         argv = [a.decode("utf-8", "surrogateescape") for a in raw_argv.split(b"\0")[:-1]]
         env_file = argv_file.with_suffix(".env")
-        env: dict[str, str] = {}
         # A background step stopped early may have no env file yet.
-        raw_env = env_file.read_bytes() if env_file.exists() else b""
-        for item in raw_env.split(b"\0"):
-            if b"=" in item:
-                key, _, value = item.partition(b"=")
-                env[key.decode()] = value.decode("utf-8", "surrogateescape")
+        env = _read_env(env_file.read_bytes()) if env_file.exists() else {}
         steps.append(Step(argv, env))
     return steps
 
@@ -226,7 +267,7 @@ def run_attempt(
     """Stage the attempt below settings.storage_root and run its script like slurmd would."""
     if stage:
         stage_attempt(settings, rendered.staging_dir, rendered.files)
-    bin_dir = work / "bin"
+    bin_dir = stand_in_dir(settings)
     log_dir = work / "log"
     bin_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -234,7 +275,6 @@ def run_attempt(
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = dict(rendered.launch.environment)
-    env["PATH"] = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
     env.update(
         {
             "FAKE_LOG_DIR": str(log_dir),
@@ -265,6 +305,7 @@ def run_attempt(
         stdout=result.stdout.decode("utf-8", "replace"),
         stderr=result.stderr.decode("utf-8", "replace"),
         steps=_read_steps(log_dir),
+        host_envs=[_read_env(p.read_bytes()) for p in sorted(log_dir.glob("scontrol.*"))],
     )
 
 

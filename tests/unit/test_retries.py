@@ -112,6 +112,23 @@ def test_default_rules(obs: Observation, logs: str, action: RetryAction, rule: s
     assert decision.rule == rule
 
 
+@pytest.mark.timeout(120)  # Python's re took hours on the default rule, forever on (a+)+$
+@pytest.mark.parametrize(
+    ("logs", "rule"),
+    [
+        ("ib" * 32_768, "no rule matched"),
+        ("ib" * 32_768 + " Link is down", "default: GPU or InfiniBand link down"),
+        ("a" * 100_000 + "!", "no rule matched"),
+        ("!" + "a" * 100_000, "rules[0]"),
+    ],
+)
+def test_pathological_logs_and_patterns_are_decided(logs: str, rule: str) -> None:
+    spec = RetrySpec.model_validate(
+        {"limit": 2, "rules": [{"action": "Retry", "onLogPattern": "(a+)+$"}]}
+    )
+    assert decide(spec, failed(), logs, []).rule == rule
+
+
 def test_plain_exit_1_fails_at_once_without_spending_the_budget() -> None:
     decision = decide(RetrySpec(limit=5), failed(exit_code=1), "boom", [])
     assert decision.action is RetryAction.FAIL
@@ -197,6 +214,8 @@ def test_invalid_rules_are_refused() -> None:
         RetrySpec.model_validate({"rules": [{"action": "Retry"}]})
     with pytest.raises(ValueError, match="regular expression"):
         RetrySpec.model_validate({"rules": [{"action": "Retry", "onLogPattern": "("}]})
+    with pytest.raises(ValueError, match="RE2 regular expression"):
+        RetrySpec.model_validate({"rules": [{"action": "Retry", "onLogPattern": "(?=a)"}]})
 
 
 def test_retry_scheduled_then_a_new_attempt() -> None:

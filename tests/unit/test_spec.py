@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import posixpath
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from slurmjob_operator.api.errors import SpecError, field_path, parse_spec
+from slurmjob_operator.api.scriptwords import command_problem
 from slurmjob_operator.api.spec import Mount, SlurmJobSpec, parse_time_limit
 from slurmjob_operator.api.status import (
     Attempt,
@@ -132,7 +134,28 @@ VALID: list[Case] = [
     Case("mode-batch", changed(cpu_spec(), mode="Batch")),
     Case("volumes-empty", changed(cpu_spec(), data={"volumes": []})),
     Case("mount-dots-in-name", changed(cpu_spec(), mounts=[{"source": "a..b/.x", "target": "/x"}])),
+    Case(
+        "mount-path-alphabet",
+        changed(cpu_spec(), mounts=[{"source": "A-z_0.9+x/y", "target": "/a-b/c_d.e+f"}]),
+    ),
+    Case("workdir-root", changed(cpu_spec(), workingDir="/")),
     Case("retry", changed(cpu_spec(), retry={"limit": 3})),
+    # Only exactly ':' and a first word starting with '-' are srun's; the rest is the command's.
+    Case(
+        "command-dashes-and-colons-later",
+        changed(cpu_spec(), command=["python", "--", "-x", "::", "a:b", " : ", "--jobid=1"]),
+    ),
+    Case("command-first-word-colon-inside", changed(cpu_spec(), command=["a:b"])),
+    Case(
+        "env-names-for-the-container",
+        changed(
+            cpu_spec(),
+            env=[
+                {"name": n, "value": "1"}
+                for n in ("PYTHONPATH", "TERM", "LANG", "OMP_NUM_THREADS", "CUDA_HOME", "path")
+            ],
+        ),
+    ),
 ]
 
 INVALID: list[Case] = [
@@ -231,7 +254,46 @@ INVALID: list[Case] = [
         "mount-comma",
         changed(cpu_spec(), mounts=[{"source": "a,b", "target": "/x"}]),
         "spec.mounts[0].source",
-        "cannot contain",
+        "may only use",
+    ),
+    *[
+        Case(
+            f"mount-target-{label}",
+            changed(cpu_spec(), mounts=[{"source": "a", "target": target}]),
+            "spec.mounts[0].target",
+            text,
+        )
+        for label, target, text in (
+            ("command-substitution", "/data$(id>/tmp/x)", "may only use"),
+            ("backticks", "/data`id`", "may only use"),
+            ("quote", "/data'x", "may only use"),
+            ("space", "/da ta", "may only use"),
+            ("newline", "/data\nx", "may only use"),
+            ("colon", "/data:/etc", "may only use"),
+            ("comma", "/a,/b", "may only use"),
+            ("unicode", "/dätä", "may only use"),
+            ("empty-part", "/a//b", "empty parts"),
+            ("trailing-slash", "/data/", "empty parts"),
+            ("dot-part", "/a/./b", "'.' or '..' parts"),
+        )
+    ],
+    Case(
+        "mount-source-command-substitution",
+        changed(cpu_spec(), mounts=[{"source": "d$(id)", "target": "/x"}]),
+        "spec.mounts[0].source",
+        "may only use",
+    ),
+    Case(
+        "mount-source-dot-part",
+        changed(cpu_spec(), mounts=[{"source": "./data", "target": "/x"}]),
+        "spec.mounts[0].source",
+        "'.' or '..' parts",
+    ),
+    Case(
+        "mount-source-empty-part",
+        changed(cpu_spec(), mounts=[{"source": "a//b", "target": "/x"}]),
+        "spec.mounts[0].source",
+        "empty parts",
     ),
     Case(
         "mount-target-relative",
@@ -283,6 +345,52 @@ INVALID: list[Case] = [
     Case(
         "env-reserved-slurmjob",
         changed(cpu_spec(), env=[{"name": "SLURMJOB_X", "value": "1"}]),
+        "spec.env[0].name",
+        "reserved",
+    ),
+    *[
+        Case(
+            f"env-reserved-{name.lower()}",
+            changed(cpu_spec(), env=[{"name": "OK", "value": "1"}, {"name": name, "value": "x"}]),
+            "spec.env[1].name",
+            "reserved",
+        )
+        for name in (
+            "PATH",
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "HOME",
+            "TMPDIR",
+            "BASH_ENV",
+            "ENV",
+            "IFS",
+            "PS4",
+            "SHELLOPTS",
+            "BASHOPTS",
+            "PROMPT_COMMAND",
+            "ENROOT_MOUNT_HOME",
+            "PYXIS_CONTAINER_IMAGE",
+            "APPTAINER_BIND",
+            "APPTAINERENV_PATH",
+            "SINGULARITYENV_LD_PRELOAD",
+            "SINGULARITY_BIND",
+            "XDG_CONFIG_HOME",
+            "_SLURM_SPANK_OPTION_pyxis_container_mounts",
+            "SLURMD_NODENAME",
+            "SRUN_EXPORT_ENV",
+            "SPANK_PYXIS",
+            "GLIBC_TUNABLES",
+            "NVIDIA_VISIBLE_DEVICES",
+            "MASTER_ADDR",
+            "RAY_ADDRESS",
+        )
+    ],
+    Case(
+        "env-reserved-secret",
+        changed(
+            cpu_spec(),
+            env=[{"name": "PATH", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        ),
         "spec.env[0].name",
         "reserved",
     ),
@@ -355,10 +463,51 @@ INVALID: list[Case] = [
         "command[0] cannot be empty",
     ),
     Case(
+        "command-srun-options",  # issue 9, finding 4: srun would have read these as its own
+        changed(
+            cpu_spec(),
+            command=["--container-mounts=/:/host", "--jobid=4242", "bash", "-c", "ls /host"],
+        ),
+        "spec.command",
+        "command[0] '--container-mounts=/:/host' starts with '-'",
+    ),
+    Case("command-dash", changed(cpu_spec(), command=["-"]), "spec.command", "starts with '-'"),
+    Case(
+        "command-colon-word",
+        changed(cpu_spec(), command=["bash", "-c", "true", ":", "--jobid=4242", "id"]),
+        "spec.command",
+        "command[3] is ':'",
+    ),
+    Case("command-colon-first", changed(cpu_spec(), command=[":"]), "spec.command", "is ':'"),
+    Case(
+        "command-too-many-words",
+        changed(cpu_spec(), command=["x"] * 4097),
+        "spec.command",
+        "at most 4096 items",
+    ),
+    Case(
         "workdir-relative",
         changed(cpu_spec(), workingDir="work"),
         "spec.workingDir",
         "absolute path",
+    ),
+    Case(
+        "workdir-shell",
+        changed(cpu_spec(), workingDir="/w$(id)"),
+        "spec.workingDir",
+        "may only use",
+    ),
+    Case(
+        "workdir-dotdot",
+        changed(cpu_spec(), workingDir="/w/../etc"),
+        "spec.workingDir",
+        "'.' or '..' parts",
+    ),
+    Case(
+        "workdir-empty-part",
+        changed(cpu_spec(), workingDir="/w//x"),
+        "spec.workingDir",
+        "empty parts",
     ),
     Case(
         "unknown-field",
@@ -631,3 +780,50 @@ def test_status_parse_ignores_unknown_fields() -> None:
 
 def test_phase_terminal() -> None:
     assert {p for p in Phase if p.is_terminal} == {Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED}
+
+
+# -- what reaches the batch script (api.scriptwords) -------------------------------------------
+
+_PATH_TEXT = st.one_of(
+    st.text(max_size=16),
+    st.lists(
+        st.sampled_from(["a", ".", "..", "", "$(id)", "`x`", "'", " ", ",", ":", "\n", "é"])
+    ).map("/".join),
+)
+
+
+@given(_PATH_TEXT, st.sampled_from(["source", "target", "workingDir"]))
+def test_accepted_paths_use_only_the_safe_alphabet(text: str, field: str) -> None:
+    """Whatever a manifest writes, a path that validation lets through is canonical and of
+    the safe alphabet: no shell, no list separator, no '.', '..' or empty part."""
+    value = text if field == "source" else "/" + text
+    spec = changed(cpu_spec(), mounts=[{"source": "a", "target": "/a"}])
+    if field == "workingDir":
+        spec["workingDir"] = value
+    else:
+        spec["mounts"][0][field] = value
+    messages: list[str] = []
+    try:
+        parse_spec(spec)
+    except SpecError as exc:
+        messages = exc.messages
+    if messages:
+        where = "spec.workingDir" if field == "workingDir" else f"spec.mounts[0].{field}"
+        assert all(m.startswith(where) for m in messages), messages
+        return
+    assert re.fullmatch(r"[/A-Za-z0-9._+-]*", value)
+    parts = value.split("/")[1:] if value.startswith("/") else value.split("/")
+    assert value == "/" or not {"", ".", ".."} & set(parts)
+
+
+@given(st.lists(st.one_of(st.sampled_from([":", "-", "--x", "a"]), st.text(max_size=4))))
+def test_command_refusals(command: list[str]) -> None:
+    """The command is refused, at spec.command, exactly when command_problem says so."""
+    spec = changed(cpu_spec(), command=command)
+    problem = command_problem(command)
+    if problem is None and command:
+        assert parse_spec(spec).command == command
+        return
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec)
+    assert all(m.startswith("spec.command: ") for m in caught.value.messages)

@@ -50,6 +50,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* Whether the catalogs ConfigMap holds tenants.yaml ("true" or ""). */}}
+{{- define "slurmjob-operator.tenancy" -}}
+{{- if .Values.catalogs.existingConfigMap -}}
+{{- if .Values.catalogs.existingConfigMapHasTenants }}true{{ end -}}
+{{- else if .Values.catalogs.tenants -}}
+true
+{{- end -}}
+{{- end }}
+
 {{/* The catalogs ConfigMap: the user's, or the one this chart renders. */}}
 {{- define "slurmjob-operator.catalogsConfigMap" -}}
 {{- default (printf "%s-catalogs" (include "slurmjob-operator.fullname" .)) .Values.catalogs.existingConfigMap }}
@@ -111,6 +120,12 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 {{- end }}
 {{- if and .Values.slurm.caBundle.configMap.name .Values.slurm.caBundle.secret.name }}
 {{- fail "slurm.caBundle: set only one of configMap.name and secret.name" }}
+{{- end }}
+{{- if and .Values.catalogs.existingConfigMap .Values.catalogs.tenants }}
+{{- fail "catalogs.tenants is not read with catalogs.existingConfigMap: put tenants.yaml into that ConfigMap and set catalogs.existingConfigMapHasTenants" }}
+{{- end }}
+{{- if and .Values.catalogs.existingConfigMapHasTenants (not .Values.catalogs.existingConfigMap) }}
+{{- fail "catalogs.existingConfigMapHasTenants needs catalogs.existingConfigMap (otherwise list the tenants in catalogs.tenants)" }}
 {{- end }}
 {{- if and .Values.templates.existingConfigMap .Values.templates.files }}
 {{- fail "templates: set only one of existingConfigMap and files" }}

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from slurmjob_operator.api.model import Model as _Model
+from slurmjob_operator.api.patterns import MAX_PATTERN_LENGTH, MAX_PROGRAM_SIZE, compile_pattern
 
 
 class RetryAction(StrEnum):
@@ -52,18 +52,17 @@ class RetryRule(_Model):
     on_exit_codes: ExitCodes | None = Field(default=None, description="Exit codes to match.")
     on_log_pattern: str | None = Field(
         default=None,
-        max_length=1024,
+        max_length=MAX_PATTERN_LENGTH,
         description="Regular expression searched in the attempt's stdout and stderr tails.",
     )
 
     @field_validator("on_log_pattern")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
+        # The apiserver cannot run RE2, so this is where a pattern the operator cannot match in
+        # linear time is refused (InvalidSpec, with the field named).
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"onLogPattern is not a valid regular expression: {exc}") from exc
+            compile_pattern(value)  # its PatternError is a ValueError: pydantic reports it
         return value
 
     @model_validator(mode="after")
@@ -98,3 +97,18 @@ class RetrySpec(_Model):
             "node reaping are retried."
         ),
     )
+
+    @field_validator("rules")
+    @classmethod
+    def _bounded_together(cls, rules: list[RetryRule]) -> list[RetryRule]:
+        # Each pattern is bounded alone; a failed attempt runs all of them over the same logs.
+        total = 0
+        for i, rule in enumerate(rules):
+            if rule.on_log_pattern is not None:
+                total += compile_pattern(rule.on_log_pattern).program_size
+                if total > MAX_PROGRAM_SIZE:
+                    raise ValueError(
+                        f"the onLogPatterns up to rules[{i}] compile to {total} RE2 "
+                        f"instructions together, more than the {MAX_PROGRAM_SIZE} allowed"
+                    )
+        return rules

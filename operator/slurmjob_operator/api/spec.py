@@ -3,7 +3,8 @@
 Intrinsic rules (those that need no site catalog) live here as pydantic validators, so the
 same message reaches `kubectl apply` users (through CEL rules derived from the same facts, see
 `gen.crd`) and the operator. Rules that need the site's catalogs (GPU series, runtime registry,
-storage root) live in `site.resolve`.
+storage root) live in `site.resolve`. What may reach the batch script (env names, the path
+alphabet of mounts and workingDir, the command's words) is ruled in `api.scriptwords`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from pydantic import Field, field_validator, model_validator
 
 from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.api.retry import RetrySpec
+from slurmjob_operator.api.scriptwords import (
+    ABSOLUTE_PATH_RE,
+    MAX_COMMAND_WORDS,
+    PATH_TEXT,
+    RELATIVE_PATH_RE,
+    WORKING_DIR_RE,
+    command_problem,
+    path_problem,
+    reserved_env_name,
+)
 
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?$")
-# Variables the rendered script and Slurm set themselves; a user value would silently lose.
-RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMJOB_")
 
 CUSTOM = "custom"
 CUSTOM_RUNTIME_PREFIX = "custom-"
@@ -88,8 +97,11 @@ class EnvVar(_Model):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, value: str) -> str:
-        if value.startswith(RESERVED_ENV_PREFIXES):
-            raise ValueError(f"{value}: names starting with SLURM_ or SLURMJOB_ are reserved")
+        if reserved_env_name(value):
+            raise ValueError(
+                f"{value}: reserved: read outside the container (by the batch shell, the dynamic "
+                "loader, Slurm, Pyxis, enroot or apptainer) or set by the batch script"
+            )
         return value
 
     @model_validator(mode="after")
@@ -107,16 +119,23 @@ class Mount(_Model):
     source: str = Field(
         min_length=1,
         max_length=4096,
-        description="Path relative to the storage root (no '..', not absolute).",
+        pattern=RELATIVE_PATH_RE,
+        description=f"Path relative to the storage root (no '..', not absolute; {PATH_TEXT}).",
     )
     target: str = Field(
-        min_length=2, max_length=4096, description="Absolute path inside the container."
+        min_length=2,
+        max_length=4096,
+        pattern=ABSOLUTE_PATH_RE,
+        description=f"Absolute path inside the container ({PATH_TEXT}).",
     )
     read_only: bool = Field(default=False, description="Mount read-only.")
 
-    @field_validator("source")
+    # mode="before": these messages say more than the pattern's, which backs them up.
+    @field_validator("source", mode="before")
     @classmethod
-    def _relative_inside(cls, value: str) -> str:
+    def _relative_inside(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
         if value.startswith("/"):
             raise ValueError(
                 f"{value!r}: mount sources are paths relative to the storage root, "
@@ -130,19 +149,23 @@ class Mount(_Model):
                 f"{value!r}: a mount source names a folder under the storage root, not the root "
                 "itself (it holds every job's staging files)"
             )
-        if any(c in value for c in ("\0", "\n", ",", ":")):
-            raise ValueError(f"{value!r}: mount sources cannot contain NUL, newline, ',' or ':'")
+        problem = path_problem(value, absolute=False)
+        if problem:
+            raise ValueError(f"{value!r}: mount sources {problem}")
         return value
 
-    @field_validator("target")
+    @field_validator("target", mode="before")
     @classmethod
-    def _absolute_target(cls, value: str) -> str:
+    def _absolute_target(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
         if not value.startswith("/"):
             raise ValueError(f"{value!r}: mount targets must be absolute paths")
         if ".." in value.split("/"):
             raise ValueError(f"{value!r}: mount targets cannot contain '..'")
-        if any(c in value for c in ("\0", "\n", ",", ":")):
-            raise ValueError(f"{value!r}: mount targets cannot contain NUL, newline, ',' or ':'")
+        problem = path_problem(value, absolute=True)
+        if problem:
+            raise ValueError(f"{value!r}: mount targets {problem}")
         return value
 
 
@@ -230,11 +253,19 @@ class SlurmJobSpec(_Model):
     """Desired state of a SlurmJob."""
 
     framework: Framework
-    command: list[str] = Field(min_length=1, description="Command and arguments, run on the head.")
+    command: list[str] = Field(
+        min_length=1,
+        max_length=MAX_COMMAND_WORDS,
+        description=(
+            "Command and arguments, run on the head. command[0] cannot start with '-', and no "
+            "word can be ':' (srun would read them as its own)."
+        ),
+    )
     working_dir: str | None = Field(
         default=None,
         max_length=4096,
-        description="Absolute working directory inside the container.",
+        pattern=WORKING_DIR_RE,
+        description=f"Absolute working directory inside the container ({PATH_TEXT}).",
     )
     env: list[EnvVar] = Field(
         default_factory=list, max_length=128, description="Environment variables."
@@ -266,18 +297,22 @@ class SlurmJobSpec(_Model):
 
     @field_validator("command")
     @classmethod
-    def _no_nul(cls, value: list[str]) -> list[str]:
-        if any("\0" in arg for arg in value):
-            raise ValueError("command arguments cannot contain NUL bytes")
-        if not value[0]:
-            raise ValueError("command[0] cannot be empty")
+    def _safe_words(cls, value: list[str]) -> list[str]:
+        problem = command_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
-    @field_validator("working_dir")
+    @field_validator("working_dir", mode="before")
     @classmethod
-    def _abs_workdir(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or "\0" in value or "\n" in value):
-            raise ValueError(f"{value!r}: workingDir must be an absolute path without newlines")
+    def _abs_workdir(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value == "/":
+            return value
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r}: workingDir must be an absolute path")
+        problem = path_problem(value, absolute=True)
+        if problem:
+            raise ValueError(f"{value!r}: workingDir {problem}")
         return value
 
     @field_validator("time_limit")

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
-from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
-from slurmjob_operator.core.decisions import carries
+from slurmjob_operator.core.decisions import belongs, stranger
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
@@ -47,11 +47,11 @@ class Deletion:
                 await self._end_job(ref, client, attempt)
                 fresh = await self.edge.fresh(ref)
                 if fresh is not None and attempt.staging_dir:
-                    logs = await self.following.logs(fresh, attempt.staging_dir)
+                    logs = await self.following.logs(fresh, attempt)
                     if logs is not None:
                         await self.edge.apply(fresh, Transition(with_logs(fresh.status, logs)))
             await asyncio.to_thread(
-                remove_resource_dir, self.settings.storage_root, ref.namespace, ref.name, ref.uid
+                remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )
         self.edge.forget(ref)
 
@@ -60,11 +60,17 @@ class Deletion:
             # An unconfirmed submission may still have created a job: cancel what carries
             # this attempt's name and identity.
             for job in await client.find_by_name(attempt.job_name):
-                if carries(job, ref.uid, attempt):
+                if belongs(job, ref.uid, attempt):
                     await cancel_quietly(client, job.job_id)
             return
         target = client.lifecycle_ref(attempt.job_id, attempt.sluid)
+        # The job id is a claim (ids are reused; a status can be written): look before
+        # cancelling, and leave another's job alone.
         try:
+            other = stranger(await client.get_job(target), ref.uid, attempt)
+            if other is not None:
+                await refuse_stranger(self.edge, ref, attempt, other, "it is not cancelled")
+                return
             await client.cancel(target)
         except SlurmNotFound:
             return

@@ -8,13 +8,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.core.decisions import (
+    IDENTITY_MISMATCH,
+    belongs,
+    mismatch_text,
+    stranger,
+)
 from slurmjob_operator.core.following import (
     lost,
     not_retried,
@@ -24,14 +29,14 @@ from slurmjob_operator.core.following import (
     with_logs,
 )
 from slurmjob_operator.core.jobview import SlurmJobView
-from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmUnsupported
-from slurmjob_operator.storage.logs import read_logs
+from slurmjob_operator.storage.locate import attempt_dir
+from slurmjob_operator.storage.logs import READ_TIMEOUT, read_attempt_logs
 from slurmjob_operator.storage.staging import remove_secrets
 from slurmjob_operator.times import parse_rfc3339
 
@@ -40,6 +45,30 @@ log = logging.getLogger(__name__)
 
 def _now() -> datetime:
     return datetime.now(tz=UTC)
+
+
+async def refuse_stranger(
+    edge: ResourceEdge, ref: ObjectRef, attempt: Attempt, job: SlurmJobView, refused: str
+) -> None:
+    """Say that Slurm's job under the attempt's id is not the attempt's: both identities in
+    the operator's log, ours and what differs in a Warning Event."""
+    log.warning(
+        "%s/%s attempt %s: Slurm job %s is not its job (expected name %r, uid %s; found job "
+        "%s named %r with comment %r): %s",
+        ref.namespace,
+        ref.name,
+        attempt.number,
+        attempt.job_id,
+        attempt.job_name,
+        ref.uid,
+        job.job_id,
+        job.name,
+        job.comment,
+        refused,
+    )
+    await edge.event(
+        ref, "Warning", IDENTITY_MISMATCH, mismatch_text(job, ref.uid, attempt, refused)
+    )
 
 
 class Following:
@@ -87,9 +116,12 @@ class Following:
         views: Sequence[SlurmJobView] | None,
         *,
         logs_only: bool = False,
-    ) -> None:
+    ) -> bool:
         """Fold Slurm's view (None: gone from the controller), the log tails and, for a failed
-        attempt, the retry rules into `status` (built on `view.status`) and write it."""
+        attempt, the retry rules into `status` (built on `view.status`) and write it.
+
+        False when Slurm's job is not the attempt's (`core.decisions.belongs`): then nothing
+        is written, and a Warning Event says so."""
         attempt = status.current_attempt
         assert attempt is not None
         generation, now = view.generation, _now()
@@ -98,7 +130,13 @@ class Following:
             transition = Transition(status)
         else:
             if views is None:
-                views = await self._from_accounting(attempt)
+                views = await self._from_accounting(view.ref.uid, attempt)
+            other = stranger(views, view.ref.uid, attempt)
+            if other is not None:
+                await refuse_stranger(
+                    self.edge, view.ref, attempt, other, "the status is not changed"
+                )
+                return False
             if not views:
                 transition = lost(
                     status,
@@ -113,19 +151,23 @@ class Following:
         new = transition.status
         logs: Logs | None = None
         if attempt.staging_dir:
-            logs = await self.logs(view, attempt.staging_dir)
+            logs = await self.logs(view, attempt)
             if logs is not None:
                 new = with_logs(new, logs)
             if obs is not None and obs.final:
                 # The script deletes it when it runs; a job that ended without running must
                 # not leave secret values on the shared storage.
-                await asyncio.to_thread(remove_secrets, Path(attempt.staging_dir))
+                staging = attempt_dir(
+                    self.settings.storage_root, view.ref, attempt.number, attempt.staging_dir
+                )
+                await asyncio.to_thread(remove_secrets, self.settings, staging)
         transition = Transition(new, transition.events)
         if obs is not None and obs.final and obs.phase is Phase.FAILED:
             transition = self._after_failure(view, transition, obs, logs, now)
         await self.edge.apply(view, transition)
         if transition.status.next_attempt_at is not None:
             self._retry_later(view.ref, transition.status.next_attempt_at)
+        return True
 
     def _after_failure(
         self,
@@ -168,31 +210,42 @@ class Following:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def logs(self, view: ResourceView, staging_dir: str) -> Logs | None:
+    async def logs(self, view: ResourceView, attempt: Attempt) -> Logs | None:
         """The attempt's log tails; None (keep what the status has) when they cannot be read
-        or when secret values cannot be resolved to redact them."""
-        base = Path(staging_dir)
+        or are refused (`storage.nofollow`), when the read takes longer than `READ_TIMEOUT`
+        (one job's storage must not hold up the others), or when the secret values to redact
+        them are not known. The directory is derived from the resource, not the status."""
+        ref = view.ref
+        base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
         redact = await self.edge.redactions(view)
-        if redact is None:
-            return None
+        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact)
         try:
-            return await asyncio.to_thread(
-                read_logs, base / STDOUT_FILE, base / STDERR_FILE, redact
+            return await asyncio.wait_for(read, READ_TIMEOUT)
+        except TimeoutError:  # an OSError too: first
+            log.warning(
+                "reading the logs of %s/%s took over %s s; the tails are kept as they were",
+                ref.namespace,
+                ref.name,
+                READ_TIMEOUT,
             )
+            return None
         except OSError as exc:
-            ref = view.ref
             log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
             return None
 
-    async def _from_accounting(self, attempt: Attempt) -> list[SlurmJobView]:
+    async def _from_accounting(self, uid: str, attempt: Attempt) -> list[SlurmJobView]:
+        """The attempt's accounting records. A job id is reused once Slurm wraps or resets its
+        ids, so the records of other jobs under it are left out; when every record is another
+        job's, they are returned for `fold` to refuse."""
         client = await self.slurm()
         assert attempt.job_id is not None
         try:
-            return await client.get_job_accounting(
+            records = await client.get_job_accounting(
                 client.lifecycle_ref(attempt.job_id, attempt.sluid)
             )
         except (SlurmUnsupported, SlurmNotFound):
             return []
+        return [r for r in records if belongs(r, uid, attempt)] or records
 
     async def report_reachability(
         self, followed: Sequence[Tracked], reachable: bool, reason: Reason, message: str

@@ -21,6 +21,12 @@ from slurmjob_operator.site.catalogs import (
 from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
+from slurmjob_operator.site.tenants import (
+    Tenants,
+    TenantScope,
+    check_against_registry,
+    load_tenants,
+)
 from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.storage.staging import parse_owner, stage_attempt
 
@@ -35,14 +41,26 @@ class Site:
     settings: Settings
     registry: RuntimeRegistry
     gpu_series: GpuSeriesCatalog
+    tenants: Tenants | None = None
+    """The tenants file; None: single-tenant (every namespace's jobs are taken)."""
 
     @classmethod
     def load(cls, settings: Settings) -> Site:
+        registry = load_runtime_registry(settings.runtime_registry_file)
+        tenants = load_tenants(settings.tenants_file)
+        if tenants is not None and settings.tenants_file is not None:
+            check_against_registry(tenants, registry, settings.tenants_file)
         return cls(
             settings=settings,
-            registry=load_runtime_registry(settings.runtime_registry_file),
+            registry=registry,
             gpu_series=load_gpu_series(settings.gpu_series_file),
+            tenants=tenants,
         )
+
+    def scope(self, namespace: str) -> TenantScope | None:
+        """The tenant of the namespace (None when single-tenant); `TenantUnknown` when tenancy
+        is on and the namespace belongs to no tenant."""
+        return self.tenants.scope(namespace) if self.tenants is not None else None
 
 
 @dataclass(frozen=True)
@@ -68,10 +86,15 @@ def prepare_attempt(
 ) -> PreparedAttempt:
     """Resolve, render, build the submit body and run the preflight checks.
 
-    Raises SpecError (the spec does not fit the site), RenderError or PreflightError; a
+    Raises SpecError (the spec does not fit the site or its tenant's limits; TenantUnknown,
+    a SpecError, when the namespace belongs to no tenant), RenderError or PreflightError; a
     failure here means nothing may be submitted.
     """
-    resolution = resolve_site(spec, site.settings, site.registry, site.gpu_series)
+    resolution = resolve_site(
+        spec, site.settings, site.registry, site.gpu_series, site.scope(namespace)
+    )
+    # The tenant's defaults (account, QOS, time limit) are rendered as if the spec said them.
+    spec = resolution.applied_to(spec)
     ctx = RenderContext(
         namespace=namespace,
         name=name,

@@ -16,7 +16,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
@@ -26,7 +25,9 @@ from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
-from slurmjob_operator.storage.logs import tail_signature
+from slurmjob_operator.storage.locate import attempt_dir
+from slurmjob_operator.storage.logs import tail_signatures
+from slurmjob_operator.storage.nofollow import job_owner
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +180,15 @@ class Poller:
         return True
 
     def _signature(self, item: Tracked) -> tuple[object, object]:
-        if not item.staging_dir:
+        """The log files' signatures, by the same no-link walk the read takes, in the
+        directory derived from the resource (never the status's); it never raises."""
+        if not item.staging_dir or item.attempt is None:
             return (None, None)
-        base = Path(item.staging_dir)
-        return (tail_signature(base / STDOUT_FILE), tail_signature(base / STDERR_FILE))
+        settings = self.controller.settings
+        root = settings.storage_root
+        base = attempt_dir(root, item.ref, item.attempt, item.staging_dir)
+        out, err = tail_signatures(root, base, (STDOUT_FILE, STDERR_FILE), job_owner(settings))
+        return (out, err)
 
     def _logs_changed(self, item: Tracked) -> bool:
         return self._logs.get(item.job_id) != self._signature(item)

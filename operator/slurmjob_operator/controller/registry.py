@@ -18,7 +18,8 @@ class Tracked:
     ref: ObjectRef
     job_id: int
     sluid: str | None
-    staging_dir: str | None
+    staging_dir: str | None  # as the status says: compared, never used (storage.locate)
+    attempt: int | None = None  # its number, which with `ref` locates its files
 
 
 def follows(status: SlurmJobStatus) -> bool:
@@ -50,7 +51,7 @@ class Registry:
         attempt = status.current_attempt
         if attempt is not None and attempt.job_id is not None and follows(status):
             self._tracked[ref.uid] = Tracked(
-                ref, attempt.job_id, attempt.sluid, attempt.staging_dir
+                ref, attempt.job_id, attempt.sluid, attempt.staging_dir, attempt.number
             )
         else:
             self._tracked.pop(ref.uid, None)

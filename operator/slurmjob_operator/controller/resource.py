@@ -16,11 +16,18 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.registry import Registry
+from slurmjob_operator.core.redact import MIN_REDACT_LENGTH
 from slurmjob_operator.core.transition import Transition, changed
 from slurmjob_operator.kube import ResourceStore, SecretError
 from slurmjob_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class SecretTooShort(SecretError):
+    """A secret value of 1 to 3 characters: it cannot be redacted without wrecking the logs
+    (every "1" or "abc" replaced), so the job is not submitted. An empty value hides nothing
+    and is taken."""
 
 
 class RetryLater(Exception):
@@ -83,14 +90,21 @@ class ResourceEdge:
             del self._locks[ref.uid]
 
     async def secret_values(self, view: ResourceView, spec: SlurmJobSpec) -> dict[str, str]:
-        """The values of the spec's secret env vars (SecretError when one cannot be read)."""
+        """The values of the spec's secret env vars (SecretError when one cannot be read,
+        SecretTooShort when one could not be hidden in the log tails)."""
         values: dict[str, str] = {}
         for env in spec.secret_env:
             source = env.value_from
             assert source is not None  # secret_env holds only valueFrom entries
-            values[env.name] = await self.store.read_secret_value(
-                view.ref.namespace, source.secret_key_ref.name, source.secret_key_ref.key
-            )
+            ref = source.secret_key_ref
+            value = await self.store.read_secret_value(view.ref.namespace, ref.name, ref.key)
+            if 0 < len(value) < MIN_REDACT_LENGTH:
+                raise SecretTooShort(
+                    f"env {env.name}: the value of Secret {view.ref.namespace}/{ref.name} key "
+                    f"{ref.key!r} is shorter than {MIN_REDACT_LENGTH} characters, too short to "
+                    "be hidden in the log tails; use a longer value"
+                )
+            values[env.name] = value
         self._secrets[view.ref.uid] = values
         return values
 

@@ -41,7 +41,6 @@ from slurmjob_operator.core.decisions import (
     hold_transition,
 )
 from slurmjob_operator.core.jobview import SlurmJobView, leader
-from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     Step,
@@ -58,6 +57,7 @@ from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import ArtifactError
 from slurmjob_operator.site.preflight import PreflightError
 from slurmjob_operator.site.render import RenderError
+from slurmjob_operator.site.tenants import TenantUnknown
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import (
@@ -67,7 +67,8 @@ from slurmjob_operator.slurm.errors import (
     SlurmNotFound,
     SlurmRejected,
 )
-from slurmjob_operator.storage.staging import StagingError, remove_attempt
+from slurmjob_operator.storage.locate import attempt_dir
+from slurmjob_operator.storage.staging import StagingError, is_staged, remove_attempt
 from slurmjob_operator.times import parse_rfc3339
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
 def classify(exc: Exception, *, recorded: bool) -> Failure:
     """The failure class of an exception from a submit step (see `core.decisions`)."""
     if not recorded:
+        if isinstance(exc, TenantUnknown):  # a SpecError, but not the spec's fault
+            return Failure.TENANT_UNKNOWN
         if isinstance(exc, SpecError | RenderError | PreflightError):
             return Failure.SPEC_INVALID
         if isinstance(exc, ArtifactError):
@@ -177,7 +180,7 @@ class Submission:
             # Slurm created a record despite refusing the job (200 + errors): end it.
             await cancel_quietly(await self.slurm(), exc.job_id)
         if plan.discard_attempt and staging is not None:
-            await asyncio.to_thread(remove_attempt, staging)
+            await asyncio.to_thread(remove_attempt, self.settings, staging)
         await self.edge.apply(view, transition)
         if plan.retry is Retry.BACKOFF:
             raise RetryLater(str(exc), self._backoff) from exc
@@ -257,7 +260,12 @@ class Submission:
             raise RetryLater(str(exc), self._backoff) from exc
         sluid = leader(views).sluid if views else None
         # A quick job may already have ended: the same fold as the poller's (log tails, retry).
-        await self.following.fold(view, confirmed(view.status, sluid), views)
+        # It refuses a job that is not this attempt's (the receipt's id, or the adopted one's,
+        # is only a claim until the job's name and comment say so): nothing is confirmed.
+        if not await self.following.fold(view, confirmed(view.status, sluid), views):
+            raise RetryLater(
+                f"Slurm job {attempt.job_id} is not attempt {attempt.number}'s job", self._backoff
+            )
 
     async def _adopt(self, view: ResourceView) -> None:
         """The last POST's answer was lost: look for the job by its unique name and adopt it."""
@@ -273,15 +281,19 @@ class Submission:
             found = await client.find_by_name(attempt.job_name)
         except SlurmError as exc:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
+        # Derived from the resource: a status can be written by others (storage.locate).
+        staging = attempt_dir(
+            self.settings.storage_root, view.ref, attempt.number, attempt.staging_dir
+        )
         staged = not attempt.staging_dir or await asyncio.to_thread(
-            (Path(attempt.staging_dir) / SCRIPT_FILE).is_file
+            is_staged, self.settings, staging
         )
         decision = adoption(found, view.ref.uid, attempt, staged=staged)
         if decision.action is AdoptAction.RESTART:
             # The operator stopped before the attempt's files were complete, and they are
             # always complete before the POST: this attempt was never sent. Start it over.
             assert attempt.staging_dir is not None
-            await asyncio.to_thread(remove_attempt, Path(attempt.staging_dir))
+            await asyncio.to_thread(remove_attempt, self.settings, staging)
             text = (
                 f"attempt {attempt.number} was interrupted before it was sent; submitting it again"
             )

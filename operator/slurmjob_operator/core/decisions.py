@@ -1,5 +1,6 @@
 """The controller's remaining choices, as pure functions: what a failed submit step becomes,
-whether spec.suspend gates or holds, and which of the jobs found by name is adopted.
+whether spec.suspend gates or holds, which of the jobs found by name is adopted, and whether a
+Slurm job is the attempt's own before anything is folded from it or done to it.
 
 The controller only classifies what happened (an exception, a lookup result) and carries out
 the returned transition and plan.
@@ -16,7 +17,7 @@ from typing import Literal
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.following import suspension
-from slurmjob_operator.core.jobview import SlurmJobView, by_leader, leader
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, leader
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
@@ -37,6 +38,7 @@ class Failure(StrEnum):
 
     # Before the attempt is recorded: nothing was sent.
     SPEC_INVALID = "SpecInvalid"  # the spec, its rendering or its preflight
+    TENANT_UNKNOWN = "TenantUnknown"  # tenancy is on and the namespace is no tenant's
     RUNTIME_INVALID = "RuntimeInvalid"  # the runtime artifact's magic or checksum
     SECRET_MISSING = "SecretMissing"  # noqa: S105 (a failure class, not a secret)
     SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
@@ -70,6 +72,7 @@ class FailurePlan:
 #: One row per failure: what it becomes. The transition is built by `failed_step`.
 FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.SPEC_INVALID: FailurePlan(Reason.INVALID_SPEC, Retry.NEVER),
+    Failure.TENANT_UNKNOWN: FailurePlan(Reason.TENANT_UNKNOWN, Retry.NEVER),
     Failure.RUNTIME_INVALID: FailurePlan(
         Reason.RUNTIME_ARTIFACT_INVALID, Retry.NEVER, metric="rejected"
     ),
@@ -103,7 +106,7 @@ def failed_step(
     """The transition a failed submit step writes, and what else the controller must do."""
     plan = FAILURES[failure]
     message = "; ".join(messages)
-    if failure in (Failure.SPEC_INVALID, Failure.RUNTIME_INVALID):
+    if failure in (Failure.SPEC_INVALID, Failure.TENANT_UNKNOWN, Failure.RUNTIME_INVALID):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
     if failure is Failure.REJECTED:
         return rejected(status, message, generation, now), plan
@@ -191,11 +194,61 @@ def declared_lost_now(attempt: Attempt, annotations: Mapping[str, str]) -> bool:
 
 
 def carries(job: SlurmJobView, uid: str, attempt: Attempt) -> bool:
-    """Whether a job found by the attempt's name is this attempt's: its comment names the
-    resource's uid and the attempt (a job without our comment, e.g. from accounting where the
-    comment may be cut, is taken on its unique name alone)."""
+    """Whether a job's comment names the resource's uid and the attempt.
+
+    An accounting record's comment may be cut or missing (slurmdbd keeps it only with
+    `AccountingStoreFlags=job_comment`): one without a readable identity is taken on its
+    unique name alone. The controller keeps the comment the operator submitted, so a live
+    job without it is not ours."""
     ident = naming.parse_comment(job.comment)
-    return ident is None or (ident.uid == uid and ident.attempt == attempt.number)
+    if ident is None:
+        return job.source is JobSource.ACCOUNTING
+    return ident.uid == uid and ident.attempt == attempt.number
+
+
+def belongs(job: SlurmJobView, uid: str, attempt: Attempt) -> bool:
+    """Whether `job` is this attempt's job: it has the attempt's job name, its comment
+    carries the attempt (`carries`) and, once the attempt has a job id, it is that job (a
+    heterogeneous component by its leader's id). A job id alone is only a claim: ids are
+    reused, and a status `jobId` can be written by anyone with status write access."""
+    if job.name != attempt.job_name or not carries(job, uid, attempt):
+        return False
+    return attempt.job_id is None or (job.het_job_id or job.job_id) == attempt.job_id
+
+
+def stranger(views: Sequence[SlurmJobView], uid: str, attempt: Attempt) -> SlurmJobView | None:
+    """The first of a job's views that is not this attempt's (None: all are)."""
+    return next((view for view in views if not belongs(view, uid, attempt)), None)
+
+
+#: The Warning Event of a job that is not the attempt's; nothing is folded or cancelled.
+IDENTITY_MISMATCH = "JobIdentityMismatch"
+
+
+def mismatch_text(job: SlurmJobView, uid: str, attempt: Attempt, refused: str) -> str:
+    """The Event text of a job that is not the attempt's. It names what this attempt expects
+    and what differs, but not the other job's name or comment: they may name another tenant's
+    namespace and resource (the operator's log has both identities)."""
+    differs: list[str] = []
+    if job.name != attempt.job_name:
+        differs.append("its job name differs")
+    ident = naming.parse_comment(job.comment)
+    if ident is None:
+        if not carries(job, uid, attempt):
+            differs.append("it has no slurmjob.io comment")
+    elif ident.uid == uid:
+        if ident.attempt != attempt.number:
+            differs.append(f"its comment names attempt {ident.attempt} of this resource")
+    else:
+        differs.append("its comment names another resource")
+    if attempt.job_id is not None and (job.het_job_id or job.job_id) != attempt.job_id:
+        differs.append(f"Slurm answered for job {job.het_job_id or job.job_id}")
+    return (
+        f"Slurm job {attempt.job_id} is not attempt {attempt.number}'s job "
+        f"({'; '.join(differs) or 'it does not match'}): expected job name "
+        f"{attempt.job_name!r} and a comment carrying uid {uid} attempt {attempt.number}; "
+        f"{refused}"
+    )
 
 
 def adoption(
@@ -203,7 +256,7 @@ def adoption(
 ) -> Adoption:
     """Which of the jobs found by the attempt's name to keep. `staged`: the attempt's script
     is on the storage (it is written last, before the POST: without it nothing was sent)."""
-    mine = [job for job in found if carries(job, uid, attempt)]
+    mine = [job for job in found if belongs(job, uid, attempt)]
     # One entry per job, as its leader component (a het job's components share a name);
     # the oldest is kept.
     leaders = sorted(

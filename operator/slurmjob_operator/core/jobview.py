@@ -20,8 +20,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Slurm job ids are uint32 (slurmrestd fact sheet, 5.2: `job_id` "plain uint32"); NO_VAL
+#: (0xfffffffe) and INFINITE (0xffffffff) are markers, never ids; 0 is "no job". Federated
+#: ids put the cluster id into the high bits, so the whole range below the markers is used.
+JOB_ID_MAX = 0xFFFFFFFD
+UINT32_MAX = 0xFFFFFFFF
+#: A job id as read from slurmrestd: an int (not a bool, a float or a string) in Slurm's range.
+JobId = Annotated[int, Field(strict=True, ge=1, le=JOB_ID_MAX)]
+#: Counts, offsets, minutes: uint32 fields (NO_VAL and INFINITE included, as v0.0.38 sends them).
+Uint32 = Annotated[int, Field(ge=0, le=UINT32_MAX)]
+#: Exit codes and signal numbers: whatever fits a C int or a uint32, nothing unbounded.
+ExitNumber = Annotated[int, Field(ge=-(2**31), le=UINT32_MAX)]
+
+
+def valid_job_id(value: object) -> int | None:
+    """`value` when it can be a Slurm job id, else None (a bool, a string, 0, out of range)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= JOB_ID_MAX:
+        return value
+    return None
 
 
 class BaseState(StrEnum):
@@ -109,8 +129,8 @@ class JobExit(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    return_code: int | None = None
-    signal: int | None = None
+    return_code: ExitNumber | None = None
+    signal: ExitNumber | None = None
 
 
 class SlurmJobView(BaseModel):
@@ -122,17 +142,19 @@ class SlurmJobView(BaseModel):
     `standard_output`/`standard_error` are the expanded paths where the server provides them
     (v0.0.39-v0.0.42 expand `standard_output` itself; v0.0.43+ in `stdout_expanded`); on
     v0.0.38 they are as submitted (`%j` unexpanded), None when not given.
+    Every number is bounded (ids by `JobId`, counts by `Uint32`): slurmrestd's answers are
+    untrusted, and a Python int has no bound of its own.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: int
+    job_id: JobId
     source: JobSource = JobSource.CONTROLLER
     sluid: str | None = None
-    het_job_id: int | None = None
-    het_job_offset: int | None = None
-    array_job_id: int | None = None
-    array_task_id: int | None = None
+    het_job_id: JobId | None = None
+    het_job_offset: Uint32 | None = None
+    array_job_id: JobId | None = None
+    array_task_id: Uint32 | None = None
     name: str = ""
     comment: str | None = None
     user: str | None = None
@@ -145,7 +167,7 @@ class SlurmJobView(BaseModel):
     description: str | None = None
     exit: JobExit = JobExit()
     nodes: str | None = None
-    node_count: int | None = None
+    node_count: Uint32 | None = None
     submit_time: datetime | None = None
     start_time: datetime | None = None
     end_time: datetime | None = None
@@ -153,7 +175,7 @@ class SlurmJobView(BaseModel):
     standard_error: str | None = None
     working_directory: str | None = None
     constraints: str | None = None
-    time_limit_minutes: int | None = None
+    time_limit_minutes: Uint32 | None = None
     """None when unlimited or unset."""
 
     @property
@@ -184,8 +206,8 @@ class JobStateEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     raw_job_id: str
-    job_id: int
-    het_job_offset: int | None = None
+    job_id: JobId
+    het_job_offset: Uint32 | None = None
     array_task: str | None = None
     raw_state: tuple[str, ...] = ()
     base_state: BaseState | None = None

@@ -30,8 +30,8 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
     ConditionType.RUNNING: "True while the Slurm job runs (or holds its allocation).",
     ConditionType.SUCCEEDED: "Written when the job is final: True when it completed with exit 0.",
     ConditionType.FAILED: (
-        "True when the job failed, Slurm refused it, or the spec is invalid; False when a "
-        "retry is scheduled."
+        "True when the job failed, Slurm refused it, the spec is invalid or its namespace "
+        "belongs to no tenant; False when a retry is scheduled."
     ),
     ConditionType.READY: (
         "True while the job is healthy (Queued, Running, Succeeded); False on failures, "
@@ -57,6 +57,7 @@ class Reason(StrEnum):
     SUBMIT_INTERRUPTED = "SubmitInterrupted"
     DECLARED_LOST = "DeclaredLost"
     INVALID_SPEC = "InvalidSpec"
+    TENANT_UNKNOWN = "TenantUnknown"
     RUNTIME_ARTIFACT_INVALID = "RuntimeArtifactInvalid"
     SECRET_NOT_FOUND = "SecretNotFound"  # noqa: S105 (a reason, not a secret)
     SLURM_AUTH_FAILED = "SlurmAuthFailed"
@@ -89,6 +90,10 @@ REASON_MEANINGS: dict[Reason, str] = {
     ),
     Reason.DECLARED_LOST: "A person declared the unconfirmed attempt lost (annotation).",
     Reason.INVALID_SPEC: "The spec cannot run on this site; the message names the field.",
+    Reason.TENANT_UNKNOWN: (
+        "The site has a tenants file and the SlurmJob's namespace belongs to no tenant: "
+        "nothing is submitted (checked again when the spec changes or the operator restarts)."
+    ),
     Reason.RUNTIME_ARTIFACT_INVALID: "The runtime artifact is missing or its checksum is wrong.",
     Reason.SECRET_NOT_FOUND: "A referenced Secret or key does not exist (yet).",
     Reason.SLURM_AUTH_FAILED: "slurmrestd refused the operator's credentials.",
@@ -138,7 +143,7 @@ WRITTEN: frozenset[Written] = frozenset(
         ),
         *(
             (cond, status, reason)
-            for reason in (R.INVALID_SPEC, R.RUNTIME_ARTIFACT_INVALID)
+            for reason in (R.INVALID_SPEC, R.TENANT_UNKNOWN, R.RUNTIME_ARTIFACT_INVALID)
             for cond, status in ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T))
         ),
         *(

@@ -6,14 +6,18 @@ podFailurePolicy, ordered rules match the Slurm state, reason, exit code and the
 the first match decides between Retry (counted against `limit`), Ignore (a new attempt that
 is not counted) and Fail. The default rules retry what the cluster broke, never what the
 program did: a program's own non-zero exit fails at once without spending the budget.
+
+Log patterns are RE2 (`api.patterns`), linear in the text, and see at most the last
+`MAX_LOG_BYTES` of it: the logs are the job's own output, so neither the pattern nor the text
+may make the search long.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurmjob_operator.api.patterns import compile_pattern
 from slurmjob_operator.api.retry import ExitCodes, RetryAction, RetryRule, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase
 from slurmjob_operator.core.states import Observation
@@ -21,6 +25,9 @@ from slurmjob_operator.core.states import Observation
 #: Attempts an Ignore rule may add on top of `limit` (so a rule cannot loop forever).
 MAX_IGNORED = 10
 MAX_BACKOFF_SECONDS = 3600
+#: The stdout and stderr tails (64 KiB each, `storage.logs`) joined by a newline. A tail is
+#: decoded with replacement, so its UTF-8 can be longer than the file's bytes were.
+MAX_LOG_BYTES = 2 * 64 * 1024 + 1
 
 _INFRA_LOG_PATTERNS: tuple[tuple[str, str], ...] = (
     (
@@ -76,8 +83,19 @@ def _exit_matches(codes: ExitCodes, exit_code: int | None) -> bool:
     return inside if codes.operator == "In" else not inside
 
 
-def matches(rule: RetryRule, obs: Observation, logs: str) -> bool:
-    """Every criterion the rule gives must hold (an absent one holds)."""
+def searchable(logs: str) -> bytes:
+    """The end of the logs that log patterns are searched in: UTF-8, at most MAX_LOG_BYTES."""
+    data = logs.encode("utf-8", "replace")[-MAX_LOG_BYTES:]
+    # Not from the middle of a character: skip the continuation bytes the cut left.
+    start = 0
+    while start < len(data) and start < 3 and 0x80 <= data[start] <= 0xBF:
+        start += 1
+    return data[start:]
+
+
+def matches(rule: RetryRule, obs: Observation, logs: bytes) -> bool:
+    """Every criterion the rule gives must hold (an absent one holds). `logs` is what
+    `searchable` made of the tails."""
     states = {obs.native_state, *obs.native_flags}
     if rule.on_states and not states & set(rule.on_states):
         return False
@@ -86,7 +104,7 @@ def matches(rule: RetryRule, obs: Observation, logs: str) -> bool:
         return False
     if rule.on_exit_codes is not None and not _exit_matches(rule.on_exit_codes, obs.exit_code):
         return False
-    return not (rule.on_log_pattern and re.search(rule.on_log_pattern, logs) is None)
+    return not (rule.on_log_pattern and not compile_pattern(rule.on_log_pattern).search(logs))
 
 
 def _rules(spec: RetrySpec) -> list[tuple[str, RetryRule]]:
@@ -104,8 +122,9 @@ def decide(
     """
     if obs.phase is not Phase.FAILED or not obs.final:
         return RetryDecision(RetryAction.FAIL, "not failed", "only failed attempts are retried")
+    text = searchable(logs)
     chosen: tuple[str, RetryRule] | None = next(
-        ((name, rule) for name, rule in _rules(spec) if matches(rule, obs, logs)), None
+        ((name, rule) for name, rule in _rules(spec) if matches(rule, obs, text)), None
     )
     if chosen is None:
         return RetryDecision(

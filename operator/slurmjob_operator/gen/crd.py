@@ -13,6 +13,7 @@ list a rule iterates and every string a rule scans is bounded in the models.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from slurmjob_operator import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from slurmjob_operator.api.retry import RetryRule
+from slurmjob_operator.api.scriptwords import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES
 from slurmjob_operator.api.spec import (
     CUSTOM,
     CUSTOM_RUNTIME_PREFIX,
@@ -56,9 +58,14 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-_NO_DOTDOT = r"(^|/)[.][.](/|$)"
+def _cel_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(_cel_string(item) for item in items) + "]"
+
+
+# The characters of a path are the fields' `pattern` (from api.scriptwords, through the models);
+# what a regex without look-ahead cannot say cleanly is here.
+_DOT_PARTS = r"(^|/)[.][.]?(/|$)"
 _ROOT_ITSELF = r"^([.]?/)*[.]?$"
-_BAD_PATH_CHARS = r"[,:\n\x00]"
 _DURATION = r"^\s*([0-9]+|[0-9]+d([0-9]+h)?([0-9]+m)?|[0-9]+h([0-9]+m)?|[0-9]+m)\s*$"
 
 # CEL for the rules of api.spec, keyed by the model whose node they sit on. Each mirrors a
@@ -97,8 +104,10 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             _INVALID,
         ),
         Rule(
-            "!self.name.startsWith('SLURM_') && !self.name.startsWith('SLURMJOB_')",
-            "names starting with SLURM_ or SLURMJOB_ are reserved",
+            f"!(self.name in {_cel_list(sorted(RESERVED_ENV_NAMES))}) && "
+            f"!{_cel_list(RESERVED_ENV_PREFIXES)}.exists(p, self.name.startsWith(p))",
+            "this name is reserved: it is read outside the container (by the batch shell, the "
+            "dynamic loader, Slurm, Pyxis, enroot or apptainer) or set by the batch script",
             ".name",
             _FORBIDDEN,
         ),
@@ -117,14 +126,8 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             _INVALID,
         ),
         Rule(
-            f"!self.source.matches({_cel_string(_NO_DOTDOT)})",
-            "mount sources cannot contain '..': it would leave the storage root",
-            ".source",
-            _INVALID,
-        ),
-        Rule(
-            f"!self.source.matches({_cel_string(_BAD_PATH_CHARS)})",
-            "mount sources cannot contain NUL, newline, ',' or ':'",
+            f"!self.source.matches({_cel_string(_DOT_PARTS)})",
+            "mount sources cannot contain '..' (it would leave the storage root) or '.' parts",
             ".source",
             _INVALID,
         ),
@@ -135,14 +138,8 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             _INVALID,
         ),
         Rule(
-            f"!self.target.matches({_cel_string(_NO_DOTDOT)})",
-            "mount targets cannot contain '..'",
-            ".target",
-            _INVALID,
-        ),
-        Rule(
-            f"!self.target.matches({_cel_string(_BAD_PATH_CHARS)})",
-            "mount targets cannot contain NUL, newline, ',' or ':'",
+            f"!self.target.matches({_cel_string(_DOT_PARTS)})",
+            "mount targets cannot contain '..' or '.' parts",
             ".target",
             _INVALID,
         ),
@@ -210,11 +207,22 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
 FIELD_RULES: dict[tuple[type[BaseModel], str], tuple[Rule, ...]] = {
     (SlurmJobSpec, "command"): (
         Rule("size(self) == 0 || size(self[0]) > 0", "command[0] cannot be empty"),
+        Rule(
+            "size(self) == 0 || !self[0].startsWith('-')",
+            "command[0] cannot start with '-': srun or the container runtime would read it as "
+            "one of their own options",
+        ),
+        Rule(
+            "self.all(w, w != ':')",
+            "no word of the command can be ':': srun reads it as the separator of heterogeneous "
+            "job components, even after '--'",
+        ),
     ),
     (SlurmJobSpec, "workingDir"): (
+        Rule("self.startsWith('/')", "workingDir must be an absolute path"),
         Rule(
-            "self.startsWith('/') && !self.contains('\\n')",
-            "workingDir must be an absolute path without newlines",
+            f"!self.matches({_cel_string(_DOT_PARTS)})",
+            "workingDir cannot contain '..' or '.' parts",
         ),
     ),
     (SlurmJobSpec, "timeLimit"): (

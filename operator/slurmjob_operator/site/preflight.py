@@ -2,6 +2,8 @@
 
 - The script must parse: `bash -n` (bash is needed on the operator's host, as it is on every
   compute node).
+- `job.env` and `secrets.env` must be what the script reads as data: NAME=value records, each
+  ending in NUL, with valid names none of which is reserved (`api.scriptwords`).
 - No secret value may appear in the script, in job.env, in the LaunchRequest or in the
   serialized submit body. Secrets reach the job only through secrets.env (mode 0600, deleted
   by the script as soon as it has read it). A value is searched for as written, as shell-quoted
@@ -18,6 +20,7 @@ Error messages name the variable and the place, never the value.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -25,6 +28,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurmjob_operator.api.scriptwords import reserved_env_name
+from slurmjob_operator.api.spec import ENV_NAME_RE
 from slurmjob_operator.core.naming import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
 from slurmjob_operator.site.render import RenderedAttempt
 
@@ -64,6 +69,22 @@ def check_bash_syntax(script: str) -> None:
         raise PreflightError(f"the batch script does not parse (bash -n): {detail}")
 
 
+def check_env_file(name: str, content: bytes) -> None:
+    """Raise PreflightError unless `content` is NAME=value records, each ending in NUL, with
+    valid names that are not reserved. Messages name the file and the record, never a value."""
+    if not content:
+        return
+    if not content.endswith(b"\0"):
+        raise PreflightError(f"{name}: the last record does not end in NUL")
+    for index, record in enumerate(content[:-1].split(b"\0")):
+        key, sep, _ = record.partition(b"=")
+        var = key.decode("utf-8", "replace")
+        if not sep or re.fullmatch(ENV_NAME_RE, var) is None:
+            raise PreflightError(f"{name}: record {index} does not start with NAME=")
+        if reserved_env_name(var):
+            raise PreflightError(f"{name}: record {index} sets the reserved name {var}")
+
+
 def check_secrets(
     rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
 ) -> None:
@@ -88,16 +109,15 @@ def check_secrets(
 def check_rendered(
     rendered: RenderedAttempt, secret_values: Mapping[str, str], body_json: str
 ) -> None:
-    """All preflight checks: script and job.env syntax, then no secret outside secrets.env."""
+    """All preflight checks: no secret outside secrets.env, the script's syntax, the env files'
+    records."""
     if SCRIPT_FILE not in rendered.files:
         raise PreflightError(f"{SCRIPT_FILE} is missing from the rendered files")
     check_secrets(rendered, secret_values, body_json)
     check_bash_syntax(rendered.launch.script)
-    if ENV_FILE in rendered.files:
-        try:
-            check_bash_syntax(rendered.files[ENV_FILE].content.decode("utf-8"))
-        except PreflightError as exc:
-            raise PreflightError(f"{ENV_FILE}: {exc}") from exc
+    for name in (ENV_FILE, SECRETS_FILE):
+        if name in rendered.files:
+            check_env_file(name, rendered.files[name].content)
 
 
 def find_shellcheck() -> str | None:

@@ -7,6 +7,12 @@ returns a `Quoted` string. The environment's `finalize` hook refuses any `{{ ...
 result is not `Quoted`, so a template (including a site copy in SLURMJOB_TEMPLATES_DIR) cannot
 interpolate an unquoted value by mistake. Values are never interpolated into comments.
 
+Nothing of the manifest is code for the batch shell: the command's words are quoted array
+items after srun's `--`; `job.env` and `secrets.env` hold NAME=value records ending in NUL, which
+the script reads as data (never `source`) and hands to the containerised steps only. The rules
+of `api.scriptwords` (reserved env names, the path alphabet, the command's first word and `:`)
+are checked here again, so a spec that skipped validation still cannot reach a script.
+
 Templates: `job.sh.j2` (the base) includes `runtime/<profile>.sh.j2` (how a step enters the
 container) and `shape/<cpu|ray>.sh.j2` (which steps run). A site directory, when set, is
 searched first, so a site can override a single part.
@@ -23,6 +29,7 @@ from typing import Any
 
 import jinja2
 
+from slurmjob_operator.api.scriptwords import command_problem, path_problem, reserved_env_name
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
@@ -64,26 +71,6 @@ EXIT_CODES: dict[int, str] = {
     EXIT_ARTIFACT: "the runtime artifact failed verification (missing, wrong magic or sha256)",
 }
 
-# Names bash refuses to assign (or that change how it runs): `export` of these in job.env would
-# abort or subvert the script, so they are refused here rather than failing on the node.
-_BASH_RESERVED = frozenset(
-    {
-        "BASHOPTS",
-        "BASH_ARGC",
-        "BASH_ARGV",
-        "BASH_ENV",
-        "BASH_LINENO",
-        "BASH_SOURCE",
-        "BASH_VERSINFO",
-        "EUID",
-        "FUNCNAME",
-        "GROUPS",
-        "IFS",
-        "PPID",
-        "SHELLOPTS",
-        "UID",
-    }
-)
 _MOUNT_SEPARATORS = (",", ":", "\0", "\n")
 
 
@@ -195,9 +182,29 @@ def _mount_spec(source: PurePosixPath, target: str, read_only: bool) -> str:
     return f"{source}:{target}" + (":ro" if read_only else "")
 
 
-def _env_lines(values: Sequence[tuple[str, str]]) -> bytes:
-    lines = [f"export {name}={shquote(value)}\n" for name, value in values]
-    return _utf8("".join(lines), "environment values")
+def _env_records(values: Sequence[tuple[str, str]]) -> bytes:
+    """NAME=value records, each ending in NUL: data for the script's `mapfile -d ''`."""
+    for name, value in values:
+        if "\0" in value:
+            raise RenderError(f"env {name}: values cannot contain NUL bytes")
+    return _utf8("".join(f"{name}={value}\0" for name, value in values), "environment values")
+
+
+def _check_words(spec: SlurmJobSpec) -> None:
+    """The rules of api.scriptwords again (a spec built without validation meets them here)."""
+    reserved = sorted(e.name for e in spec.env if reserved_env_name(e.name))
+    if reserved:
+        raise RenderError(f"env {', '.join(reserved)}: reserved names cannot be set")
+    problem = command_problem(spec.command)
+    if problem:
+        raise RenderError(problem)
+    paths = [(m.source, False) for m in spec.mounts] + [(m.target, True) for m in spec.mounts]
+    if spec.working_dir is not None and spec.working_dir != "/":
+        paths.append((spec.working_dir, True))
+    for path, absolute in paths:
+        problem = path_problem(path, absolute=absolute)
+        if problem:
+            raise RenderError(f"path {path!r} {problem}")
 
 
 def _utf8(text: str, what: str) -> bytes:
@@ -277,8 +284,11 @@ def _template_values(
         "artifact_sha256": artifact.sha256,
         "artifact_magic": magic,
         "artifact_magic_offset": offset,
+        "job_path": settings.slurm_job_path,
         "has_secrets": bool(spec.secret_env),
         "env_names": [e.name for e in spec.env],
+        "plain_env_names": list(spec.plain_env),
+        "secret_env_names": [e.name for e in spec.secret_env],
         "user_command": list(spec.command),
         "working_dir": spec.working_dir,
         "mounts": mounts,
@@ -292,6 +302,7 @@ def _template_values(
 
 
 def render_script(spec: SlurmJobSpec, ctx: RenderContext) -> str:
+    _check_words(spec)
     cluster_dir = _cluster_staging_dir(ctx)
     try:
         template = environment(ctx.settings).get_template(BASE_TEMPLATE)
@@ -312,9 +323,6 @@ def _cluster_staging_dir(ctx: RenderContext) -> PurePosixPath:
 
 def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     """The script, the attempt's files and the LaunchRequest of one attempt."""
-    reserved = sorted(e.name for e in spec.env if e.name in _BASH_RESERVED)
-    if reserved:
-        raise RenderError(f"env {', '.join(reserved)}: reserved by bash, cannot be set")
     missing = [e.name for e in spec.secret_env if e.name not in ctx.secret_values]
     if missing:
         raise RenderError(f"env {', '.join(missing)}: secret value not resolved")
@@ -325,11 +333,11 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     plain = spec.plain_env
     files = {
         SCRIPT_FILE: StagedFile(_utf8(script, "the script's values"), SCRIPT_MODE),
-        ENV_FILE: StagedFile(_env_lines(list(plain.items())), ENV_MODE),
+        ENV_FILE: StagedFile(_env_records(list(plain.items())), ENV_MODE),
     }
     if spec.secret_env:
         secret_pairs = [(e.name, ctx.secret_values[e.name]) for e in spec.secret_env]
-        files[SECRETS_FILE] = StagedFile(_env_lines(secret_pairs), SECRETS_MODE)
+        files[SECRETS_FILE] = StagedFile(_env_records(secret_pairs), SECRETS_MODE)
 
     launch = LaunchRequest(
         job_name=naming.job_name(ctx.namespace, ctx.name, ctx.uid, ctx.attempt),

@@ -1,4 +1,5 @@
-"""Validation of a spec against the site: runtime registry, GPU series catalog, settings.
+"""Validation of a spec against the site: runtime registry, GPU series catalog, settings and,
+when the site has a tenants file, the limits of the tenant of the SlurmJob's namespace.
 
 The intrinsic rules live in `api.spec`; here are the ones that need the site's catalogs.
 Every refusal is a `SpecError` whose messages start with the offending field's path.
@@ -7,6 +8,7 @@ Every refusal is a `SpecError` whose messages start with the offending field's p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.spec import SlurmJobSpec
@@ -18,6 +20,8 @@ from slurmjob_operator.site.catalogs import (
     RuntimeArtifact,
     RuntimeRegistry,
 )
+from slurmjob_operator.site.mounts import mount_problems
+from slurmjob_operator.site.tenants import Tenant, TenantScope
 
 _MAX_LISTED = 10
 
@@ -32,6 +36,26 @@ class SiteResolution:
     partition: str | None
     exclusive: dict[str, bool]
     """Per pool: True when it asks for every GPU of its nodes, so it may as well own them."""
+    account: str | None = None
+    qos: str | None = None
+    time_limit_minutes: int | None = None
+    """The account, QOS and time limit the job is submitted with: the spec's, or the
+    tenant's defaults when the spec gives none."""
+    tenant: Tenant | None = None
+    """The tenant of the SlurmJob's namespace (None without a tenants file): its slurmUser
+    and uid say whom the job runs as."""
+
+    def applied_to(self, spec: SlurmJobSpec) -> SlurmJobSpec:
+        """The spec with the account, QOS and time limit resolved here (unchanged when they
+        are the spec's own)."""
+        update: dict[str, Any] = {}
+        if self.account != spec.account:
+            update["account"] = self.account
+        if self.qos != spec.qos:
+            update["qos"] = self.qos
+        if self.time_limit_minutes != spec.time_limit_minutes:
+            update["time_limit"] = self.time_limit_minutes
+        return spec.model_copy(update=update) if update else spec
 
     def constraint(self, pool: str) -> str | None:
         series = self.series.get(pool)
@@ -68,15 +92,85 @@ def _runtime(
     return runtime
 
 
+def _one_of(
+    field: str, value: str | None, allowed: list[str], key: str, tenant: Tenant, errors: list[str]
+) -> str:
+    """`value` when the tenant allows it, the tenant's default (its first) when it is unset."""
+    if value is None:
+        return allowed[0]
+    if value not in allowed:
+        errors.append(
+            f"{field}: {value!r} is not in tenant {tenant.name}'s {key} ({', '.join(allowed)})"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class _Limited:
+    partition: str | None
+    account: str | None
+    qos: str | None
+    time_limit_minutes: int | None
+
+
+def _tenant_limits(
+    spec: SlurmJobSpec,
+    settings: Settings,
+    registry: RuntimeRegistry,
+    scope: TenantScope,
+    errors: list[str],
+) -> _Limited:
+    """The tenant's limits, each refusal naming its field; the tenant's defaults fill what the
+    spec leaves out, so Slurm's own defaults (which may lie outside them) never apply."""
+    tenant, limits = scope.tenant, scope.limits
+    partition = spec.partition
+    if partition is not None and "," in partition:
+        errors.append(
+            f"spec.partition: {partition!r} is a list; a tenant's job names one partition "
+            f"(one of {', '.join(limits.partitions)})"
+        )
+    else:
+        partition = _one_of(
+            "spec.partition", partition, limits.partitions, "partitions", tenant, errors
+        )
+    account = _one_of("spec.account", spec.account, limits.accounts, "accounts", tenant, errors)
+    qos = spec.qos
+    if limits.qos is not None:
+        qos = _one_of("spec.qos", qos, limits.qos, "qos list", tenant, errors)
+    minutes = spec.time_limit_minutes
+    longest = limits.max_time_minutes
+    if longest is not None:
+        if minutes is None:
+            minutes = longest
+        elif minutes > longest:
+            errors.append(
+                f"spec.timeLimit: {minutes} minutes is longer than tenant {tenant.name}'s "
+                f"maxTimeLimit of {longest} minutes"
+            )
+    errors.extend(mount_problems(spec.mounts, settings.storage_root, registry, scope))
+    return _Limited(partition, account, qos, minutes)
+
+
 def resolve_site(
     spec: SlurmJobSpec,
     settings: Settings,
     registry: RuntimeRegistry,
     gpu_series: GpuSeriesCatalog,
+    scope: TenantScope | None = None,
 ) -> SiteResolution:
-    """Check the spec against the site's catalogs; every problem found is reported at once."""
+    """Check the spec against the site's catalogs and, with a `scope` (the site has a tenants
+    file), against the limits of the namespace's tenant; every problem is reported at once."""
     errors: list[str] = []
     runtime = _runtime(spec, settings, registry, errors)
+    if scope is None:
+        limited = _Limited(
+            spec.partition or settings.slurm_partition,
+            spec.account,
+            spec.qos,
+            spec.time_limit_minutes,
+        )
+    else:
+        limited = _tenant_limits(spec, settings, registry, scope, errors)
     heterogeneous = spec.is_heterogeneous
     series: dict[str, GpuSeries | None] = {}
     exclusive: dict[str, bool] = {}
@@ -113,6 +207,10 @@ def resolve_site(
     return SiteResolution(
         runtime=runtime,
         series=series,
-        partition=spec.partition or settings.slurm_partition,
+        partition=limited.partition,
         exclusive=exclusive,
+        account=limited.account,
+        qos=limited.qos,
+        time_limit_minutes=limited.time_limit_minutes,
+        tenant=scope.tenant if scope is not None else None,
     )

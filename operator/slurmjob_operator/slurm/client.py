@@ -7,19 +7,26 @@ may exist and must be looked for (`find_by_name`) before submitting again.
 The transport is the caller's (`slurm.http`: one connection per request, and tolerant of the
 malformed responses some slurmrestd releases write). Choosing the version to speak is
 `slurm.discovery`; one request and its answer is `slurm.exchange`.
+
+Every answer is untrusted. One that cannot be read raises `SlurmMalformed` (a submit's:
+`SlurmAmbiguous`, since the job may exist); ids outside Slurm's range are refused as
+`InvalidJobRef` before anything is sent. A record of a list that cannot be read is left out
+with a warning where the list is a sweep (`list_jobs`, `jobs_state`, the accounting search of
+`find_by_name`): the other jobs go on. Where the answer is one job (`get_job`,
+`get_job_accounting`) an unreadable record makes the answer `SlurmMalformed`: leaving out a
+component or a run would misstate the job, and an empty answer would read as "gone".
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, valid_job_id
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.dialects import (
@@ -34,6 +41,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmAmbiguous,
     SlurmAuthError,
     SlurmError,
+    SlurmMalformed,
     SlurmMessage,
     SlurmNotFound,
     SlurmTransient,
@@ -41,11 +49,11 @@ from slurmjob_operator.slurm.errors import (
 )
 from slurmjob_operator.slurm.exchange import OnRequest, Requester
 from slurmjob_operator.slurm.http import HttpTransport
+from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
 from slurmjob_operator.slurm.nodes import NodeInfo, parse_nodes, parse_partition_names
 
 DEFAULT_LOOKBACK = timedelta(days=7)
 _NO_CHANGE_TEXT = "no job changes"
-_T = TypeVar("_T")
 
 
 class JobListResult(BaseModel):
@@ -72,61 +80,6 @@ def _checked_ping(result: PingResult, status: int, template: str) -> PingResult:
     if not result.responding:
         raise SlurmTransient("no slurmctld is responding", endpoint=template, method="GET")
     return result
-
-
-async def _query_known(
-    query: Callable[[Sequence[int]], Awaitable[list[_T]]], ids: Sequence[int], batch: int
-) -> list[_T]:
-    """`query` over `ids`, `batch` at a time, leaving out the ids Slurm no longer knows."""
-    found: list[_T] = []
-    for start in range(0, len(ids), batch):
-        found.extend(await _skipping_unknown(query, ids[start : start + batch]))
-    return found
-
-
-async def _skipping_unknown(
-    query: Callable[[Sequence[int]], Awaitable[list[_T]]], ids: Sequence[int]
-) -> list[_T]:
-    """`query(ids)`, leaving out the ids Slurm no longer knows."""
-    try:
-        return await query(ids)
-    except SlurmNotFound:
-        # One purged id can fail the whole query: split until the unknown ids are isolated.
-        if len(ids) <= 1:
-            return []
-        middle = len(ids) // 2
-        return [
-            *await _skipping_unknown(query, ids[:middle]),
-            *await _skipping_unknown(query, ids[middle:]),
-        ]
-
-
-def _live_per_component(entries: Iterable[JobStateEntry]) -> dict[int, JobStateEntry]:
-    result: dict[int, JobStateEntry] = {}
-    for entry in entries:
-        key = entry.component_job_id
-        previous = result.get(key)
-        # Array tasks share a key; keep the one that is still live so nothing looks done early.
-        if previous is None or (previous.is_final and not entry.is_final):
-            result[key] = entry
-    return result
-
-
-def _merge_named(
-    name: str, controller: Iterable[SlurmJobView], accounted: Iterable[SlurmJobView]
-) -> list[SlurmJobView]:
-    """Jobs named `name` by job id: the controller's view, else the newest accounting record."""
-    merged = {job.job_id: job for job in controller if job.name == name}
-    controller_ids = set(merged)
-    oldest = datetime.min.replace(tzinfo=UTC)
-    for job in accounted:
-        if job.name != name or job.job_id in controller_ids:
-            continue
-        # A requeued job has one record per run: keep the newest.
-        previous = merged.get(job.job_id)
-        if previous is None or (job.submit_time or oldest) >= (previous.submit_time or oldest):
-            merged[job.job_id] = job
-    return [merged[k] for k in sorted(merged)]
 
 
 class SlurmClient:
@@ -183,7 +136,8 @@ class SlurmClient:
         """Check that a controller answers with this token; raises when none does."""
         template = self._slurm("/ping")
         answer = await self._rest.call("GET", template, template)
-        return _checked_ping(self._dialect.parse_ping(answer.payload), answer.status, template)
+        result = answer.parse(self._dialect.parse_ping, template)
+        return _checked_ping(result, answer.status, template)
 
     async def submit(self, req: LaunchRequest) -> SubmitReceipt:
         """Submit once; never retried. See the module docstring for what each failure means.
@@ -215,10 +169,12 @@ class SlurmClient:
                 method="POST",
             ) from exc
         try:
-            return self._dialect.parse_submit(answer.payload)
-        except ValidationError as exc:
+            return answer.parse(self._dialect.parse_submit, template, "POST")
+        except SlurmMalformed as exc:
+            # Slurm said yes, but not to which job id (none, 0, -7, beyond uint32): a job may
+            # exist, and only its unique name can find it.
             raise SlurmAmbiguous(
-                f"submit answer unreadable: {exc.errors()[0]['msg']}",
+                f"submit answer unreadable: {exc.reason}",
                 status=answer.status,
                 endpoint=template,
                 method="POST",
@@ -232,7 +188,7 @@ class SlurmClient:
         path_ref = self._dialect.job_ref_path(ref)
         template = self._slurm("/job/{job_id}")
         answer = await self._rest.call("GET", template, self._slurm(f"/job/{quote(path_ref)}"))
-        jobs = answer.parse(self._dialect.parse_jobs, template)
+        jobs = answer.parse(lambda p: self._dialect.parse_jobs(p).complete(), template)
         if not jobs:
             raise SlurmNotFound(
                 f"job {path_ref} not found", status=answer.status, endpoint=template, method="GET"
@@ -248,7 +204,7 @@ class SlurmClient:
             return JobListResult(not_modified=True)
         warnings = answer.envelope.warnings
         no_change = any(_NO_CHANGE_TEXT in (w.description or "").lower() for w in warnings)
-        jobs = answer.parse(self._dialect.parse_jobs, template)
+        jobs = usable(answer.parse(self._dialect.parse_jobs, template), template)
         if no_change and not jobs:
             return JobListResult(not_modified=True, warnings=warnings)
         return JobListResult(jobs=tuple(jobs), warnings=warnings)
@@ -260,8 +216,8 @@ class SlurmClient:
 
         `job_ids=None` sweeps every job. Ids are sent as repeated `job_id=` parameters (a
         comma list is refused), `batch` at a time. Ids Slurm no longer knows are absent from
-        the result. Het components ("123+1") are keyed by leader + offset, the id Slurm gives
-        consecutive components.
+        the result, and so are ids no Slurm job can have (they are not sent). Het components
+        ("123+1") are keyed by leader + offset, the id Slurm gives consecutive components.
         """
         if not self._dialect.supports_jobs_state:
             raise SlurmUnsupported(f"/jobs/state is not served by {self.version}")
@@ -270,14 +226,16 @@ class SlurmClient:
         if job_ids is None:
             entries = await self._jobs_state_query(None)
         else:
-            entries = await _query_known(self._jobs_state_query, sorted(set(job_ids)), batch)
-        return _live_per_component(entries)
+            # One out-of-range id (a status's jobId is only a claim) must not fail the batch.
+            wanted = {i for i in job_ids if valid_job_id(i) is not None}
+            entries = await query_known(self._jobs_state_query, sorted(wanted), batch)
+        return live_per_component(entries)
 
     async def _jobs_state_query(self, ids: Sequence[int] | None) -> list[JobStateEntry]:
         template = self._slurm("/jobs/state")
         params = [("job_id", str(i)) for i in ids] if ids is not None else None
         answer = await self._rest.call("GET", template, template, params=params)
-        return answer.parse(self._dialect.parse_jobs_state, template)
+        return usable(answer.parse(self._dialect.parse_jobs_state, template), template)
 
     async def find_by_name(
         self, name: str, *, lookback: timedelta = DEFAULT_LOOKBACK
@@ -294,7 +252,7 @@ class SlurmClient:
             accounted = await self._accounting_jobs(
                 [("job_name", name), ("start_time", str(int(since.timestamp())))]
             )
-        return _merge_named(name, listing.jobs, accounted)
+        return merge_named(name, listing.jobs, accounted)
 
     async def has_accounting(self) -> bool:
         """Whether `/slurmdb/` job paths are served (probed once, then remembered)."""
@@ -312,7 +270,7 @@ class SlurmClient:
             self._accounting = False
             return []
         self._accounting = True
-        return answer.parse(self._dialect.parse_accounting_jobs, template)
+        return usable(answer.parse(self._dialect.parse_accounting_jobs, template), template)
 
     async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
         """Accounting records of a job (every record of a requeued job; [] when none)."""
@@ -328,7 +286,7 @@ class SlurmClient:
             self._accounting = False
             raise
         self._accounting = True
-        return answer.parse(self._dialect.parse_accounting_jobs, template)
+        return answer.parse(lambda p: self._dialect.parse_accounting_jobs(p).complete(), template)
 
     async def hold(self, job_id: int, held: bool) -> tuple[SlurmMessage, ...]:
         """Hold (or release) a pending job: `POST /job/{id}` with `{"hold": ...}`.
@@ -337,9 +295,10 @@ class SlurmClient:
         Returns the warnings; per-job refusals arrive as errors (raised) or, on v0.0.40+,
         as warnings in an HTTP 200, which are returned for the caller to show.
         """
+        path_ref = self._dialect.job_ref_path(job_id)
         template = self._slurm("/job/{job_id}")
         answer = await self._rest.call(
-            "POST", template, self._slurm(f"/job/{job_id}"), body={"hold": held}
+            "POST", template, self._slurm(f"/job/{path_ref}"), body={"hold": held}
         )
         return answer.envelope.warnings
 
@@ -357,7 +316,9 @@ class SlurmClient:
             allow_empty=True,
         )
         try:
-            return self._dialect.parse_cancel(answer.payload, path_ref)
+            return answer.parse(
+                lambda p: self._dialect.parse_cancel(p, path_ref), template, "DELETE"
+            )
         except SlurmError as exc:
             exc.endpoint, exc.method = template, "DELETE"
             raise
@@ -366,10 +327,10 @@ class SlurmClient:
         """Names of the partitions the controller knows."""
         template = self._slurm("/partitions")
         answer = await self._rest.call("GET", template, template)
-        return parse_partition_names(answer.payload)
+        return answer.parse(parse_partition_names, template)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node with its features and state (for site checks, not for polling)."""
         template = self._slurm("/nodes")
         answer = await self._rest.call("GET", template, template)
-        return parse_nodes(answer.payload)
+        return answer.parse(parse_nodes, template)

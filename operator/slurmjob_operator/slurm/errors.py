@@ -8,6 +8,7 @@ Slurm error numbers and texts in `errors[]` first and at the status second.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -95,6 +96,23 @@ class SlurmAmbiguous(SlurmError):
 
 class SlurmUnsupported(SlurmError):
     """The operation or path is not served by this REST API version or server."""
+
+
+class SlurmMalformed(SlurmError):
+    """slurmrestd answered, but in a shape the operator cannot read: a field of the wrong
+    type, a number outside Slurm's range, a list that is not a list. Says nothing about what
+    the request did (a submit answer that cannot be read is `SlurmAmbiguous` instead)."""
+
+    def __init__(self, reason: str, **context: Any) -> None:
+        #: What was wrong, without the HTTP status and endpoint the message adds.
+        self.reason = reason
+        super().__init__(reason, **context)
+
+
+class InvalidJobRef(SlurmNotFound, ValueError):
+    """A job reference no Slurm job can have (0, negative, beyond Slurm's uint32 ids, neither
+    an id nor a SLUID). Nothing is sent: no such job exists. A ValueError as well, since the
+    caller handed it in (a status `jobId` is a claim anyone with status write access makes)."""
 
 
 # slurm_errno.h: SLURM_PROTOCOL_AUTHENTICATION_ERROR, SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT

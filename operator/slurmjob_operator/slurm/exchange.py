@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
+from slurmjob_operator.core.jobview import valid_job_id
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.dialects import Dialect, Envelope
+from slurmjob_operator.slurm.dialects.records import UNREADABLE, describe
 from slurmjob_operator.slurm.errors import (
     SlurmAmbiguous,
     SlurmAuthError,
     SlurmError,
+    SlurmMalformed,
     SlurmTransient,
     classify,
 )
@@ -35,21 +37,61 @@ _T = TypeVar("_T")
 OnRequest = Callable[[str, str, str, float], None]
 
 
+# No Slurm number has more digits than a uint64 (20).
+_INT_DIGITS = 20
+
+
+def _long_int(text: str) -> float:
+    """A JSON integer too long for any Slurm field, read as infinite: every numeric field
+    refuses it, so only the record that holds it is unreadable, not the whole answer."""
+    return -math.inf if text.startswith("-") else math.inf
+
+
+def _int_or_infinite(text: str) -> int | float:
+    return int(text) if len(text.lstrip("-")) <= _INT_DIGITS else _long_int(text)
+
+
+def decode_json(text: str) -> Any:
+    """The JSON value of an answer body, or None when it is not JSON.
+
+    Python refuses to read integers of more than 4300 digits (and runs out of stack on deep
+    nesting); such a body is read again with the long integers as infinite.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return None
+    except ValueError:
+        pass
+    try:
+        return json.loads(text, parse_int=_int_or_infinite)
+    except (ValueError, RecursionError):
+        return None
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
     payload: dict[str, Any]
     envelope: Envelope
 
-    def parse(self, parser: Callable[[Mapping[str, Any]], list[_T]], template: str) -> list[_T]:
+    def parse(
+        self, parser: Callable[[Mapping[str, Any]], _T], template: str, method: str = "GET"
+    ) -> _T:
+        """`parser(payload)`; an answer it cannot read is `SlurmMalformed` (with the status and
+        endpoint), other `SlurmError`s pass through."""
         try:
             return parser(self.payload)
-        except ValidationError as exc:
-            raise SlurmError(
-                f"unexpected answer shape: {exc.errors()[0]['msg']}",
-                status=self.status,
-                endpoint=template,
-            ) from exc
+        except SlurmMalformed as exc:
+            reason = exc.reason
+            cause: BaseException = exc
+        except SlurmError:
+            raise
+        except UNREADABLE as exc:
+            reason, cause = f"unreadable answer: {describe(exc)}", exc
+        raise SlurmMalformed(
+            reason, status=self.status, endpoint=template, method=method
+        ) from cause
 
 
 def auth_headers(token: TokenProvider | None, user: str | None) -> dict[str, str]:
@@ -119,12 +161,7 @@ async def exchange(
             except Exception:  # a metrics hook must never break a Slurm call
                 log.exception("on_request callback failed")
     text = raw.decode("utf-8", errors="replace")
-    payload: Any = None
-    if raw.strip():
-        try:
-            payload = json.loads(text)
-        except ValueError:
-            payload = None
+    payload = decode_json(text) if raw.strip() else None
     return status, payload, text
 
 
@@ -181,7 +218,8 @@ class Requester:
             return Answer(status=status, payload={}, envelope=Envelope())
         env = self._dialect.parse_envelope(payload)
         is_json = isinstance(payload, Mapping)
-        job_id = payload.get("job_id") if is_json and submit else None
+        # A refused submit's record is cancelled by this id: only one Slurm could have made.
+        job_id = valid_job_id(payload.get("job_id")) if is_json and submit else None
         error = classify(
             status,
             env.errors,
@@ -191,7 +229,7 @@ class Requester:
             endpoint=template,
             method=method,
             warnings=env.warnings,
-            job_id=job_id if isinstance(job_id, int) and job_id > 0 else None,
+            job_id=job_id,
         )
         if error is not None:
             raise error

@@ -1,97 +1,98 @@
 """Bounded tails of a job's log files, read from the shared storage.
 
 `read_tail` reads at most `max_bytes` (+1, to see whether the cut fell on a line boundary)
-from the end of a file with one seek, whatever the file's size, so memory stays bounded even
-for a runaway log. It keeps whole lines only: a first line that started before the cut is
-dropped, and at most `max_lines` lines are kept. Text is decoded as UTF-8 with replacement,
-and secret values are replaced by `***` in the returned text (never in the file).
+from the end of a file with one positioned read, whatever the file's size, so memory stays
+bounded even for a runaway log. It keeps whole lines only: a first line that started before
+the cut is dropped, and at most `max_lines` lines are kept. Text is decoded as UTF-8 with
+replacement, and secret values are replaced by `***` in the returned text, never in the file
+(`core.redact`: the value in its JSON, URL and base64 forms too, also split over lines).
 
-The async variants run the blocking reads in a worker thread (`asyncio.to_thread`), so a slow
-shared filesystem never stalls the event loop. `tail_signature` lets a poller re-read a file
-only when its size or modification time moved.
+The job owns the directory its logs are in, so a log is reached only through `nofollow`: from
+the storage root, one component at a time, no link followed, and it must be a regular file
+with one link owned by the job user. A link (to a token, a key, /proc/self/environ), a FIFO,
+a device, a hard link or another owner's file is refused with `UnsafePath` (an OSError) and
+its content never read; a FIFO or a device is not even opened (so it cannot block the reader).
+
+`read_attempt_logs` is the controller's entry: both tails of one attempt, redacted with the
+values the attempt was given (`redactions`) and the current ones. It blocks; the controller
+runs it in a worker thread bounded by `READ_TIMEOUT`, so a slow shared filesystem never stalls
+the event loop or the other jobs. `tail_signatures` lets a poller re-read the files only when
+one moved; it uses the same walk (lstat only) and never raises.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from slurmjob_operator.api.status import Logs, LogTail
+from slurmjob_operator.config import Settings
+from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.redact import MIN_REDACT_LENGTH, REDACTED, Redactor, redact_text
+from slurmjob_operator.storage.nofollow import (
+    UnsafePath,
+    below,
+    dir_owners,
+    job_owner,
+    lstat_at,
+    open_file,
+    read_at_most,
+    walk,
+)
+from slurmjob_operator.storage.redactions import recall
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_LINES",
     "MIN_REDACT_LENGTH",
+    "READ_TIMEOUT",
     "REDACTED",
+    "Signature",
+    "UnsafePath",
+    "read_attempt_logs",
     "read_logs",
     "read_tail",
     "redact_text",
-    "tail_signature",
+    "tail_signatures",
 ]
 
 DEFAULT_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_LINES = 2000
-#: Shorter values are not redacted: replacing every "1" or "abc" would wreck the log and hide
-#: little.
-MIN_REDACT_LENGTH = 4
-REDACTED = "***"
+#: Seconds the controller gives one attempt's log read. Two tails of at most 64 KiB take
+#: milliseconds on a healthy filesystem; a read still running after this means the storage
+#: (or something a job put there) is stuck, and the status keeps the tails it had.
+READ_TIMEOUT = 5.0
+
+#: What tells a poller that a log file moved: type and inode (replaced), size, mtime, ctime.
+Signature = tuple[int, int, int, int, int]
 
 _NEWLINE = 0x0A
-_MISSING = (FileNotFoundError, NotADirectoryError)
+
+log = logging.getLogger(__name__)
 
 
-def tail_signature(path: Path) -> tuple[int, int] | None:
-    """(size, mtime_ns) of the file, None when it does not exist."""
+def tail_signatures(
+    root: Path, staging_dir: Path, names: Sequence[str], owner: int
+) -> tuple[Signature | None, ...]:
+    """Per name, the file's `Signature` (its own, a link is not followed), None when it does
+    not exist or the directory cannot be walked safely. Never raises: the poller calls it
+    for every job on the event loop."""
     try:
-        st = path.stat()
-    except _MISSING:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
-def _secrets(redact: Iterable[str]) -> list[str]:
-    """The strings to replace: each value, and each line of a multi-line value (so a PEM key
-    cut by the line cap still has its lines hidden); longest first."""
-    out: set[str] = set()
-    for value in redact:
-        if len(value) >= MIN_REDACT_LENGTH:
-            out.add(value)
-            if "\n" in value:
-                out.update(
-                    line for line in value.splitlines() if len(line.strip()) >= MIN_REDACT_LENGTH
+        parts = below(root, staging_dir)
+        with walk(root, parts, dir_owners(owner)) as fd:
+            out: list[Signature | None] = []
+            for name in names:
+                st = lstat_at(fd, name)
+                out.append(
+                    None
+                    if st is None
+                    else (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 )
-    return sorted(out, key=lambda s: (-len(s), s))
-
-
-def redact_text(
-    text: str, redact: Iterable[str], *, cut_start: bool = False, cut_end: bool = False
-) -> str:
-    """`text` with every secret value (length >= 4) replaced by `***`.
-
-    `cut_start`: the text starts in the middle of a line, so it may begin with the end of a
-    secret; `cut_end`: it ends without a newline (a writer may be mid-way through a secret).
-    Then a secret's suffix at the start, or prefix at the end, of at least 4 characters is
-    replaced too.
-    """
-    secrets = _secrets(redact)
-    if not secrets:
-        return text
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    if cut_start:
-        for secret in secrets:
-            for k in range(len(secret) - 1, MIN_REDACT_LENGTH - 1, -1):
-                if text.startswith(secret[-k:]):
-                    text = REDACTED + text[k:]
-                    break
-    if cut_end:
-        for secret in secrets:
-            for k in range(len(secret) - 1, MIN_REDACT_LENGTH - 1, -1):
-                if text.endswith(secret[:k]):
-                    text = text[:-k] + REDACTED
-                    break
-    return text
+            return tuple(out)
+    except OSError:
+        return tuple(None for _ in names)
 
 
 def _count_lines(text: str) -> int:
@@ -120,14 +121,31 @@ def _skip_continuation(data: bytes) -> bytes:
     return data[i:]
 
 
+def _redactor(redact: Redactor | Collection[str]) -> Redactor:
+    return redact if isinstance(redact, Redactor) else Redactor(redact)
+
+
+def _open_log(path: Path, root: Path, owner: int) -> int | None:
+    """A descriptor of the log at `path` (see the module docstring), None when missing."""
+    parts = below(root, path)
+    try:
+        with walk(root, parts[:-1], dir_owners(owner)) as parent:
+            return open_file(parent, parts[-1], owner, str(path))
+    except FileNotFoundError:
+        return None
+
+
 def read_tail(
     path: Path,
     *,
+    root: Path,
+    owner: int,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_lines: int = DEFAULT_MAX_LINES,
-    redact: Collection[str] = (),
+    redact: Redactor | Collection[str] = (),
 ) -> LogTail | None:
-    """The end of `path`, None when it does not exist.
+    """The end of `path` (below the trusted `root`, a regular file with one link owned by
+    `owner`), None when it does not exist; UnsafePath when it is refused.
 
     At most `max_bytes` bytes and `max_lines` lines, whole lines only: when the read starts
     mid-file the partial first line is dropped — unless the whole read is one line (a progress
@@ -137,22 +155,22 @@ def read_tail(
     """
     if max_bytes < 1 or max_lines < 1:
         raise ValueError("max_bytes and max_lines must be at least 1")
-    try:
-        f = path.open("rb")
-    except _MISSING:
+    fd = _open_log(path, root, owner)
+    if fd is None:
         return None
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    try:
+        size = os.fstat(fd).st_size
         start = max(0, size - max_bytes)
         if start == 0:
-            data = f.read(max_bytes)
+            data = read_at_most(fd, max_bytes)
             mid_line = False
         else:
             # One byte more: was the byte before the cut a newline (no partial line)?
-            f.seek(start - 1)
-            data = f.read(max_bytes + 1)
+            data = read_at_most(fd, max_bytes + 1, start - 1)
             mid_line = data[:1] != b"\n"
             data = data[1:]
+    finally:
+        os.close(fd)
     size = max(size, start + len(data))  # the file may have grown while we read
     truncated = start > 0
     cut_start = False
@@ -167,34 +185,60 @@ def read_tail(
     data, dropped = _keep_last_lines(data, max_lines)
     truncated = truncated or dropped
     text = data.decode("utf-8", errors="replace")
-    text = redact_text(text, redact, cut_start=cut_start, cut_end=not text.endswith("\n"))
+    text = _redactor(redact).redact(text, cut_start=cut_start, cut_end=not text.endswith("\n"))
     return LogTail(tail=text, truncated=truncated, bytes=size, lines=_count_lines(text))
 
 
 def read_logs(
     stdout: Path,
     stderr: Path | None,
-    redact: Collection[str] = (),
+    redact: Redactor | Collection[str] = (),
     *,
+    root: Path,
+    owner: int,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_lines: int = DEFAULT_MAX_LINES,
 ) -> Logs:
-    """Tails of a job's standard output and error (each None when its file is missing).
+    """Tails of a job's standard output and error (each None when its file is missing; the
+    first refused file raises UnsafePath, so the caller keeps the tails it had).
 
     When `stderr` is None or the same path as `stdout` (Slurm's default), only `stdout` is
-    read and `Logs.stderr` is None, so the same text is not stored twice.
+    read and `Logs.stderr` is None, so the same text is not stored twice. (Another name for
+    the same file would be a link, which is refused.)
     """
-    out = read_tail(stdout, max_bytes=max_bytes, max_lines=max_lines, redact=redact)
+    redactor = _redactor(redact)
+    caps = {"max_bytes": max_bytes, "max_lines": max_lines}
+    out = read_tail(stdout, root=root, owner=owner, redact=redactor, **caps)
     err = None
-    if stderr is not None and not _same_file(stdout, stderr):
-        err = read_tail(stderr, max_bytes=max_bytes, max_lines=max_lines, redact=redact)
+    if stderr is not None and stderr != stdout:
+        err = read_tail(stderr, root=root, owner=owner, redact=redactor, **caps)
     return Logs(stdout=out, stderr=err)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    if a == b:
-        return True
+def read_attempt_logs(
+    settings: Settings,
+    staging_dir: Path,
+    current: Collection[str] | None,
+    owner: int | None = None,
+) -> Logs | None:
+    """Both tails of the attempt at `staging_dir` (derived from the resource, never taken
+    from its status), redacted with the `current` secret values and those the attempt was
+    staged with (`redactions.recall`). None when neither is known (the Secrets cannot be read
+    and no copy is kept): no tail is better than an unredacted one. `owner`: the uid the job
+    runs as, when it is not `job_owner(settings)` (a tenant's own uid)."""
+    owner = job_owner(settings) if owner is None else owner
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        given = recall(settings.storage_root, staging_dir, owner)
+    except (UnsafePath, ValueError) as exc:
+        log.warning("ignoring the secret values kept for %s: %s", staging_dir, exc)
+        given = None
+    if current is None and given is None:
+        return None
+    redactor = Redactor([*(current or ()), *(given or ())])
+    return read_logs(
+        staging_dir / STDOUT_FILE,
+        staging_dir / STDERR_FILE,
+        redactor,
+        root=settings.storage_root,
+        owner=owner,
+    )

@@ -5,12 +5,19 @@
 # (nodes, CPUs, memory, GPUs, constraints, partition, account, QOS, time limit, output files)
 # is set in the JSON job description submitted together with this script.
 #
+# Nothing of the manifest runs or lands in this shell: the command and spec.env are data,
+# handed to the containerised steps only (after srun's `--`, and in the environment of those
+# srun calls alone). Every tool of the script runs under the site's PATH, set first.
+#
 # Exit codes of this script itself; any other code is the user command's own:
-#   94  the staging directory or its job.env cannot be read on this node
+#   94  the staging directory cannot be read on this node, or its job.env or secrets.env is
+#       not the file this attempt staged
 #   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
 set -euo pipefail
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 
 staging_dir=/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1
 artifact=/lustre/slurmjob/runtimes/custom-test.sqsh
@@ -26,6 +33,9 @@ user_command=(
   --epochs
   3
 )
+# The names of spec.env, in the order of job.env (plain values) and secrets.env (secret ones).
+plain_env_names=(EPOCHS GREETING)
+secret_env_names=(HF_TOKEN)
 
 fail() {
   local code=$1
@@ -81,21 +91,14 @@ trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# srun by absolute path: `env` (in step_srun, below) looks its command up in the environment it
+# builds, and that environment holds the user's variables.
+srun_bin=$(type -P srun) || fail 127 "srun is not on PATH ($PATH)"
+readonly srun_bin
+
 cd -- "$staging_dir" || fail 94 "cannot enter the staging directory $staging_dir"
 [[ -r job.env ]] || fail 94 "cannot read $staging_dir/job.env"
-# The attempt's immutable environment (spec.env values, one export per line).
-# shellcheck source=/dev/null
-source ./job.env
-
-# Secret environment variables: read once into this shell (srun passes them on to every step),
-# then deleted right away, so they neither stay on shared storage while the job runs nor show
-# through the staging mount inside the container.
 [[ -r secrets.env ]] || fail 96 "$staging_dir/secrets.env is gone: this attempt already ran once"
-set -a
-# shellcheck source=/dev/null
-source ./secrets.env
-set +a
-remove_secrets
 
 # Verify the runtime artifact on this node before anything starts: it exists, carries the
 # format's magic bytes, and has the registry's sha256.
@@ -114,6 +117,51 @@ verify_artifact() {
 }
 verify_artifact
 
+# How a step enters the container (enroot-pyxis): Pyxis options of srun, before its `--`; Pyxis
+# starts the command itself, so nothing comes between `--` and the command. Mount sources are
+# paths under the cluster's storage root; the attempt's directory is mounted read-only at the
+# same path. Pyxis takes the values of --container-env from the step's environment (where
+# step_srun puts spec.env, under the variables' own names) and makes them win over the image's.
+# shellcheck disable=SC2054 # the commas separate Pyxis mounts (env names) inside one word
+container_options=(
+  --container-image=/lustre/slurmjob/runtimes/custom-test.sqsh
+  --container-mounts=/lustre/slurmjob/datasets/imagenet:/data:ro,/lustre/slurmjob/results/run-1:/results,/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
+  --container-env=EPOCHS,GREETING,HF_TOKEN
+  --container-workdir=/workspace
+)
+container_launcher=()
+user_env_prefix=''
+
+# spec.env, as data: env files hold NAME=value records, each ending in NUL. Nothing in them is
+# evaluated, and each record must carry the next name rendered above, so a file changed on the
+# shared storage can neither add a variable nor rename one. The records go into step_env, with
+# the runtime's prefix, and from there only into the environment of the srun calls of step_srun.
+step_env=()
+read_env_file() {
+  local file=$1 name record i=0
+  shift
+  local -a records=()
+  [[ -f $file && ! -L $file ]] || return 1
+  mapfile -d '' -t records <"$file" || return 1
+  ((${#records[@]} == $#)) || return 1
+  for name in "$@"; do
+    record=${records[i]}
+    [[ $record == "$name="* ]] || return 1
+    step_env+=("$user_env_prefix$record")
+    i=$((i + 1))
+  done
+}
+read_env_file job.env "${plain_env_names[@]}" ||
+  fail 94 "$staging_dir/job.env does not hold the variables this attempt staged"
+# Secret values: read once, then deleted right away, so they neither stay on shared storage
+# while the job runs nor show through the staging mount inside the container.
+read_env_file secrets.env "${secret_env_names[@]}" ||
+  fail 94 "$staging_dir/secrets.env does not hold the variables this attempt staged"
+remove_secrets
+# Every containerised step starts with this srun: the user's variables are in its environment
+# (and so in the step's) and nowhere else; the script's own variables are inherited as usual.
+step_srun=(env -- "${step_env[@]}" "$srun_bin")
+
 # Rendezvous for multi-node launchers: the first node of the whole job is the master.
 # WORLD_SIZE is the node count (TAO's meaning), not a process count.
 first_nodes=()
@@ -127,18 +175,8 @@ export NUM_GPU_PER_NODE=0
 # The command runs on the first node: rank 0. Ray workers compute their own rank.
 export NODE_RANK=0
 
-# How a step enters the container (enroot-pyxis): Pyxis options of srun. Mount sources are
-# paths under the cluster's storage root; the attempt's directory is mounted read-only at the
-# same path. --container-env makes spec.env win over values the image sets itself.
-# shellcheck disable=SC2054 # the commas separate Pyxis mounts (env names) inside one word
-in_container=(
-  --container-image=/lustre/slurmjob/runtimes/custom-test.sqsh
-  --container-mounts=/lustre/slurmjob/datasets/imagenet:/data:ro,/lustre/slurmjob/results/run-1:/results,/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
-  --container-env=EPOCHS,GREETING,HF_TOKEN
-  --container-workdir=/workspace
-)
-
 # CPU-only job: one plain step on the one node, no GPUs, no Ray.
 status=0
-srun --overlap --nodes=1 --ntasks=1 "${in_container[@]}" "${user_command[@]}" || status=$?
+"${step_srun[@]}" --overlap --nodes=1 --ntasks=1 "${container_options[@]}" -- \
+  "${container_launcher[@]}" "${user_command[@]}" || status=$?
 exit "$status"

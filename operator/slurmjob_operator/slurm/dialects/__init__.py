@@ -11,6 +11,7 @@ from slurmjob_operator.slurm.dialects.common import (
     SubmitReceipt,
     parse_envelope,
 )
+from slurmjob_operator.slurm.dialects.records import Records
 from slurmjob_operator.slurm.dialects.v0038 import VERSION as V0038
 from slurmjob_operator.slurm.dialects.v0038 import Dialect38
 from slurmjob_operator.slurm.dialects.v004x import VERSIONS as DATA_PARSER_VERSIONS
@@ -22,6 +23,7 @@ __all__ = [
     "Dialect",
     "Envelope",
     "PingResult",
+    "Records",
     "SubmitReceipt",
     "dialect_for",
     "parse_envelope",

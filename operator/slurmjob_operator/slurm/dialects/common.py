@@ -10,9 +10,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, normalise_state
+from slurmjob_operator.core.jobview import (
+    JOB_ID_MAX,
+    JobId,
+    JobStateEntry,
+    SlurmJobView,
+    normalise_state,
+)
 from slurmjob_operator.core.launch import LaunchRequest
-from slurmjob_operator.slurm.errors import SlurmMessage, SlurmUnsupported
+from slurmjob_operator.slurm.dialects.records import UNREADABLE, Records
+from slurmjob_operator.slurm.errors import InvalidJobRef, SlurmMessage, SlurmUnsupported
 
 JsonObject = Mapping[str, Any]
 
@@ -37,13 +44,25 @@ def no_val(value: Any) -> Any:
     return value
 
 
+# 9999-12-31T23:59:59Z: the last second a datetime holds.
+_LAST_SECOND = 253402300799
+
+
 def _timestamp(value: Any) -> Any:
     raw = no_val(value)
     if raw is None or isinstance(raw, datetime):
         return raw
-    seconds = int(raw)
-    # 0 is how every version says "not set" for a time.
-    return None if seconds <= 0 else datetime.fromtimestamp(seconds, tz=UTC)
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise ValueError(f"a time must be a number, not a {type(raw).__name__}")
+    try:
+        seconds = int(raw)
+    except OverflowError:  # infinite: no time anyone can use
+        return None
+    # 0 is how every version says "not set" for a time; a time no datetime can hold is as
+    # good as unknown (a time is shown, never acted on, so it does not cost the record).
+    if seconds <= 0 or seconds > _LAST_SECOND:
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _text(value: Any) -> Any:
@@ -98,20 +117,39 @@ class Envelope(BaseModel):
     data_parser: str | None = None
 
 
+_UNREADABLE_MESSAGE = "unreadable message from slurmrestd"
+
+
+def _message(item: Mapping[str, Any]) -> SlurmMessage:
+    try:
+        return _RawMessage.model_validate(item).normalise()
+    except UNREADABLE:
+        # Still a message: an entry of `errors[]` that cannot be read is still an error.
+        return SlurmMessage(description=_UNREADABLE_MESSAGE)
+
+
 def _messages(items: Any) -> tuple[SlurmMessage, ...]:
     if not isinstance(items, list):
         return ()
     out: list[SlurmMessage] = []
     for item in items:
         if isinstance(item, Mapping):
-            out.append(_RawMessage.model_validate(item).normalise())
+            out.append(_message(item))
         elif isinstance(item, str) and item:
             out.append(SlurmMessage(description=item))
+        elif item not in (None, ""):
+            out.append(SlurmMessage(description=_UNREADABLE_MESSAGE))
     return tuple(out)
 
 
+def _meta_text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def parse_envelope(payload: Any) -> Envelope:
-    """Read the envelope of any version's answer; a non-object payload has an empty envelope."""
+    """Read the envelope of any version's answer; a non-object payload has an empty envelope.
+    Never raises: whatever the answer holds, its errors and warnings are read as far as they
+    can be (an unreadable entry of `errors[]` still counts as an error)."""
     if not isinstance(payload, Mapping):
         return Envelope()
     meta = payload.get("meta")
@@ -120,11 +158,11 @@ def parse_envelope(payload: Any) -> Envelope:
         # v0.0.38/39 capitalise `Slurm`; v0.0.40+ use `slurm`.
         slurm = meta.get("slurm") or meta.get("Slurm")
         if isinstance(slurm, Mapping):
-            release = _text(slurm.get("release"))
-            cluster = _text(slurm.get("cluster"))
+            release = _meta_text(slurm.get("release"))
+            cluster = _meta_text(slurm.get("cluster"))
         plugin = meta.get("plugin")
         if isinstance(plugin, Mapping):
-            data_parser = _text(plugin.get("data_parser"))
+            data_parser = _meta_text(plugin.get("data_parser"))
     return Envelope(
         errors=_messages(payload.get("errors")),
         warnings=_messages(payload.get("warnings")),
@@ -139,7 +177,7 @@ class SubmitReceipt(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: int
+    job_id: JobId
     step_id: str | None = None
     user_message: str | None = None
     warnings: tuple[SlurmMessage, ...] = ()
@@ -176,14 +214,18 @@ class PingResult(BaseModel):
         return any(c.responding for c in self.controllers)
 
 
-_STATE_ID = re.compile(r"^(\d+)(?:\+(\d+))?(?:_(.+))?$")
+# ASCII digits only: `\d` would take other scripts' digits, which int() reads as numbers.
+_STATE_ID = re.compile(r"^([0-9]{1,10})(?:\+([0-9]{1,10}))?(?:_(.+))?$")
 
 
-def parse_state_entry(raw_id: Any, raw_state: Any) -> JobStateEntry | None:
+def parse_state_entry(raw_id: Any, raw_state: Any) -> JobStateEntry:
+    """One `/jobs/state` entry; raises ValueError for an id that is not a job id."""
+    if isinstance(raw_id, bool) or not isinstance(raw_id, int | str):
+        raise ValueError(f"job_id is a {type(raw_id).__name__}")
     text = str(raw_id).strip()
     match = _STATE_ID.match(text)
     if match is None:
-        return None
+        raise ValueError("job_id is not a Slurm job id")
     states: tuple[str, ...]
     if isinstance(raw_state, str):
         states = (raw_state,)
@@ -228,13 +270,17 @@ class Dialect(ABC):
     def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
         """The exact JSON body for `POST /slurm/V/job/submit`."""
 
+    # Every parse function raises only `SlurmError`s (`records.reading`): `SlurmMalformed`
+    # for an answer it cannot read. List answers leave out an unreadable record and say so
+    # in `Records.skipped`.
+
     @abstractmethod
-    def parse_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+    def parse_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
         """`GET /slurm/V/job/{id}` and `GET /slurm/V/jobs`."""
 
     @abstractmethod
     def parse_submit(self, payload: JsonObject) -> SubmitReceipt:
-        """A submit answer that carried no errors."""
+        """A submit answer that carried no errors (its job id in Slurm's range)."""
 
     @abstractmethod
     def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
@@ -247,31 +293,35 @@ class Dialect(ABC):
     def parse_envelope(self, payload: Any) -> Envelope:
         return parse_envelope(payload)
 
-    def parse_jobs_state(self, payload: JsonObject) -> list[JobStateEntry]:
+    def parse_jobs_state(self, payload: JsonObject) -> Records[JobStateEntry]:
         """`GET /slurm/V/jobs/state` (v0.0.40+)."""
         raise SlurmUnsupported(f"/jobs/state is not served by {self.version}")
 
-    def parse_accounting_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
+    def parse_accounting_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
         """`GET /slurmdb/V/job/{id}` and `GET /slurmdb/V/jobs`."""
         raise SlurmUnsupported(f"accounting records are not read for {self.version}")
 
     def job_ref_path(self, ref: int | str) -> str:
-        """Validate a job reference for a URL path: a number, "123+1", "123_4", or a SLUID."""
+        """Validate a job reference for a URL path: a number, "123+1", "123_4", or a SLUID.
+
+        One no job can have raises `InvalidJobRef` (a `SlurmNotFound` and a ValueError).
+        """
         if isinstance(ref, bool):
             raise TypeError("job reference must be an int or a str")
         if isinstance(ref, int):
-            if ref <= 0:
-                raise ValueError(f"invalid job id {ref}")
+            if not 1 <= ref <= JOB_ID_MAX:
+                raise InvalidJobRef(f"invalid job id {ref}" if ref < 1 else "invalid job id")
             return str(ref)
         text = ref.strip()
         if text.startswith("s"):
             if not self.supports_sluid_paths:
                 raise SlurmUnsupported(f"SLUID job references are not accepted by {self.version}")
             if not SLUID_PATTERN.match(text):
-                raise ValueError(f"invalid SLUID {ref!r}")
+                raise InvalidJobRef(f"invalid SLUID {ref[:40]!r}")
             return text
-        if not _STATE_ID.match(text) or "[" in text:
-            raise ValueError(f"invalid job reference {ref!r}")
+        match = _STATE_ID.match(text)
+        if match is None or "[" in text or not 1 <= int(match.group(1)) <= JOB_ID_MAX:
+            raise InvalidJobRef(f"invalid job reference {ref[:40]!r}")
         return text
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import StrictInt
+
 from slurmjob_operator.core.jobview import (
     ACTIVE_STATES,
     JobExit,
@@ -44,12 +46,13 @@ from slurmjob_operator.slurm.dialects.common import (
     reason_text,
     zero_as_none,
 )
+from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
 
 VERSION = "v0.0.38"
 
 
 class _JobInfo38(Response):
-    job_id: int
+    job_id: StrictInt
     name: str | None = None
     comment: OptStr = None
     user_name: OptStr = None
@@ -76,7 +79,7 @@ class _JobInfo38(Response):
 
 
 class _Submit38(Response):
-    job_id: int
+    job_id: StrictInt
     step_id: str | int | None = None
     job_submit_user_msg: OptStr = None
 
@@ -168,10 +171,11 @@ class Dialect38(Dialect):
             return {"script": req.script, "jobs": components}
         return {"script": req.script, "job": components[0]}
 
-    def parse_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
-        jobs = payload.get("jobs") or []
-        return [job_view_38(_JobInfo38.model_validate(j)) for j in jobs]
+    @reading
+    def parse_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
+        return read_records(payload, "jobs", lambda j: job_view_38(_JobInfo38.model_validate(j)))
 
+    @reading
     def parse_submit(self, payload: JsonObject) -> SubmitReceipt:
         raw = _Submit38.model_validate(payload)
         return SubmitReceipt(
@@ -181,13 +185,15 @@ class Dialect38(Dialect):
             warnings=parse_envelope(payload).warnings,
         )
 
+    @reading
     def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
         # 22.05 answers an already finished job with a plain success; nothing to tell apart.
         return CancelResult(job_ref=job_ref, warnings=parse_envelope(payload).warnings)
 
+    @reading
     def parse_ping(self, payload: JsonObject) -> PingResult:
         env = parse_envelope(payload)
-        pings = [_Ping38.model_validate(p) for p in payload.get("pings") or []]
+        pings = read_records(payload, "pings", _Ping38.model_validate).complete()
         return PingResult(
             release=env.release,
             cluster=env.cluster,

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import StrictInt
+
 from slurmjob_operator.core.jobview import (
     ACTIVE_STATES,
     BaseState,
@@ -32,6 +34,7 @@ from slurmjob_operator.core.jobview import (
     JobStateEntry,
     SlurmJobView,
     normalise_state,
+    valid_job_id,
 )
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 from slurmjob_operator.slurm.dialects.common import (
@@ -52,6 +55,7 @@ from slurmjob_operator.slurm.dialects.common import (
     reason_text,
     zero_as_none,
 )
+from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
 from slurmjob_operator.slurm.errors import (
     ALREADY_DONE,
     INVALID_JOB_ID,
@@ -84,7 +88,7 @@ class _StepRef(Response):
 
 
 class _JobInfo(Response):
-    job_id: int
+    job_id: StrictInt
     name: str | None = None
     comment: OptStr = None
     user_name: OptStr = None
@@ -139,7 +143,7 @@ class _AcctTime(Response):
 
 
 class _AcctJob(Response):
-    job_id: int
+    job_id: StrictInt
     name: str | None = None
     user: OptStr = None
     partition: OptStr = None
@@ -161,7 +165,7 @@ class _AcctJob(Response):
 
 
 class _Submit(Response):
-    job_id: int
+    job_id: StrictInt
     step_id: str | int | None = None
     job_submit_user_msg: OptStr = None
 
@@ -334,22 +338,21 @@ class Dialect4x(Dialect):
             return {"jobs": components}
         return {"job": components[0]}
 
-    def parse_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
-        return [job_view(_JobInfo.model_validate(j)) for j in payload.get("jobs") or []]
+    @reading
+    def parse_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
+        return read_records(payload, "jobs", lambda j: job_view(_JobInfo.model_validate(j)))
 
-    def parse_accounting_jobs(self, payload: JsonObject) -> list[SlurmJobView]:
-        return [accounting_view(_AcctJob.model_validate(j)) for j in payload.get("jobs") or []]
+    @reading
+    def parse_accounting_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
+        return read_records(payload, "jobs", lambda j: accounting_view(_AcctJob.model_validate(j)))
 
-    def parse_jobs_state(self, payload: JsonObject) -> list[JobStateEntry]:
-        out: list[JobStateEntry] = []
-        for item in payload.get("jobs") or []:
-            if not isinstance(item, dict):
-                continue
-            entry = parse_state_entry(item.get("job_id"), item.get("state"))
-            if entry is not None:
-                out.append(entry)
-        return out
+    @reading
+    def parse_jobs_state(self, payload: JsonObject) -> Records[JobStateEntry]:
+        return read_records(
+            payload, "jobs", lambda j: parse_state_entry(j.get("job_id"), j.get("state"))
+        )
 
+    @reading
     def parse_submit(self, payload: JsonObject) -> SubmitReceipt:
         raw = _Submit.model_validate(payload)
         return SubmitReceipt(
@@ -359,12 +362,13 @@ class Dialect4x(Dialect):
             warnings=parse_envelope(payload).warnings,
         )
 
+    @reading
     def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
         env = parse_envelope(payload)
         already_done = any("already" in (w.description or "").lower() for w in env.warnings)
-        statuses = (payload or {}).get("status") or []
-        for item in statuses if isinstance(statuses, list) else []:
-            status = _KillStatus.model_validate(item)
+        # One unreadable per-job result may be the refusal: then nothing is confirmed.
+        statuses = read_records(payload or {}, "status", _KillStatus.model_validate).complete()
+        for status in statuses:
             code = status.error.code if status.error else None
             if not code:
                 continue
@@ -372,7 +376,7 @@ class Dialect4x(Dialect):
                 error_number=code,
                 error=status.error.string if status.error else None,
                 description=status.error.message if status.error else None,
-                source=f"job {status.step_id or no_val(status.job_id) or job_ref}",
+                source=f"job {status.step_id or valid_job_id(no_val(status.job_id)) or job_ref}",
             )
             if code == ALREADY_DONE:
                 already_done = True
@@ -382,9 +386,10 @@ class Dialect4x(Dialect):
                 raise SlurmRejected("signal refused", status=200, errors=(message,))
         return CancelResult(job_ref=job_ref, already_done=already_done, warnings=env.warnings)
 
+    @reading
     def parse_ping(self, payload: JsonObject) -> PingResult:
         env = parse_envelope(payload)
-        pings = [_Ping.model_validate(p) for p in payload.get("pings") or []]
+        pings = read_records(payload, "pings", _Ping.model_validate).complete()
         return PingResult(
             release=env.release,
             cluster=env.cluster,

@@ -1,0 +1,140 @@
+"""A real job on Slurm 26.05 attacks the operator through its own staging directory (issue 9,
+findings 1 and 2): it replaces stdout.log, or its whole attempt directory, with a symbolic link
+to a file only the operator can read, or stdout.log with a FIFO. The status must never carry
+the file's marker, and the other jobs must keep being followed while the FIFO sits there.
+
+The operator runs as `slurmjob-operator run` (as in test_operator_e2e), the job as the testbed's
+Slurm user, which owns its staging directory. The job finds that directory in
+SLURMJOB_STAGING_DIR (set in the job's environment), or as its working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.helpers import cpu_spec
+from tests.integration.test_operator_e2e import CRD, Operator, _operator
+from tests.k8s.kube import KubeTestbed
+from tests.testbed.slurm import SlurmTestbed
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
+
+# The job's own directory, whichever way it is told; exit 7 when it is not there.
+ENTER = 'd=${SLURMJOB_STAGING_DIR:-$PWD}; cd "$d" && [ -e job.sh ] || exit 7; '
+
+
+@pytest.fixture(scope="module")
+def crd(kube: KubeTestbed) -> None:
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+
+
+@pytest.fixture(scope="module")
+def op(
+    kube: KubeTestbed, crd: None, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("storage-attacks"))
+
+
+@pytest.fixture
+def marker_file(tmp_path: Path) -> tuple[Path, str]:
+    """A file only root (the operator) may read, in a directory only root may enter."""
+    marker = "OPERATOR-ONLY-" + uuid.uuid4().hex
+    secret_dir = tmp_path / "operator-only"
+    secret_dir.mkdir(mode=0o700)
+    path = secret_dir / "token"
+    path.write_text(marker + "\n")
+    path.chmod(0o600)
+    return path, marker
+
+
+def _staging(obj: dict[str, Any]) -> Path:
+    return Path(obj["status"]["attempts"][-1]["stagingDir"])
+
+
+def _watch_without(op: Operator, name: str, marker: str, within: float = 90) -> dict[str, Any]:
+    """Poll the resource until its phase is final; the marker must never show on the way."""
+    deadline = time.monotonic() + within
+    obj: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        obj = op.get(name)
+        assert obj is not None
+        assert marker not in json.dumps(obj), f"the status published the marker:\n{obj}"
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
+            return obj
+        time.sleep(0.5)
+    raise AssertionError(f"{name} not final in {within} s: {json.dumps(obj)}\n{op.log_tail()}")
+
+
+def test_a_symlinked_log_never_reaches_the_status(
+    op: Operator, marker_file: tuple[Path, str]
+) -> None:
+    path, marker = marker_file
+    script = (
+        ENTER + "echo before-the-swap; sleep 5; "
+        f"rm -f stdout.log && ln -s {path} stdout.log && echo planted >&2; sleep 12"
+    )
+    op.apply("symlink", cpu_spec(["bash", "-c", script]))
+    obj = _watch_without(op, "symlink", marker)
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    staging = _staging(obj)
+    assert (staging / "stdout.log").is_symlink(), "the job did plant the link"
+    # The tail read before the swap is kept; nothing is read through the link.
+    assert "before-the-swap" in obj["status"]["logs"]["stdout"]["tail"]
+    assert "symbolic link" in op.log_tail(400)
+    assert path.read_text() == marker + "\n"
+
+
+def test_a_symlinked_attempt_directory_never_reaches_the_status(
+    op: Operator, tmp_path: Path
+) -> None:
+    """O_NOFOLLOW on the file alone would miss this: the job owns the directories above it."""
+    marker = "OPERATOR-ONLY-" + uuid.uuid4().hex
+    decoy = tmp_path / "decoy"
+    decoy.mkdir(mode=0o700)
+    for name in ("stdout.log", "stderr.log", "job.sh"):
+        (decoy / name).write_text(marker + "\n")
+        (decoy / name).chmod(0o600)
+    script = (
+        ENTER + "echo before-the-swap; sleep 5; "
+        f'mv "$d" "$d.moved" && ln -s {decoy} "$d" && echo planted >&2; sleep 12'
+    )
+    op.apply("dirlink", cpu_spec(["bash", "-c", script]))
+    obj = _watch_without(op, "dirlink", marker)
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert _staging(obj).is_symlink(), "the job did plant the link"
+    op.kube.kubectl(
+        "delete", "slurmjob", "dirlink", "-n", op.namespace, "--timeout=60s", timeout=70
+    )
+    assert op.get("dirlink") is None, "deletion is not stuck on the link"
+    assert sorted(p.name for p in decoy.iterdir()) == ["job.sh", "stderr.log", "stdout.log"]
+
+
+def test_a_fifo_at_the_log_stalls_no_other_job(op: Operator) -> None:
+    script = ENTER + "rm -f stdout.log && mkfifo stdout.log && echo planted >&2; sleep 30"
+    op.apply("fifo", cpu_spec(["bash", "-c", script]))
+    obj = op.wait_phase("fifo", "Running", "Succeeded", "Failed", within=60)
+    fifo = _staging(obj) / "stdout.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if fifo.exists() and stat.S_ISFIFO(os.lstat(fifo).st_mode):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the job did not plant its FIFO:\n{op.log_tail()}")
+    time.sleep(3)  # a few poll cycles with the FIFO in place
+    op.apply("bystander", cpu_spec(["bash", "-c", "echo bystander-ok"]))
+    other = op.wait_phase("bystander", "Succeeded", "Failed", "Cancelled", within=60)
+    assert other["status"]["phase"] == "Succeeded", other["status"]
+    assert "bystander-ok" in other["status"]["logs"]["stdout"]["tail"]
+    done = op.wait_phase("fifo", "Succeeded", "Failed", "Cancelled", within=60)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert "a FIFO" in op.log_tail(400)
