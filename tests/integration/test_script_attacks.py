@@ -161,10 +161,6 @@ def _records(bed: Bed, kind: str) -> list[dict[str, Any]]:
     return out
 
 
-def _job_id_of(record: dict[str, Any]) -> str:
-    return str(record.get("job_id", record.get("slurm_job_id")))
-
-
 def _tenant_folder(bed: Bed, expected_sha256: str) -> tuple[Path, Path]:
     """A tenant's folder under the storage root with a sha256sum that says what the script
     expects to hear; it leaves a mark when it runs."""
@@ -255,17 +251,20 @@ async def test_srun_option_injection_stays_the_command(
     finally:
         await client.cancel(victim_id)
 
-    ids = {str(victim_id), str(attacker_id)}
+    # By SLUID: job ids start again when a test cluster is rebuilt, and the record files
+    # keep earlier runs' lines.
+    sluids = {still.sluid, job.sluid}
+    assert None not in sluids
     kind = "apptainer" if bed.settings.slurm_runtime_profile == "apptainer" else "pyxis"
-    records = [r for r in _records(bed, kind) if _job_id_of(r) in ids]
+    records = [r for r in _records(bed, kind) if r.get("sluid") in sluids]
     assert "/:/host" not in json.dumps([r.get("container_mounts") for r in records])
-    on_victim = [r for r in records if _job_id_of(r) == str(victim_id)]
+    on_victim = [r for r in records if r.get("sluid") == still.sluid]
     assert len(on_victim) == 1, on_victim  # its own `sleep` step, no other
     if kind == "apptainer":
-        [attacker] = [r for r in records if _job_id_of(r) == str(attacker_id)]
+        [attacker] = [r for r in records if r.get("sluid") == job.sluid]
         assert attacker["cmd"] == command  # the image's command, as given: nothing else
     else:
-        [attacker] = [r for r in records if _job_id_of(r) == str(attacker_id)]
+        [attacker] = [r for r in records if r.get("sluid") == job.sluid]
         assert attacker["container_image"] == str(bed.settings.storage_root) + "/" + (
             prepared.resolution.runtime.path
         )

@@ -581,3 +581,39 @@ async def test_a_tenants_job_is_submitted_with_its_defaults(
         "normal",
         60,
     )
+
+
+async def test_a_spec_this_release_refuses_still_has_its_secrets_hidden(bed: Bed) -> None:
+    """A resource accepted by an earlier release whose spec this release refuses (here a
+    reserved env name) is followed to its end, its log tails still redacted."""
+    env = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    ]
+    bed.store.secrets[("team-a", "hf")] = {"token": "s3cret-value-1234"}
+    ref = bed.store.create("train", cpu_spec(env=env))
+    await reconcile(bed, ref)
+    # What an older release accepted: a name this release refuses.
+    bed.store.body(ref)["spec"]["env"].append({"name": "LD_PRELOAD", "value": "/x.so"})
+    bed.controller._edge.forget(ref)  # a restart: nothing cached
+    bed.controller.observe_body(bed.store.body(ref))
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    (staging / "stdout.log").write_text("token=s3cret-value-1234\n")
+    bed.slurm.set_state(100, "COMPLETED", 0)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.SUCCEEDED
+    assert status.logs is not None
+    assert status.logs.stdout is not None
+    assert "s3cret-value-1234" not in status.logs.stdout.tail
+    assert "***" in status.logs.stdout.tail
+
+
+async def test_suspend_never_holds_a_job_that_is_not_the_attempts(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    # Job id 100 now names someone else's job (ids are reused; a status is only a claim).
+    bed.slurm.jobs[100] = _foreign("sj-team-b-other-00000000-1").model_copy(update={"job_id": 100})
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    assert not any(c.startswith("hold") for c in bed.slurm.calls)
+    assert "JobIdentityMismatch" in bed.store.reasons()

@@ -85,6 +85,7 @@ class FakeController:
             for i in job_ids
         }
         self.refreshed: list[tuple[int, bool, bool]] = []
+        self.refreshed_uids: list[str] = []
 
     def followed(self) -> list[Tracked]:
         return list(self.tracked.values())
@@ -102,6 +103,7 @@ class FakeController:
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
     ) -> None:
         self.refreshed.append((tracked.job_id, views is None, logs_only))
+        self.refreshed_uids.append(tracked.ref.uid)
 
 
 def make(n: int, *, jobs_state: bool = True) -> tuple[Poller, FakeController, FakeClient]:
@@ -134,6 +136,16 @@ async def test_only_the_changed_job_is_fetched() -> None:
     await poller.cycle()
     assert client.calls == ["jobs_state", "get_job"]
     assert controller.refreshed == [(42, False, False)]
+
+
+async def test_two_resources_claiming_one_job_id_are_both_refreshed() -> None:
+    """A status's job id is only a claim: a second resource claiming job 2 must not hide the
+    first from the poller (the fold's identity check tells them apart)."""
+    poller, controller, client = make(3)
+    controller.tracked["uid-x"] = Tracked(ObjectRef("other", "claimer", "uid-x"), 2, None, None)
+    await poller.cycle()
+    assert sorted(controller.refreshed_uids) == ["uid-1", "uid-2", "uid-3", "uid-x"]
+    assert client.calls.count("get_job") == 3, "one detail read per job id, not per claimant"
 
 
 async def test_a_vanished_job_is_handed_over_as_gone() -> None:

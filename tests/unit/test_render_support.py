@@ -33,8 +33,10 @@ SERIES = {
 
 FAKE_SRUN = r"""#!/bin/bash
 log=$(mktemp "$FAKE_LOG_DIR/srun.XXXXXX")
-printf '%s\0' "$@" >"$log.argv"
-env -0 >"$log.env"
+# Renamed into place once complete: the script may stop a background step at any moment, and a
+# half-written record must never be read as the step's argv.
+env -0 >"$log.env.part" && mv "$log.env.part" "$log.env"
+printf '%s\0' "$@" >"$log.argv.part" && mv "$log.argv.part" "$log.argv"
 last=${*: -1}
 if [[ $last == --block ]]; then
   if [[ -n ${FAKE_HEAD_DIES:-} ]]; then

@@ -27,6 +27,15 @@ class ObjectRef:
 
 
 @dataclass(frozen=True)
+class SecretRef:
+    """One env var of the spec taken from a Secret key of the resource's own namespace."""
+
+    env: str
+    secret: str
+    key: str
+
+
+@dataclass(frozen=True)
 class ResourceView:
     ref: ObjectRef
     generation: int | None
@@ -67,6 +76,30 @@ class ResourceView:
     def spec_error(self) -> SpecError | None:
         parsed = self._parsed
         return parsed if isinstance(parsed, SpecError) else None
+
+    @property
+    def secret_refs(self) -> tuple[SecretRef, ...]:
+        """The spec's secret env vars. For a spec that does not validate (one a newer release
+        refuses, say) they are read from the raw spec all the same: its running job may print
+        those values, and they must still be hidden in its log tails."""
+        spec = self.spec
+        if spec is not None:
+            return tuple(
+                SecretRef(e.name, e.value_from.secret_key_ref.name, e.value_from.secret_key_ref.key)
+                for e in spec.secret_env
+                if e.value_from is not None
+            )
+        raw = self._raw_spec if isinstance(self._raw_spec, Mapping) else {}
+        env = raw.get("env")
+        refs: list[SecretRef] = []
+        for item in env if isinstance(env, list) else []:
+            source = item.get("valueFrom") if isinstance(item, Mapping) else None
+            ref = source.get("secretKeyRef") if isinstance(source, Mapping) else None
+            if isinstance(ref, Mapping):
+                env_name, secret, key = item.get("name"), ref.get("name"), ref.get("key")
+                if all(isinstance(n, str) and n for n in (env_name, secret, key)):
+                    refs.append(SecretRef(str(env_name), str(secret), str(key)))
+        return tuple(refs)
 
     @property
     def suspend(self) -> bool:

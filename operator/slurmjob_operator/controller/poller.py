@@ -58,7 +58,7 @@ class Poller:
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
         self._seen: dict[int, StateKey] = {}
-        self._logs: dict[int, tuple[object, object]] = {}
+        self._logs: dict[str, tuple[object, object]] = {}  # by resource uid
         self._list_since: datetime | None = None
         self._next_since: datetime | None = None
 
@@ -83,7 +83,11 @@ class Poller:
             except TokenError:
                 metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
             metrics.set_jobs_by_phase(controller.phase_counts())
-            tracked = {t.job_id: t for t in controller.followed()}
+            # By job id, and a list: two resources may claim one job id (a status is only a
+            # claim); each is refreshed, and the identity check decides which one it is.
+            tracked: dict[int, list[Tracked]] = defaultdict(list)
+            for item in controller.followed():
+                tracked[item.job_id].append(item)
             self._forget_untracked(tracked)
             if not tracked:
                 return
@@ -102,31 +106,36 @@ class Poller:
             await controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
             refreshed = True
             for job_id, views in changed.items():
-                refreshed = await self._refresh(tracked[job_id], views) and refreshed
+                for item in tracked[job_id]:
+                    refreshed = await self._refresh(item, views) and refreshed
             if refreshed and self._next_since is not None:
                 self._list_since = self._next_since
-            for job_id, item in tracked.items():
-                if job_id not in changed and self._logs_changed(item):
-                    await self._refresh(item, None, logs_only=True)
+            for job_id, items in tracked.items():
+                for item in items:
+                    if job_id not in changed and self._logs_changed(item):
+                        await self._refresh(item, None, logs_only=True)
 
-    def _forget_untracked(self, tracked: dict[int, Tracked]) -> None:
+    def _forget_untracked(self, tracked: dict[int, list[Tracked]]) -> None:
         for job_id in list(self._seen):
             if job_id not in tracked:
                 self._seen.pop(job_id, None)
-                self._logs.pop(job_id, None)
+        uids = {item.ref.uid for items in tracked.values() for item in items}
+        for uid in list(self._logs):
+            if uid not in uids:
+                self._logs.pop(uid, None)
 
     async def _changed(
-        self, client: SlurmClient, tracked: dict[int, Tracked]
+        self, client: SlurmClient, tracked: dict[int, list[Tracked]]
     ) -> dict[int, list[SlurmJobView] | None]:
         """Job id -> fresh views (None: gone from the controller) for jobs whose state moved."""
         out: dict[int, list[SlurmJobView] | None] = {}
         if client.dialect.supports_jobs_state:
             entries = await client.jobs_state(sorted(tracked))
             groups = group_states(entries.values())
-            for job_id, item in tracked.items():
+            for job_id, items in tracked.items():
                 group = groups.get(job_id)
                 if group is None or self._seen.get(job_id) != state_key(group):
-                    details = await self._details(client, item)
+                    details = await self._details(client, items[0])
                     if not isinstance(details, _Skip):
                         out[job_id] = details
             return out
@@ -137,10 +146,10 @@ class Poller:
         if listing.not_modified:
             return out
         groups_v = by_leader(listing.jobs)
-        for job_id, item in tracked.items():
+        for job_id, items in tracked.items():
             views = groups_v.get(job_id)
             if views is None:
-                details = await self._details(client, item)
+                details = await self._details(client, items[0])
                 if not isinstance(details, _Skip):
                     out[job_id] = details
             elif self._seen.get(job_id) != state_key(views):
@@ -176,7 +185,7 @@ class Poller:
             return False
         if views is not None and not logs_only:
             self._seen[item.job_id] = state_key(views)
-        self._logs[item.job_id] = self._signature(item)
+        self._logs[item.ref.uid] = self._signature(item)
         return True
 
     def _signature(self, item: Tracked) -> tuple[object, object]:
@@ -191,4 +200,4 @@ class Poller:
         return (out, err)
 
     def _logs_changed(self, item: Tracked) -> bool:
-        return self._logs.get(item.job_id) != self._signature(item)
+        return self._logs.get(item.ref.uid) != self._signature(item)

@@ -13,7 +13,6 @@ import logging
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
-from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.registry import Registry
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH
@@ -89,22 +88,19 @@ class ResourceEdge:
         if lock is not None and not lock.locked():
             del self._locks[ref.uid]
 
-    async def secret_values(self, view: ResourceView, spec: SlurmJobSpec) -> dict[str, str]:
+    async def secret_values(self, view: ResourceView) -> dict[str, str]:
         """The values of the spec's secret env vars (SecretError when one cannot be read,
         SecretTooShort when one could not be hidden in the log tails)."""
         values: dict[str, str] = {}
-        for env in spec.secret_env:
-            source = env.value_from
-            assert source is not None  # secret_env holds only valueFrom entries
-            ref = source.secret_key_ref
-            value = await self.store.read_secret_value(view.ref.namespace, ref.name, ref.key)
+        for ref in view.secret_refs:
+            value = await self.store.read_secret_value(view.ref.namespace, ref.secret, ref.key)
             if 0 < len(value) < MIN_REDACT_LENGTH:
                 raise SecretTooShort(
-                    f"env {env.name}: the value of Secret {view.ref.namespace}/{ref.name} key "
+                    f"env {ref.env}: the value of Secret {view.ref.namespace}/{ref.secret} key "
                     f"{ref.key!r} is shorter than {MIN_REDACT_LENGTH} characters, too short to "
                     "be hidden in the log tails; use a longer value"
                 )
-            values[env.name] = value
+            values[ref.env] = value
         self._secrets[view.ref.uid] = values
         return values
 
@@ -113,11 +109,8 @@ class ResourceEdge:
         be read any more (then no tail is published rather than an unredacted one)."""
         uid = view.ref.uid
         if uid not in self._secrets:
-            spec = view.spec
-            if spec is None:
-                return []
             try:
-                await self.secret_values(view, spec)
+                await self.secret_values(view)
             except SecretError:
-                return None if spec.secret_env else []
+                return None if view.secret_refs else []
         return list(self._secrets.get(uid, {}).values())

@@ -18,7 +18,7 @@ from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
-from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
     Site,
@@ -39,6 +39,7 @@ from slurmjob_operator.core.decisions import (
     gate,
     hold_action,
     hold_transition,
+    stranger,
 )
 from slurmjob_operator.core.jobview import SlurmJobView, leader
 from slurmjob_operator.core.reasons import Reason
@@ -195,7 +196,7 @@ class Submission:
         if spec is None:
             assert view.spec_error is not None
             raise view.spec_error
-        secrets = await self.edge.secret_values(view, spec)
+        secrets = await self.edge.secret_values(view)
         client = await self.slurm()
         prepared = await asyncio.to_thread(
             prepare_attempt,
@@ -339,6 +340,12 @@ class Submission:
         assert attempt.job_id is not None
         if action is not Hold.CANNOT_HOLD:
             try:
+                # The status's job id is only a claim: hold or release only the attempt's job.
+                views = await client.get_job(attempt.job_id)
+                other = stranger(views, view.ref.uid, attempt)
+                if other is not None:
+                    await refuse_stranger(self.edge, view.ref, attempt, other, "not held")
+                    return
                 await client.hold(attempt.job_id, action is Hold.HOLD)
             except SlurmError as exc:
                 verb = "hold" if action is Hold.HOLD else "release"
