@@ -8,6 +8,7 @@ over both. Run ``bash tests/testbed/install.sh`` (``make test`` does) before the
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(_REPO_ROOT) not in sys.path:  # tests/ is not a package; make tests.testbed importable
     sys.path.insert(0, str(_REPO_ROOT))
 
+from tests.integration import leaks  # noqa: E402
 from tests.k8s.fixtures import KubeTestbed, kube  # noqa: E402, F401
 from tests.testbed.slurm import (  # noqa: E402
     SlurmTestbed,
@@ -27,6 +29,38 @@ from tests.testbed.slurm import (  # noqa: E402
 )
 
 __all__ = ["SlurmTestbed"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """The leak scan (tests/integration/leaks.py) after the test's body, before its fixtures
+    clean up what the operator wrote."""
+    since = time.time() - 1
+    result = yield
+    funcargs = getattr(item, "funcargs", {})
+    testbeds = [v for v in funcargs.values() if isinstance(v, SlurmTestbed)]
+    testbeds += [v for k, v in funcargs.items() if k == "bed" and hasattr(v, "testbed")]
+    beds = [getattr(b, "testbed", b) for b in testbeds]
+    kube_bed = funcargs.get("kube")
+    if not beds and kube_bed is None:
+        return result
+    kube_json = None
+    if isinstance(kube_bed, KubeTestbed):
+        proc = kube_bed.kubectl("get", "slurmjobs,events", "-A", "-o", "json", check=False)
+        kube_json = proc.stdout if proc.returncode == 0 else None
+    tmp = funcargs.get("tmp_path")
+    logs = sorted(Path(tmp).rglob("*.log")) if isinstance(tmp, Path) else []
+    found = leaks.scan(
+        storage_roots={b.storage_root for b in beds} or {Path("/srv/slurmjob-testbed/storage")},
+        key_files={b.jwt_key_file for b in beds},
+        since=since,
+        operator_logs=logs,
+        kube_json=kube_json,
+    )
+    assert not found, "the operator wrote what must never leave a Secret or a key:\n" + "\n".join(
+        found
+    )
+    return result
 
 
 def _cluster(name: str) -> Iterator[SlurmTestbed]:

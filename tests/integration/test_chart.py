@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.integration import leaks
 from tests.integration.sitefiles import site_env
 from tests.integration.test_operator_e2e import CRD, OPERATOR, Operator, cpu_spec
 from tests.k8s.kube import KubeTestbed
@@ -518,8 +519,9 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
     assert op.args[0] == "run"
     assert f"--namespace={op.namespace}" in op.args
     # The secretKeyRef path needs `get secrets`, which rbac.secrets (default true) grants.
+    token = leaks.secret("s3cret")
     op.kube.kubectl(
-        "create", "secret", "generic", "hf", "-n", op.namespace, "--from-literal=token=s3cret"
+        "create", "secret", "generic", "hf", "-n", op.namespace, f"--from-literal=token={token}"
     )
     op.apply(
         "cpu",

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.integration import leaks
 from tests.integration.helpers import (
     OPERATOR,
     ask_slurm,
@@ -254,7 +255,7 @@ def test_cpu_job_succeeds_with_its_stdout_tail(op_2605: Operator) -> None:
 @pytest.mark.slurm2605
 def test_secret_env_reaches_the_job_but_never_the_status(op_2605: Operator) -> None:
     op = op_2605
-    secret_value = "tok-" + uuid.uuid4().hex
+    secret_value = leaks.secret("tok-" + uuid.uuid4().hex)
     op.kube.kubectl(
         "create",
         "secret",

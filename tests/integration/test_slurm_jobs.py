@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration import leaks
 from tests.integration.helpers import cpu_spec, het_pools
 from tests.integration.sitefiles import site_env
 from tests.testbed.slurm import SlurmTestbed
@@ -159,7 +160,7 @@ async def test_cpu_job_completes_with_its_output_staged(bed: Bed, client: SlurmC
             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
         ],
     )
-    prepared = _prepare(bed, client, spec, secrets={"TOKEN": "s3cr3t-value"})
+    prepared = _prepare(bed, client, spec, secrets={"TOKEN": leaks.secret("s3cr3t-value")})
     receipt = await stage_and_submit(client, prepared, bed.settings)
     [job] = await _wait(client, receipt.job_id)
 
