@@ -15,6 +15,7 @@ before the new operator starts.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -273,6 +274,39 @@ def _jobs() -> list[Job]:
     ]
 
 
+# A spec the new release's validation refuses (a reserved env name) and an older one accepted:
+# the new release must still follow such a job to its end (the refusal is for new attempts).
+REFUSED_NOW_SPEC = cpu_spec(
+    ["bash", "-c", "sleep 20; echo upgrade-ok-refused-now"],
+    env=[{"name": "LD_LIBRARY_PATH", "value": "/opt/none"}],
+)
+
+
+def _accepted(python: Path, spec: dict[str, Any]) -> bool:
+    """Whether the `slurmjob_operator` installed for `python` validates `spec`."""
+    code = (
+        "import json, sys\n"
+        "from slurmjob_operator.api.errors import SpecError, parse_spec\n"
+        "try:\n    parse_spec(json.loads(sys.argv[1]))\n"
+        "except SpecError:\n    sys.exit(3)\n"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code, json.dumps(spec)], capture_output=True, timeout=60, check=False
+    )
+    assert proc.returncode in (0, 3), proc.stderr
+    return proc.returncode == 0
+
+
+def _refused_now(release: Release) -> list[Job]:
+    """The refused-now job, when this upgrade is one that starts refusing its spec."""
+    old_python = release.operator.parent / "python"
+    if _accepted(old_python, REFUSED_NOW_SPEC) and not _accepted(
+        Path(sys.executable), REFUSED_NOW_SPEC
+    ):
+        return [Job("refused-now", REFUSED_NOW_SPEC, 1, 1, "upgrade-ok-refused-now")]
+    return []
+
+
 def _status(obj: dict[str, Any] | None) -> dict[str, Any]:
     status: dict[str, Any] = (obj or {}).get("status") or {}
     return status
@@ -402,6 +436,8 @@ def test_upgrade_keeps_running_jobs(
 ) -> None:
     old, new = bench
     jobs = _jobs()
+    # Before the whole-node job: it must not wait behind a node-sized job at the switch.
+    jobs[-1:-1] = _refused_now(old_release)
     t0 = time.monotonic()
 
     # The previous release accepts every job; each has a confirmed Slurm job id.
@@ -448,7 +484,7 @@ def test_upgrade_keeps_running_jobs(
     new.start()
     try:
         after = {
-            job.name: new.wait_for(job.name, _final, within=90, what="a final phase (new release)")
+            job.name: new.wait_for(job.name, _final, within=150, what="a final phase (new release)")
             for job in jobs
         }
     except AssertionError as exc:  # other tests' jobs holding the nodes show here
