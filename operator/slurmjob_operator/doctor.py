@@ -31,6 +31,7 @@ from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport
 from slurmjob_operator.slurm.errors import SlurmError
 from slurmjob_operator.slurm.nodes import NodeInfo
+from slurmjob_operator.storage.acl import AclError, require_supported
 from slurmjob_operator.times import rfc3339
 
 
@@ -180,10 +181,52 @@ def _check_tenancy(settings: Settings, registry: RuntimeRegistry, report: Report
     if own and settings.slurm_jwt_key_file is None:
         report.add(
             "tenant users",
-            Outcome.WARN,
+            Outcome.FAIL,
             f"tenant(s) {', '.join(own)} name a slurmUser, which needs the JWT key mode "
-            "(SLURMJOB_SLURM_JWT_KEY_FILE): a token file carries one user only",
+            "(SLURMJOB_SLURM_JWT_KEY_FILE): a token file carries one user only; the operator "
+            "does not start",
         )
+    elif own:
+        report.add(
+            "tenant users",
+            Outcome.OK,
+            f"tenant(s) {', '.join(own)}: jobs submitted, cancelled, held and released as "
+            "their slurmUser (tokens minted with SLURMJOB_SLURM_JWT_KEY_FILE)",
+        )
+    no_uid = [t.name for t in tenants.tenants if t.slurm_user is not None and t.uid is None]
+    if no_uid:
+        report.add(
+            "tenant files",
+            Outcome.WARN,
+            f"tenant(s) {', '.join(no_uid)} have a slurmUser but no uid: their attempt "
+            "directories are made as for every other job (SLURMJOB_STAGING_OWNER, else the "
+            "operator's uid), so their jobs can write their logs only if that is slurmUser's "
+            "uid; give the tenant its uid to share its files through POSIX ACLs",
+        )
+    with_uid = [t.name for t in tenants.tenants if t.uid is not None]
+    if with_uid:
+        _check_acls(settings, with_uid, report)
+
+
+def _check_acls(settings: Settings, tenants: list[str], report: Report) -> None:
+    """The storage root must keep POSIX ACLs for tenants with a uid (fail closed)."""
+    root = settings.storage_root
+    try:
+        require_supported(root)
+    except AclError as exc:
+        report.add(
+            "tenant files",
+            Outcome.FAIL,
+            f"tenant(s) {', '.join(tenants)} have a uid, so their attempt files are shared "
+            f"through POSIX ACLs, but {exc.strerror}; the operator does not start",
+        )
+        return
+    report.add(
+        "tenant files",
+        Outcome.OK,
+        f"{root} keeps POSIX ACLs: the attempt files of tenant(s) {', '.join(tenants)} stay "
+        "the operator's, with an ACL for the tenant's uid",
+    )
 
 
 def _constraint_features(expression: str) -> list[str]:

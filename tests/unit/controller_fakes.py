@@ -7,6 +7,12 @@ answer lost), `unsent` (the answer lost, but no job was made), `auth`, `down`, `
 `rejected-record` (refused, but a record was made). `get_faults` fail the next GETs;
 `impostors` are what a GET of those job ids (or SLUIDs) answers instead: another resource's
 job under a reused id, or a server that lies.
+
+Users: `client()` is the operator's client (Slurm user `OPERATOR_USER`), `client_for(user)` a
+client acting as `user` (`MemoryUserClient`). `acted` records every call with the user it was
+made as (None: the operator). A job belongs to the user who submitted it, and, as on a
+cluster whose operator user is no Slurm operator or admin, only that user may cancel, hold
+or release it (`SlurmRejected` "Access/permission denied"); `admins` lifts that.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import copy
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +32,13 @@ from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.controller import Controller
-from slurmjob_operator.core.jobview import BaseState, JobExit, JobSource, SlurmJobView
+from slurmjob_operator.core.jobview import (
+    BaseState,
+    JobExit,
+    JobSource,
+    JobStateEntry,
+    SlurmJobView,
+)
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
@@ -41,6 +53,7 @@ from slurmjob_operator.slurm.errors import (
 )
 
 SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
+OPERATOR_USER = "slurmci"
 
 
 class MemoryStore:
@@ -128,6 +141,9 @@ class MemorySlurm:
     impostors: dict[int | str, SlurmJobView] = field(default_factory=dict)
     connect_error: Exception | None = None
     calls: list[str] = field(default_factory=list)
+    acted: list[tuple[str, str | None]] = field(default_factory=list)
+    admins: frozenset[str] = frozenset()
+    user_clients: dict[str, MemoryUserClient] = field(default_factory=dict)
     next_id: int = 100
 
     @property
@@ -138,6 +154,17 @@ class MemorySlurm:
         if self.connect_error is not None:
             raise self.connect_error
         return self
+
+    async def client_for(self, user: str | None) -> MemorySlurm | MemoryUserClient:
+        base = await self.client()
+        if user is None:
+            return base
+        # One per user, as SlurmLink keeps them.
+        return self.user_clients.setdefault(user, MemoryUserClient(self, user))
+
+    def made_as(self, user: str | None) -> list[str]:
+        """The calls made as `user` (None: the operator's own)."""
+        return [call for call, who in self.acted if who == user]
 
     def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
         return sluid if sluid and self.sluid_paths else job_id
@@ -161,9 +188,36 @@ class MemorySlurm:
     def named(self, name: str) -> list[SlurmJobView]:
         return [j for j in [*self.jobs.values(), *self.purged.values()] if j.name == name]
 
-    # -- the client's interface ---------------------------------------------------------------
+    # -- the client's interface (the operator's own) ---------------------------------------
 
-    def _create(self, req: LaunchRequest) -> int:
+    async def submit(self, req: LaunchRequest) -> SubmitReceipt:
+        return await self.do_submit(req, None)
+
+    async def get_job(self, ref: int | str) -> list[SlurmJobView]:
+        return await self.do_get_job(ref, None)
+
+    async def find_by_name(self, name: str) -> list[SlurmJobView]:
+        return await self.do_find_by_name(name, None)
+
+    async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
+        return await self.do_get_job_accounting(ref, None)
+
+    async def hold(self, job_id: int, held: bool) -> tuple[()]:
+        return await self.do_hold(job_id, held, None)
+
+    async def cancel(self, ref: int | str) -> None:
+        await self.do_cancel(ref, None)
+
+    async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
+        return await self.do_jobs_state(job_ids, None)
+
+    # -- the same, as a given user -----------------------------------------------------------
+
+    def _record(self, call: str, user: str | None) -> None:
+        self.calls.append(call)
+        self.acted.append((call, user))
+
+    def _create(self, req: LaunchRequest, user: str | None = None) -> int:
         job_id = self.next_id
         self.next_id += 1
         self.jobs[job_id] = SlurmJobView(
@@ -171,14 +225,22 @@ class MemorySlurm:
             sluid=f"s{job_id:08d}",
             name=req.job_name,
             comment=req.comment,
+            user=user or OPERATOR_USER,
             raw_state=("PENDING",),
             base_state=BaseState.PENDING,
             working_directory=req.working_directory,
         )
         return job_id
 
-    async def submit(self, req: LaunchRequest) -> SubmitReceipt:
-        self.calls.append("submit")
+    def _may_change(self, job: SlurmJobView, user: str | None) -> None:
+        who = user or OPERATOR_USER
+        if job.user is not None and job.user != who and who not in self.admins:
+            raise SlurmRejected(
+                f"Access/permission denied: {who} may not change job {job.job_id} of {job.user}"
+            )
+
+    async def do_submit(self, req: LaunchRequest, user: str | None) -> SubmitReceipt:
+        self._record("submit", user)
         fault = self.faults.pop(0) if self.faults else None
         if fault == "auth":
             raise SlurmAuthError("token refused", status=401)
@@ -187,10 +249,10 @@ class MemorySlurm:
         if fault == "rejected":
             raise SlurmRejected("Invalid partition name specified", status=500)
         if fault == "rejected-record":
-            raise SlurmRejected("Job violates accounting policy", job_id=self._create(req))
-        job_id = self._create(req)
+            raise SlurmRejected("Job violates accounting policy", job_id=self._create(req, user))
+        job_id = self._create(req, user)
         if fault == "twice":
-            self._create(req)
+            self._create(req, user)
         if fault == "unsent":
             self.next_id -= 1
             del self.jobs[job_id]
@@ -204,8 +266,8 @@ class MemorySlurm:
                 return job
         raise SlurmNotFound(f"job {ref} not found")
 
-    async def get_job(self, ref: int | str) -> list[SlurmJobView]:
-        self.calls.append(f"get_job {ref}")
+    async def do_get_job(self, ref: int | str, user: str | None) -> list[SlurmJobView]:
+        self._record(f"get_job {ref}", user)
         if self.get_faults:
             self.get_faults -= 1
             raise SlurmTransient("slurmctld is busy")
@@ -213,12 +275,12 @@ class MemorySlurm:
             return [self.impostors[ref]]
         return [self._find(ref)]
 
-    async def find_by_name(self, name: str) -> list[SlurmJobView]:
-        self.calls.append(f"find_by_name {name}")
+    async def do_find_by_name(self, name: str, user: str | None) -> list[SlurmJobView]:
+        self._record(f"find_by_name {name}", user)
         return sorted(self.named(name), key=lambda j: j.job_id)
 
-    async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
-        self.calls.append(f"accounting {ref}")
+    async def do_get_job_accounting(self, ref: int | str, user: str | None) -> list[SlurmJobView]:
+        self._record(f"accounting {ref}", user)
         if not self.accounting:
             raise SlurmUnsupported("no accounting")
         return [
@@ -227,15 +289,72 @@ class MemorySlurm:
             if ref in (j.job_id, j.sluid)
         ]
 
-    async def hold(self, job_id: int, held: bool) -> tuple[()]:
-        self.calls.append(f"{'hold' if held else 'release'} {job_id}")
+    async def do_hold(self, job_id: int, held: bool, user: str | None) -> tuple[()]:
+        self._record(f"{'hold' if held else 'release'} {job_id}", user)
+        self._may_change(self._find(job_id), user)
         return ()
 
-    async def cancel(self, ref: int | str) -> None:
-        self.calls.append(f"cancel {ref}")
+    async def do_jobs_state(
+        self, job_ids: Sequence[int] | None, user: str | None
+    ) -> dict[int, JobStateEntry]:
+        self._record("jobs_state", user)
+        return {
+            job.job_id: JobStateEntry(
+                raw_job_id=str(job.job_id),
+                job_id=job.job_id,
+                raw_state=job.raw_state,
+                base_state=job.base_state,
+            )
+            for job in self.jobs.values()
+            if job_ids is None or job.job_id in job_ids
+        }
+
+    async def do_cancel(self, ref: int | str, user: str | None) -> None:
+        self._record(f"cancel {ref}", user)
         job = self._find(ref)
+        self._may_change(job, user)
         if not job.is_final:
             self.set_state(job.job_id, "CANCELLED")
+
+
+@dataclass
+class MemoryUserClient:
+    """`MemorySlurm` as one Slurm user: the same jobs, each call recorded with `user`."""
+
+    slurm: MemorySlurm
+    user: str
+
+    @property
+    def version(self) -> str:
+        return self.slurm.version
+
+    @property
+    def dialect(self) -> SimpleNamespace:
+        return self.slurm.dialect
+
+    def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
+        return self.slurm.lifecycle_ref(job_id, sluid)
+
+    async def submit(self, req: LaunchRequest) -> SubmitReceipt:
+        return await self.slurm.do_submit(req, self.user)
+
+    async def get_job(self, ref: int | str) -> list[SlurmJobView]:
+        return await self.slurm.do_get_job(ref, self.user)
+
+    async def find_by_name(self, name: str) -> list[SlurmJobView]:
+        return await self.slurm.do_find_by_name(name, self.user)
+
+    async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
+        return await self.slurm.do_get_job_accounting(ref, self.user)
+
+    async def hold(self, job_id: int, held: bool) -> tuple[()]:
+        return await self.slurm.do_hold(job_id, held, self.user)
+
+    async def cancel(self, ref: int | str) -> None:
+        await self.slurm.do_cancel(ref, self.user)
+
+    async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
+        return await self.slurm.do_jobs_state(job_ids, self.user)
 
 
 class StubToken:

@@ -617,3 +617,30 @@ async def test_suspend_never_holds_a_job_that_is_not_the_attempts(bed: Bed) -> N
     await reconcile(bed, ref)
     assert not any(c.startswith("hold") for c in bed.slurm.calls)
     assert "JobIdentityMismatch" in bed.store.reasons()
+
+
+async def test_a_namespace_of_no_tenant_has_no_secret_read(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n"
+        "  - name: team-b\n"
+        "    namespaces: [team-b]\n"
+        "    accounts: [team-b]\n"
+        "    partitions: [debug]\n"
+        "    mountSources: [datasets/team-b]\n"
+    )
+    bed = make_bed(tmp_path, tenants_file=tenants)
+    reads: list[tuple[str, str]] = []
+    original = bed.store.read_secret_value
+
+    async def spy(namespace: str, name: str, key: str) -> str:
+        reads.append((namespace, name))
+        return await original(namespace, name, key)
+
+    bed.store.read_secret_value = spy  # type: ignore[method-assign]
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    ref = bed.store.create("train", cpu_spec(env=env))  # in team-a: no tenant lists it
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Ready") == ("False", "TenantUnknown")
+    assert reads == []
+    assert bed.slurm.calls == []

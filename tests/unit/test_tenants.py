@@ -355,14 +355,14 @@ def test_doctor_counts_tenants_and_warns_about_shared_slurm_users(tmp_path: Path
     assert checks[0][:2] == ("tenancy", Outcome.OK)
     assert "2 tenant(s) (team-a, team-b)" in checks[0][2]
     users = [c for c in checks if c[0] == "tenant users"]
-    assert [c[1] for c in users] == [Outcome.WARN, Outcome.WARN]
+    assert [c[1] for c in users] == [Outcome.WARN, Outcome.FAIL]
     assert "no slurmUser for tenant(s) team-b" in users[0][2]
     assert "the operator's Slurm user" in users[0][2]
     assert "team-a name a slurmUser, which needs the JWT key mode" in users[1][2]
     key = tmp_path / "jwt.key"
     key.write_text("k")
     with_key = _tenancy(make_settings(tmp_path, tenants_file=path, slurm_jwt_key_file=key))
-    assert [c[1] for c in with_key if c[0] == "tenant users"] == [Outcome.WARN]
+    assert [c[1] for c in with_key if c[0] == "tenant users"] == [Outcome.WARN, Outcome.OK]
 
 
 def test_doctor_fails_on_a_broken_tenants_file(tmp_path: Path) -> None:

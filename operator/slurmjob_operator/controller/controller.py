@@ -45,20 +45,41 @@ class Controller:
         self.transport = transport
         self.metrics = metrics
         self.token = token or make_token_provider(settings)
+        self.site = Site.load(settings)
+        # A tenant whose jobs could never be sent as its user, or whose files could never be
+        # shared with it, is refused here rather than job by job.
+        self.site.check_tenant_users()
         self.registry = Registry()
-        self._link = link or SlurmLink(settings, transport, self.token, metrics.on_request)
+        self._link = link or SlurmLink(
+            settings, transport, self.token, metrics.on_request, users=self.site.slurm_users
+        )
         self._edge = ResourceEdge(kube, metrics, self.registry)
         # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
         backoff = max(1.0, min(30.0, settings.poll_interval * 5))
-        self._following = Following(settings, self._edge, self.slurm, self.reconcile, backoff)
-        self._submission = Submission(
-            settings, Site.load(settings), self._edge, metrics, self.slurm, self._following, backoff
+        self._following = Following(
+            settings, self._edge, self.slurm, self.reconcile, backoff, job_uid=self.site.job_uid
         )
-        self._deletion = Deletion(settings, self._edge, self.slurm, self._following)
+        self._submission = Submission(
+            settings,
+            self.site,
+            self._edge,
+            metrics,
+            self.slurm,
+            self._following,
+            backoff,
+            slurm_as=self.slurm_as,
+        )
+        self._deletion = Deletion(
+            settings, self._edge, self.slurm, self._following, self.site, self.slurm_as
+        )
 
     async def slurm(self) -> SlurmClient:
-        """The client, connected (and the version chosen) on first use."""
+        """The operator's own client, connected (and the version chosen) on first use."""
         return await self._link.client()
+
+    async def slurm_as(self, user: str | None) -> SlurmClient:
+        """The client acting as Slurm user `user` (a tenant's slurmUser; None: the operator)."""
+        return await self._link.client_for(user)
 
     async def reconcile(self, ref: ObjectRef) -> None:
         """Drive the submission side one step; raises RetryLater when it must run again."""

@@ -1,5 +1,9 @@
 """Deleting a resource: cancel its job unless it is final, wait for the end, archive the log
-tails into the status, remove the staging directory."""
+tails into the status, remove the staging directory.
+
+The cancel is sent as the Slurm user of the resource's tenant, found from its namespace (the
+tenants file), never from the status; looking the job up and waiting for its end is the
+operator's own."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.following import Following, refuse_stranger
+from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.decisions import belongs, stranger
@@ -27,11 +32,24 @@ class Deletion:
         edge: ResourceEdge,
         slurm: Callable[[], Awaitable[SlurmClient]],
         following: Following,
+        site: Site | None = None,
+        slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
     ) -> None:
+        """`slurm_as(user)`: the client acting as Slurm user `user` (a tenant's slurmUser, as
+        `site` says for the namespace)."""
         self.settings = settings
         self.edge = edge
         self.slurm = slurm
         self.following = following
+        self._site = site
+        self._slurm_as = slurm_as
+
+    async def _acting(self, ref: ObjectRef) -> SlurmClient:
+        """The client that cancels `ref`'s jobs: as its namespace's tenant's Slurm user (a
+        non-admin operator user may not cancel another user's job)."""
+        if self._slurm_as is None or self._site is None:
+            return await self.slurm()
+        return await self._slurm_as(self._site.slurm_user(ref.namespace))
 
     async def finalize(self, view: ResourceView) -> None:
         """Raises RetryLater while the job is still ending."""
@@ -61,7 +79,7 @@ class Deletion:
             # this attempt's name and identity.
             for job in await client.find_by_name(attempt.job_name):
                 if belongs(job, ref.uid, attempt):
-                    await cancel_quietly(client, job.job_id)
+                    await cancel_quietly(await self._acting(ref), job.job_id)
             return
         target = client.lifecycle_ref(attempt.job_id, attempt.sluid)
         # The job id is a claim (ids are reused; a status can be written): look before
@@ -71,7 +89,7 @@ class Deletion:
             if other is not None:
                 await refuse_stranger(self.edge, ref, attempt, other, "it is not cancelled")
                 return
-            await client.cancel(target)
+            await (await self._acting(ref)).cancel(target)
         except SlurmNotFound:
             return
         loop = asyncio.get_running_loop()

@@ -79,8 +79,13 @@ class Following:
         slurm: Callable[[], Awaitable[SlurmClient]],
         reconcile: Callable[[ObjectRef], Awaitable[None]],
         backoff: float,
+        *,
+        job_uid: Callable[[str], int | None] = lambda namespace: None,
     ) -> None:
+        """`job_uid(namespace)`: the uid that namespace's logs belong to when it is not the
+        settings' job user (a tenant's own uid)."""
         self.settings = settings
+        self._job_uid = job_uid
         self.edge = edge
         self.slurm = slurm
         self._reconcile = reconcile
@@ -218,7 +223,8 @@ class Following:
         ref = view.ref
         base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
         redact = await self.edge.redactions(view)
-        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact)
+        owner = self._job_uid(ref.namespace)
+        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact, owner)
         try:
             return await asyncio.wait_for(read, READ_TIMEOUT)
         except TimeoutError:  # an OSError too: first

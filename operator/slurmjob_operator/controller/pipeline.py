@@ -10,7 +10,7 @@ from typing import Any
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.config import Settings
+from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
     GpuSeriesCatalog,
@@ -22,12 +22,14 @@ from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
 from slurmjob_operator.site.tenants import (
+    Tenant,
     Tenants,
     TenantScope,
     check_against_registry,
     load_tenants,
 )
 from slurmjob_operator.slurm.dialects import dialect_for
+from slurmjob_operator.storage.acl import AclError, require_supported
 from slurmjob_operator.storage.staging import parse_owner, stage_attempt
 
 #: Used by `render` when no resource exists yet: the uid only shapes names and paths.
@@ -61,6 +63,54 @@ class Site:
         """The tenant of the namespace (None when single-tenant); `TenantUnknown` when tenancy
         is on and the namespace belongs to no tenant."""
         return self.tenants.scope(namespace) if self.tenants is not None else None
+
+    def tenant_of(self, namespace: str) -> Tenant | None:
+        """The tenant of the namespace; None when single-tenant or when no tenant lists it
+        (its jobs, if any, predate the tenants file and are the operator's own)."""
+        return self.tenants.get(namespace) if self.tenants is not None else None
+
+    def slurm_user(self, namespace: str) -> str | None:
+        """The Slurm user the namespace's jobs are submitted, cancelled, held and released
+        as; None: the operator's own."""
+        tenant = self.tenant_of(namespace)
+        return tenant.slurm_user if tenant is not None else None
+
+    def job_uid(self, namespace: str) -> int | None:
+        """The uid the namespace's jobs run as when their files are shared through ACLs (the
+        tenant's `uid`); None: the job user of the settings (`nofollow.job_owner`)."""
+        tenant = self.tenant_of(namespace)
+        return tenant.uid if tenant is not None else None
+
+    @property
+    def slurm_users(self) -> frozenset[str]:
+        """Every tenant's `slurmUser`: the only users the operator acts as besides its own."""
+        if self.tenants is None:
+            return frozenset()
+        return frozenset(t.slurm_user for t in self.tenants.tenants if t.slurm_user is not None)
+
+    def check_tenant_users(self) -> None:
+        """Refuse (ConfigError) what would make a tenant's jobs fail one by one: a `slurmUser`
+        the operator cannot mint tokens for, a `uid` on a storage root without POSIX ACLs.
+        Blocking (a probe directory on the storage root)."""
+        if self.tenants is None:
+            return
+        own = [t for t in self.tenants.tenants if t.slurm_user is not None]
+        if own and self.settings.slurm_jwt_key_file is None:
+            names = ", ".join(f"{t.name} (slurmUser {t.slurm_user})" for t in own)
+            raise ConfigError(
+                f"SLURMJOB_SLURM_JWT_KEY_FILE: required by tenant(s) {names} of "
+                f"{self.settings.tenants_file}: their jobs are submitted as their own Slurm "
+                "user, with tokens minted for it (a token file carries one user's token only)"
+            )
+        with_uid = [t.name for t in self.tenants.tenants if t.uid is not None]
+        if with_uid:
+            try:
+                require_supported(self.settings.storage_root)
+            except AclError as exc:
+                raise ConfigError(
+                    f"SLURMJOB_STORAGE_ROOT: tenant(s) {', '.join(with_uid)} have a uid, so "
+                    f"their attempt files are shared through POSIX ACLs, but {exc.strerror}"
+                ) from exc
 
 
 @dataclass(frozen=True)
@@ -122,13 +172,17 @@ def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
 
 def stage(prepared: PreparedAttempt, settings: Settings) -> None:
     """Write the attempt's files (blocking); `job.sh` is written last, so its presence proves
-    the staging finished (and its absence that no submit of this attempt was ever sent)."""
-    stage_attempt(
-        settings,
-        prepared.rendered.staging_dir,
-        prepared.rendered.files,
-        parse_owner(settings.staging_owner),
-    )
+    the staging finished (and its absence that no submit of this attempt was ever sent).
+
+    A tenant with a `uid` gets its files through ACLs (the operator keeps them: no CAP_CHOWN),
+    whatever SLURMJOB_STAGING_OWNER says; the other jobs are handed to that owner, if any."""
+    tenant = prepared.resolution.tenant
+    rendered = prepared.rendered
+    if tenant is not None and tenant.uid is not None:
+        stage_attempt(settings, rendered.staging_dir, rendered.files, job_uid=tenant.uid)
+    else:
+        owner = parse_owner(settings.staging_owner)
+        stage_attempt(settings, rendered.staging_dir, rendered.files, owner)
 
 
 def render_manifest(

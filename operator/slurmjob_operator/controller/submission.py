@@ -2,6 +2,10 @@
 stage, POST), the confirmation of the receipt, the adoption of a job whose answer was lost,
 and holding or releasing a queued job.
 
+What changes a tenant's job (the POST, a cancel, hold and release) is done as the tenant's
+`slurmUser` (`slurm_as`); what only reads (confirmation, adoption lookups) as the operator
+(`slurmlink`).
+
 What each failure becomes is `core.decisions.FAILURES`; here an exception is only classified
 (`classify`) and the returned plan carried out.
 """
@@ -128,12 +132,16 @@ class Submission:
         slurm: Callable[[], Awaitable[SlurmClient]],
         following: Following,
         backoff: float,
+        *,
+        slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
     ) -> None:
+        """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`)."""
         self.settings = settings
         self.site = site
         self.edge = edge
         self.metrics = metrics
         self.slurm = slurm
+        self._slurm_as = slurm_as
         self.following = following
         self._backoff = backoff
 
@@ -166,6 +174,15 @@ class Submission:
                 if step is Step.TRACK:
                     await self._sync_hold(view)
 
+    async def _as(self, user: str | None) -> SlurmClient:
+        if self._slurm_as is None:
+            return await self.slurm()
+        return await self._slurm_as(user)
+
+    async def _acting(self, ref: ObjectRef) -> SlurmClient:
+        """The client that changes `ref`'s jobs: as its namespace's tenant's Slurm user."""
+        return await self._as(self.site.slurm_user(ref.namespace))
+
     # -- submit ---------------------------------------------------------------------------
 
     async def _failed(
@@ -179,7 +196,7 @@ class Submission:
             self.metrics.count_submission(plan.metric)
         if plan.cancel_created and isinstance(exc, SlurmRejected) and exc.job_id is not None:
             # Slurm created a record despite refusing the job (200 + errors): end it.
-            await cancel_quietly(await self.slurm(), exc.job_id)
+            await cancel_quietly(await self._acting(view.ref), exc.job_id)
         if plan.discard_attempt and staging is not None:
             await asyncio.to_thread(remove_attempt, self.settings, staging)
         await self.edge.apply(view, transition)
@@ -191,7 +208,11 @@ class Submission:
     async def _prepare(
         self, view: ResourceView, number: int
     ) -> tuple[SlurmClient, PreparedAttempt]:
-        """Everything before the attempt is recorded; raises one of PREPARE_ERRORS."""
+        """Everything before the attempt is recorded; raises one of PREPARE_ERRORS. The client
+        is the one to submit with: as the Slurm user of the tenant the spec was resolved for."""
+        if self.site.tenants is not None:
+            # First: a namespace of no tenant gets nothing done for it, not even a Secret read.
+            self.site.tenants.scope(view.ref.namespace)
         spec: SlurmJobSpec | None = view.spec
         if spec is None:
             assert view.spec_error is not None
@@ -211,7 +232,8 @@ class Submission:
         )
         # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
         await asyncio.to_thread(verify_runtime, prepared, self.settings)
-        return client, prepared
+        tenant = prepared.resolution.tenant
+        return await self._as(tenant.slurm_user if tenant is not None else None), prepared
 
     async def _submit(self, view: ResourceView) -> None:
         number = len(view.status.attempts) + 1
@@ -235,6 +257,7 @@ class Submission:
         )
         try:
             await asyncio.to_thread(stage, prepared, self.settings)
+            # As the tenant's Slurm user: the job is its, and runs as its uid.
             receipt = await client.submit(launch)
         except SEND_ERRORS as exc:
             await self._failed(view, exc, recorded=True, staging=staging)
@@ -311,7 +334,7 @@ class Submission:
         keep = decision.keep
         assert keep is not None
         for duplicate in decision.duplicates:
-            await cancel_quietly(client, duplicate.job_id)
+            await cancel_quietly(await self._acting(view.ref), duplicate.job_id)
             self.metrics.duplicates_total.inc()
             await self.edge.event(
                 view.ref,
@@ -346,7 +369,8 @@ class Submission:
                 if other is not None:
                     await refuse_stranger(self.edge, view.ref, attempt, other, "not held")
                     return
-                await client.hold(attempt.job_id, action is Hold.HOLD)
+                acting = await self._acting(view.ref)
+                await acting.hold(attempt.job_id, action is Hold.HOLD)
             except SlurmError as exc:
                 verb = "hold" if action is Hold.HOLD else "release"
                 raise RetryLater(f"cannot {verb}: {exc}", 10) from exc

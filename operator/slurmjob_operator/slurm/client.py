@@ -122,6 +122,11 @@ class SlurmClient:
     def dialect(self) -> Dialect:
         return self._dialect
 
+    @property
+    def accounting(self) -> bool | None:
+        """Whether `/slurmdb/` paths are served, as far as known (None: not asked yet)."""
+        return self._accounting
+
     # -- paths ----------------------------------------------------------------------------
 
     def _slurm(self, rest: str) -> str:

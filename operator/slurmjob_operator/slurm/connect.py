@@ -30,6 +30,17 @@ def make_token_provider(settings: Settings) -> TokenProvider:
     raise ConfigError("SLURMJOB_SLURM_JWT_FILE or SLURMJOB_SLURM_JWT_KEY_FILE: one is required")
 
 
+def user_token(settings: Settings, user: str) -> MintedToken:
+    """Tokens for another Slurm user than the operator's own (a tenant's `slurmUser`): only
+    the JWT key can sign them, so without SLURMJOB_SLURM_JWT_KEY_FILE there are none."""
+    if settings.slurm_jwt_key_file is None:
+        raise ConfigError(
+            f"SLURMJOB_SLURM_JWT_KEY_FILE: required to act as Slurm user {user!r} (a token "
+            "file carries one user's token only)"
+        )
+    return MintedToken(settings.slurm_jwt_key_file, user, settings.slurm_jwt_lifespan)
+
+
 def _ssl(settings: Settings) -> ssl.SSLContext | None:
     if not settings.slurm_rest_url.startswith("https://"):
         return None
@@ -75,6 +86,29 @@ async def connect(
         accounting=found.accounting,
         token=provider,
         user=settings.slurm_rest_user,
+        timeout=settings.slurm_rest_timeout,
+        on_request=on_request,
+    )
+
+
+def client_as(
+    settings: Settings,
+    transport: HttpTransport,
+    like: SlurmClient,
+    user: str,
+    *,
+    on_request: OnRequest | None = None,
+) -> SlurmClient:
+    """A client that speaks `like`'s version over the same transport (what discovery found,
+    accounting included, is not asked again) but authenticates as `user` with tokens minted
+    for that user (`user_token`)."""
+    return SlurmClient(
+        transport,
+        settings.slurm_rest_url,
+        like.version,
+        accounting=like.accounting,
+        token=user_token(settings, user),
+        user=user,
         timeout=settings.slurm_rest_timeout,
         on_request=on_request,
     )

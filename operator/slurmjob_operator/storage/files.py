@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -18,12 +19,14 @@ def write_at(
     *,
     owner: tuple[int, int] | None = None,
     exclusive: bool = False,
+    prepare: Callable[[int], None] | None = None,
 ) -> None:
     """Write `content` to a new temporary file in the directory `dir_fd` (created O_EXCL and
     O_NOFOLLOW: never through a link, never an existing file), fsync it, then rename it over
     `name` (a link already there is replaced, not followed) or, with `exclusive`, link it
     there (FileExistsError when the name is taken: nothing is overwritten). The file is 0600
-    until it has its owner and final mode."""
+    until it has its owner and final mode. `prepare` is called with the temporary file's
+    descriptor after its last fchmod and before it is put in place (an ACL grant)."""
     tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, _CREATE, 0o600, dir_fd=dir_fd)
     try:
@@ -34,6 +37,8 @@ def write_at(
             if owner is not None:
                 os.fchown(fd, owner[0], owner[1])
             os.fchmod(fd, mode)
+            if prepare is not None:
+                prepare(fd)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -25,6 +25,13 @@ Rules:
   not compared: the job may already have consumed it.
 - Every file is fsync'ed, and the directory after it; a file is 0600 until it has its owner and
   final mode, so a secret is never readable by others, not even for a moment.
+- ACL mode (`job_uid`, a tenant's own uid): nothing is chowned (no CAP_CHOWN) and the files
+  stay the operator's; POSIX ACLs (`acl`) let exactly that uid in. The attempt directory is
+  made 0700 and then `acl.grant_dir` (the job may create its logs and delete secrets.env, and
+  what it creates stays readable and removable by the operator), each file is granted with
+  `acl.grant_file` before it is renamed into place (secrets.env writable, so the script can
+  shred it), and the directories above it with `acl.grant_traverse` (pass, not list). A
+  filesystem without ACLs fails the stage (`StagingError`): never a wider mode instead.
 - Removal walks the same way: `shutil.rmtree` from a directory descriptor follows no link, and
   a link or file where a directory should be is unlinked itself, never its target.
 
@@ -38,14 +45,15 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from pathlib import Path
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.launch import StagedFile
 from slurmjob_operator.core.naming import SCRIPT_FILE, SECRETS_FILE
-from slurmjob_operator.storage import redactions
+from slurmjob_operator.storage import acl, redactions
 from slurmjob_operator.storage.files import write_at
 from slurmjob_operator.storage.nofollow import (
     UnsafePath,
@@ -62,6 +70,8 @@ from slurmjob_operator.storage.nofollow import (
 
 PARENT_MODE = 0o755
 ATTEMPT_MODE = 0o755
+#: ACL mode: a new directory is the operator's alone until its ACL names the job's uid.
+ACL_DIR_MODE = 0o700
 _ATTEMPT_RE = re.compile(r"^attempt-[1-9][0-9]*$")
 _TEMPORARY_RE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
 
@@ -187,17 +197,20 @@ def stage_attempt(
     """Create the attempt directory below the storage root and write its files.
 
     `owner` (uid, gid) overrides `settings.staging_owner`; with neither, nothing is chowned
-    and the files are the operator's. `job_uid`: the uid the job runs as, when it is not the
-    files' owner (the files stay the operator's and an ACL lets the job in); by default the
-    owner's. A copy of secrets.env is kept (`redactions`) only when that uid is not the
-    operator's own.
+    and the files are the operator's. `job_uid`: the uid the job runs as when it is not the
+    files' owner (a tenant's `uid`): ACL mode (see the module docstring), where neither
+    `owner` nor `settings.staging_owner` applies. A copy of secrets.env is kept
+    (`redactions`) only when the job's uid is not the operator's own.
     """
     if SCRIPT_FILE not in files:
         raise StagingError(f"nothing to stage: {SCRIPT_FILE} is missing")
     for name in files:
         if not name or "/" in name or name.startswith("."):
             raise StagingError(f"{name!r}: not a plain file name")
-    owner = owner if owner is not None else parse_owner(settings.staging_owner)
+    if job_uid is not None and owner is not None:
+        raise StagingError("an owner to chown to and a job uid to grant ACLs to are exclusive")
+    if job_uid is None:
+        owner = owner if owner is not None else parse_owner(settings.staging_owner)
     uid = owner[0] if owner is not None else os.geteuid()
     parts = _parts(settings, staging_dir)
     root = settings.storage_root
@@ -210,26 +223,64 @@ def stage_attempt(
         made = False
         for i, part in enumerate(parts):
             where = where / part
-            mode = ATTEMPT_MODE if i == len(parts) - 1 else PARENT_MODE
+            last = i == len(parts) - 1
+            mode = ATTEMPT_MODE if last else PARENT_MODE
+            if job_uid is not None:
+                mode = ACL_DIR_MODE
             fd, made = _enter(fds[-1], part, where, mode, owner, dir_owners(uid))
             fds.append(fd)
+            if job_uid is not None and not last:
+                _granted(where, partial(acl.grant_traverse, fd, [job_uid]))
         attempt, resource = fds[-1], fds[-2]
         if not made:
             _check_leftover(attempt, where, files, owner, uid)
-            if _already_staged(attempt, where, files, uid):
-                return
+        if job_uid is not None:
+            # Again on a leftover: the operator may have stopped between mkdir and the grant.
+            _granted(where, partial(acl.grant_dir, attempt, job_uid, os.geteuid()))
+        if not made and _already_staged(attempt, where, files, uid):
+            return
         if SECRETS_FILE in files and redactions.keeps_records(uid if job_uid is None else job_uid):
             redactions.write_record(resource, parts[-1], files[SECRETS_FILE].content)
             os.fsync(resource)
         # job.sh last: its presence means the attempt is completely staged.
         for name in sorted(files, key=lambda n: n == SCRIPT_FILE):
-            write_at(attempt, name, files[name].content, files[name].mode, owner=owner)
+            _write(attempt, where, name, files[name], owner, job_uid)
         os.fsync(attempt)
     except UnsafePath as exc:
         raise StagingError(f"{exc}; refusing to stage through it") from None
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+def _granted(where: Path, grant: Callable[[], None]) -> None:
+    """Run an `acl` grant; its failure (no ACL support, a directory not the operator's) is a
+    failed stage, named by the path."""
+    try:
+        grant()
+    except acl.AclError as exc:
+        raise StagingError(f"{where}: {exc.strerror}; nothing is staged without it") from None
+
+
+def _write(
+    attempt: int,
+    where: Path,
+    name: str,
+    staged: StagedFile,
+    owner: tuple[int, int] | None,
+    job_uid: int | None,
+) -> None:
+    if job_uid is None:
+        write_at(attempt, name, staged.content, staged.mode, owner=owner)
+        return
+    # The owner's bits only: the ACL gives the job's uid what the owner has (w only for
+    # secrets.env, which the script shreds) and everyone else nothing.
+    writable = name == SECRETS_FILE
+
+    def grant(fd: int) -> None:
+        _granted(where / name, partial(acl.grant_file, fd, job_uid, writable=writable))
+
+    write_at(attempt, name, staged.content, staged.mode & 0o700, prepare=grant)
 
 
 def is_staged(settings: Settings, staging_dir: Path) -> bool:
