@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +170,7 @@ class BenchController:
         self.client = client
         self.metrics = metrics
         self.token = token
-        self.settings = SimpleNamespace(poll_interval=10.0)
+        self.settings = Settings(poll_interval=10.0)
         self.tracked = {
             f"uid-{i}": Tracked(ObjectRef("bench", f"job-{i}", f"uid-{i}"), i, None, None)
             for i in job_ids

@@ -176,6 +176,29 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a deletion waits for a cancelled job to end before trying again.",
     )
+    submit_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description=(
+            "Submissions (render, stage, POST) in progress at once; the waiting ones are served "
+            "round-robin across namespaces."
+        ),
+    )
+    refresh_concurrency: int = Field(
+        default=16,
+        ge=1,
+        le=256,
+        description="Status refreshes (apiserver read and patch) in progress at once in a poll.",
+    )
+    log_refresh: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "Seconds between two log-tail refreshes of a running job (a state change, and the "
+            "job's end, always refresh them)."
+        ),
+    )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
     )

@@ -74,6 +74,8 @@ class Metrics:
     * `jobs{phase}`: tracked SlurmJobs by phase (`set_jobs_by_phase`).
     * `token_expiry_seconds`: seconds until the slurmrestd token expires (`set_token_expiry`,
       or `.set()` directly); NaN when unknown.
+    * `waiting_submissions`: submissions waiting for a slot (`SLURMJOB_SUBMIT_CONCURRENCY`
+      bounds those in progress; set by the controller's `FairLimiter`).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -134,6 +136,12 @@ class Metrics:
             registry=reg,
         )
         self.token_expiry_seconds.set(float("nan"))
+        self.waiting_submissions = Gauge(
+            f"{PREFIX}_waiting_submissions",
+            "Submissions (render, stage, POST) waiting for one of the SLURMJOB_SUBMIT_CONCURRENCY "
+            "slots; served round-robin across namespaces.",
+            registry=reg,
+        )
         for result in SUBMISSION_RESULTS:
             self.submissions_total.labels(result=result)
         for phase in Phase:

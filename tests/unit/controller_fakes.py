@@ -13,10 +13,15 @@ client acting as `user` (`MemoryUserClient`). `acted` records every call with th
 made as (None: the operator). A job belongs to the user who submitted it, and, as on a
 cluster whose operator user is no Slurm operator or admin, only that user may cancel, hold
 or release it (`SlurmRejected` "Access/permission denied"); `admins` lifts that.
+
+`submit_delay` slows every submit by that many seconds (the POST in flight), and
+`submitting` / `max_submitting` count the submits in flight now and at most; `submitted`
+lists the job names of the submits made, in the order their POSTs completed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import json
@@ -145,6 +150,10 @@ class MemorySlurm:
     admins: frozenset[str] = frozenset()
     user_clients: dict[str, MemoryUserClient] = field(default_factory=dict)
     next_id: int = 100
+    submit_delay: float = 0.0
+    submitting: int = 0
+    max_submitting: int = 0
+    submitted: list[str] = field(default_factory=list)
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -241,6 +250,13 @@ class MemorySlurm:
 
     async def do_submit(self, req: LaunchRequest, user: str | None) -> SubmitReceipt:
         self._record("submit", user)
+        self.submitting += 1
+        self.max_submitting = max(self.max_submitting, self.submitting)
+        try:
+            await asyncio.sleep(self.submit_delay)  # 0: still a point where others may run
+        finally:
+            self.submitting -= 1
+        self.submitted.append(req.job_name)
         fault = self.faults.pop(0) if self.faults else None
         if fault == "auth":
             raise SlurmAuthError("token refused", status=401)

@@ -644,3 +644,111 @@ async def test_a_namespace_of_no_tenant_has_no_secret_read(tmp_path: Path) -> No
     assert condition(bed, ref, "Ready") == ("False", "TenantUnknown")
     assert reads == []
     assert bed.slurm.calls == []
+
+
+# -- bounded, fair submission -------------------------------------------------------------------
+
+
+async def test_submits_are_bounded_and_a_lonely_namespace_is_not_starved(tmp_path: Path) -> None:
+    """50 SlurmJobs in namespace a and then 1 in namespace b reconcile at once, the POST slowed:
+    never more than SLURMJOB_SUBMIT_CONCURRENCY (2) submits at once, and b's is not behind
+    a's backlog. Round-robin grants b the 4th slot (two taken at once, one more of a, then
+    b); its POST may still end after the ones granted just after it, so at most 2 x 2 POSTs
+    end before it (a FIFO: 50)."""
+    bed = make_bed(tmp_path, submit_concurrency=2)
+    bed.slurm.submit_delay = 0.01
+    refs = [bed.store.create(f"many-{i}", cpu_spec(), namespace="a") for i in range(50)]
+    lonely = bed.store.create("lonely", cpu_spec(), namespace="b")
+    slots = bed.controller.submit_slots
+    held: list[int] = []
+    waiting: list[float] = []
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            held.append(slots.held)
+            waiting.append(counter(bed, "slurmjob_operator_waiting_submissions"))
+            await asyncio.sleep(0.001)
+
+    watcher = asyncio.create_task(watch())
+    everyone = asyncio.gather(*(reconcile(bed, ref) for ref in [*refs, lonely]))
+    results = await asyncio.wait_for(everyone, 10)
+    stop.set()
+    await watcher
+    assert results == [None] * 51
+    assert bed.slurm.max_submitting == 2
+    assert max(held) == 2
+    assert len(bed.slurm.submitted) == 51
+    position = next(i for i, name in enumerate(bed.slurm.submitted) if "-lonely-" in name)
+    assert position <= 4, bed.slurm.submitted[:6]
+    assert max(waiting) >= 40, "the backlog waited for a slot, and the gauge said so"
+    assert counter(bed, "slurmjob_operator_waiting_submissions") == 0
+    assert slots.waiting == slots.held == 0
+    assert all(bed.store.status(ref).phase is Phase.QUEUED for ref in [*refs, lonely])
+
+
+async def test_nothing_but_a_submit_waits_for_a_slot(tmp_path: Path) -> None:
+    """Every slot taken: a suspended resource, a followed one and a deletion still go on."""
+    bed = make_bed(tmp_path, submit_concurrency=1)
+    followed = bed.store.create("followed", cpu_spec())
+    await reconcile(bed, followed)
+    suspended = bed.store.create("suspended", cpu_spec(suspend=True))
+    queued = bed.store.create("queued", cpu_spec())
+    async with bed.controller.submit_slots.slot("elsewhere"):
+        await asyncio.wait_for(reconcile(bed, suspended), 1)
+        assert condition(bed, suspended, "Suspended") == ("True", "Suspended")
+        bed.store.update(followed, suspend=True)
+        await asyncio.wait_for(reconcile(bed, followed), 1)
+        assert "hold 100" in bed.slurm.calls
+        waiter = asyncio.create_task(reconcile(bed, queued))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        assert counter(bed, "slurmjob_operator_waiting_submissions") == 1
+        # A queued submit holds no lock: its deletion does not wait behind the queue.
+        bed.store.body(queued)["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        await asyncio.wait_for(bed.controller.finalize(bed.store.body(queued)), 1)
+    assert await asyncio.wait_for(waiter, 1) is None
+    assert bed.slurm.calls.count("submit") == 1, "the deleted resource was not submitted"
+    assert bed.store.status(queued).attempts == []
+
+
+async def test_a_submit_suspended_while_it_waits_is_not_sent(tmp_path: Path) -> None:
+    """The step after the wait reads the resource again: spec.suspend set meanwhile wins."""
+    bed = make_bed(tmp_path, submit_concurrency=1)
+    ref = bed.store.create("train", cpu_spec())
+    async with bed.controller.submit_slots.slot("elsewhere"):
+        waiter = asyncio.create_task(reconcile(bed, ref))
+        await asyncio.sleep(0.05)
+        bed.store.update(ref, suspend=True)
+    assert await asyncio.wait_for(waiter, 1) is None
+    assert "submit" not in bed.slurm.calls
+    assert condition(bed, ref, "Suspended") == ("True", "Suspended")
+
+
+@pytest.mark.parametrize("gives_way", ["declared lost", "interrupted"])
+async def test_an_adoption_that_gives_way_submits_holding_a_slot(bed: Bed, gives_way: str) -> None:
+    """An unconfirmed attempt declared lost, or never sent (its staging unfinished): the new
+    attempt is submitted holding a slot, like any other submit."""
+    bed.slurm.faults = ["unsent"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    if gives_way == "declared lost":
+        bed.store.update(ref, annotations={DECLARE_LOST_ANNOTATION: "1"})
+    else:
+        (Path(bed.store.status(ref).attempts[0].staging_dir or "") / SCRIPT_FILE).unlink()
+    slots = bed.controller.submit_slots
+    seen: list[int] = []
+    original = bed.slurm.do_submit
+
+    async def spy(req: Any, user: str | None) -> Any:
+        seen.append(slots.held)
+        return await original(req, user)
+
+    bed.slurm.do_submit = spy  # type: ignore[method-assign]
+    assert await reconcile(bed, ref) is None
+    assert seen == [1]
+    assert slots.held == 0
+    assert bed.store.status(ref).phase is Phase.QUEUED
+    attempt = bed.store.status(ref).current_attempt
+    assert attempt is not None
+    assert attempt.job_id is not None

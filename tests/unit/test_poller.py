@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
@@ -77,7 +80,7 @@ class FakeClient:
 class FakeController:
     def __init__(self, client: FakeClient, job_ids: Sequence[int]) -> None:
         self.client = client
-        self.settings = SimpleNamespace(poll_interval=1.0)
+        self.settings = Settings(poll_interval=1.0)
         self.metrics = Metrics()
         self.token = SimpleNamespace(expires_at=None)
         self.tracked = {
@@ -148,6 +151,31 @@ async def test_two_resources_claiming_one_job_id_are_both_refreshed() -> None:
     assert client.calls.count("get_job") == 3, "one detail read per job id, not per claimant"
 
 
+async def test_after_a_restart_only_jobs_that_moved_cost_a_request() -> None:
+    """The statuses' recorded states stand in for the last sweep: 2,000 followed jobs, one of
+    which ended while the operator was down, cost the sweep and one detail read."""
+    poller, controller, client = make(2000)
+    for uid, item in list(controller.tracked.items()):
+        controller.tracked[uid] = dataclasses.replace(item, native=("RUNNING",))
+    client.states[7] = "COMPLETED"
+    await poller.cycle()
+    assert client.calls == ["jobs_state", "get_job"]
+    assert controller.refreshed == [(7, False, False)]
+
+
+async def test_log_files_of_queued_jobs_are_not_looked_at(tmp_path: Path) -> None:
+    poller, controller, _ = make(3)
+    looked: list[str] = []
+    poller._signature = lambda item: looked.append(item.ref.uid) or (None, None)  # type: ignore[method-assign]
+    for uid, item in list(controller.tracked.items()):
+        running = uid == "uid-2"
+        controller.tracked[uid] = dataclasses.replace(item, native=("RUNNING",), running=running)
+    await poller.cycle()
+    looked.clear()
+    await poller.cycle()
+    assert looked == ["uid-2"], "only the running job's files, and nothing else"
+
+
 async def test_a_vanished_job_is_handed_over_as_gone() -> None:
     poller, controller, client = make(3)
     await poller.cycle()
@@ -173,3 +201,25 @@ async def test_nothing_tracked_means_no_request() -> None:
     poller, _, client = make(0)
     await poller.cycle()
     assert client.calls == []
+
+
+def test_the_registry_keeps_the_recorded_state_for_the_next_start() -> None:
+    from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+    from slurmjob_operator.controller.registry import Registry
+
+    attempt = Attempt(
+        number=1,
+        job_name="sj",
+        job_id=9,
+        confirmed=True,
+        native_state="RUNNING",
+        native_flags=["CONFIGURING"],
+    )
+    registry = Registry()
+    ref = ObjectRef("ns", "a", "uid-a")
+    registry.observe(ref, SlurmJobStatus(phase=Phase.RUNNING, attempts=[attempt]))
+    [item] = registry.followed()
+    assert item.native == ("CONFIGURING", "RUNNING")
+    assert item.running
+    registry.observe(ref, SlurmJobStatus(phase=Phase.QUEUED, attempts=[attempt]))
+    assert not registry.followed()[0].running

@@ -13,6 +13,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.deletion import Deletion
+from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.registry import Registry, Tracked
@@ -59,6 +60,10 @@ class Controller:
         self._following = Following(
             settings, self._edge, self.slurm, self.reconcile, backoff, job_uid=self.site.job_uid
         )
+        # One for the process: submits in progress at once, the waiting ones by namespace.
+        self.submit_slots = FairLimiter[str](
+            settings.submit_concurrency, on_waiting=metrics.waiting_submissions.set
+        )
         self._submission = Submission(
             settings,
             self.site,
@@ -68,6 +73,7 @@ class Controller:
             self._following,
             backoff,
             slurm_as=self.slurm_as,
+            limiter=self.submit_slots,
         )
         self._deletion = Deletion(
             settings, self._edge, self.slurm, self._following, self.site, self.slurm_as

@@ -5,7 +5,10 @@ jobs whose state changed since the last sweep. v0.0.38 has no `/jobs/state`: `GE
 `update_time` answers 304 when nothing changed, the whole list otherwise (which then carries
 every detail, so no per-job GET is needed). Either way an unchanged job costs no request of
 its own: the sweep is one request per 500 tracked ids (`SlurmClient.jobs_state` batches). Log
-tails are re-read only for jobs whose log files changed (size or mtime).
+tails are re-read with every state change, and between changes only for running jobs whose log
+files changed, at most every `SLURMJOB_LOG_REFRESH` seconds. After a restart the states and
+tails the statuses recorded stand in for the last sweep. Refreshes run concurrently, at most
+`SLURMJOB_REFRESH_CONCURRENCY` at once.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Poller:
         self.controller = controller
         self._seen: dict[int, StateKey] = {}
         self._logs: dict[str, tuple[object, object]] = {}  # by resource uid
+        self._logs_read: dict[str, float] = {}  # uid -> monotonic time of its last tail read
         self._list_since: datetime | None = None
         self._next_since: datetime | None = None
 
@@ -91,6 +95,7 @@ class Poller:
             self._forget_untracked(tracked)
             if not tracked:
                 return
+            self._remember(tracked)
             try:
                 client = await controller.slurm()
                 changed = await self._changed(client, tracked)
@@ -104,16 +109,33 @@ class Poller:
                 )
                 return
             await controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
-            refreshed = True
-            for job_id, views in changed.items():
-                for item in tracked[job_id]:
-                    refreshed = await self._refresh(item, views) and refreshed
-            if refreshed and self._next_since is not None:
+            limit = asyncio.Semaphore(controller.settings.refresh_concurrency)
+
+            async def bounded(
+                item: Tracked, views: Sequence[SlurmJobView] | None, logs_only: bool = False
+            ) -> bool:
+                async with limit:
+                    return await self._refresh(item, views, logs_only=logs_only)
+
+            done = await asyncio.gather(
+                *(
+                    bounded(item, views)
+                    for job_id, views in changed.items()
+                    for item in tracked[job_id]
+                )
+            )
+            if all(done) and self._next_since is not None:
                 self._list_since = self._next_since
-            for job_id, items in tracked.items():
-                for item in items:
-                    if job_id not in changed and self._logs_changed(item):
-                        await self._refresh(item, None, logs_only=True)
+            now = time.monotonic()
+            await asyncio.gather(
+                *(
+                    bounded(item, None, logs_only=True)
+                    for job_id, items in tracked.items()
+                    if job_id not in changed
+                    for item in items
+                    if self._logs_due(item, now) and self._logs_changed(item)
+                )
+            )
 
     def _forget_untracked(self, tracked: dict[int, list[Tracked]]) -> None:
         for job_id in list(self._seen):
@@ -123,6 +145,19 @@ class Poller:
         for uid in list(self._logs):
             if uid not in uids:
                 self._logs.pop(uid, None)
+                self._logs_read.pop(uid, None)
+
+    def _remember(self, tracked: dict[int, list[Tracked]]) -> None:
+        """Jobs seen for the first time (a restart, or a new submission): take Slurm's state
+        and the log tails as the status recorded them, so only what moved since costs a
+        request and a write. A wrong guess costs one detail read, never a missed change: the
+        sweep's state is compared with it."""
+        for job_id, items in tracked.items():
+            if job_id not in self._seen and len(items) == 1 and items[0].native:
+                self._seen[job_id] = (items[0].native,)
+            for item in items:
+                if item.running and item.ref.uid not in self._logs:
+                    self._logs[item.ref.uid] = self._signature(item)
 
     async def _changed(
         self, client: SlurmClient, tracked: dict[int, list[Tracked]]
@@ -186,6 +221,7 @@ class Poller:
         if views is not None and not logs_only:
             self._seen[item.job_id] = state_key(views)
         self._logs[item.ref.uid] = self._signature(item)
+        self._logs_read[item.ref.uid] = time.monotonic()
         return True
 
     def _signature(self, item: Tracked) -> tuple[object, object]:
@@ -198,6 +234,14 @@ class Poller:
         base = attempt_dir(root, item.ref, item.attempt, item.staging_dir)
         out, err = tail_signatures(root, base, (STDOUT_FILE, STDERR_FILE), job_owner(settings))
         return (out, err)
+
+    def _logs_due(self, item: Tracked, now: float) -> bool:
+        """Between state changes, a job's log files are looked at only while it runs, and its
+        tails re-read at most every `log_refresh` seconds."""
+        if not item.running:
+            return False
+        last = self._logs_read.get(item.ref.uid)
+        return last is None or now - last >= self.controller.settings.log_refresh
 
     def _logs_changed(self, item: Tracked) -> bool:
         return self._logs.get(item.ref.uid) != self._signature(item)

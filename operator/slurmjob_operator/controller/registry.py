@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from slurmjob_operator.api.resource import ObjectRef
-from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.api.status import Phase, SlurmJobStatus
 from slurmjob_operator.core.following import is_lost
 
 
@@ -20,6 +20,10 @@ class Tracked:
     sluid: str | None
     staging_dir: str | None  # as the status says: compared, never used (storage.locate)
     attempt: int | None = None  # its number, which with `ref` locates its files
+    # Slurm's state as the status last recorded it (base state and flags, sorted): after a
+    # restart the poller compares the sweep with it instead of fetching every job's details.
+    native: tuple[str, ...] = ()
+    running: bool = False  # only a running job's log files are looked at between changes
 
 
 def follows(status: SlurmJobStatus) -> bool:
@@ -50,8 +54,15 @@ class Registry:
             self._phases[ref.uid] = status.phase.value
         attempt = status.current_attempt
         if attempt is not None and attempt.job_id is not None and follows(status):
+            native = (attempt.native_state, *attempt.native_flags) if attempt.native_state else ()
             self._tracked[ref.uid] = Tracked(
-                ref, attempt.job_id, attempt.sluid, attempt.staging_dir, attempt.number
+                ref,
+                attempt.job_id,
+                attempt.sluid,
+                attempt.staging_dir,
+                attempt.number,
+                native=tuple(sorted(native)),
+                running=status.phase is Phase.RUNNING,
             )
         else:
             self._tracked.pop(ref.uid, None)

@@ -8,6 +8,9 @@ What changes a tenant's job (the POST, a cancel, hold and release) is done as th
 
 What each failure becomes is `core.decisions.FAILURES`; here an exception is only classified
 (`classify`) and the returned plan carried out.
+
+At most `submit_concurrency` submits at once; the others wait for a slot of the controller's
+`FairLimiter`, served round-robin by namespace (lock order: `Submission.reconcile`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
@@ -134,8 +138,10 @@ class Submission:
         backoff: float,
         *,
         slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
+        limiter: FairLimiter[str] | None = None,
     ) -> None:
-        """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`)."""
+        """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
+        `limiter`: the slots submits are made in, by namespace (None: its own)."""
         self.settings = settings
         self.site = site
         self.edge = edge
@@ -144,35 +150,57 @@ class Submission:
         self._slurm_as = slurm_as
         self.following = following
         self._backoff = backoff
+        self._limiter = limiter or FairLimiter[str](settings.submit_concurrency)
 
     async def reconcile(self, ref: ObjectRef) -> None:
-        """Drive a resource's submission side one step (create, resume and spec updates)."""
+        """Drive a resource's submission side one step (create, resume and spec updates).
+
+        Only a submit (render, record, stage, POST, confirmation) holds a slot. The slot is
+        taken first, then the lock: the first step only finds a submit due, and the lock is
+        let go while the slot is awaited (a waiter blocks no finalizer or poller, and no slot
+        is awaited under a lock: `controller.fairness`); the second step reads the resource
+        again, suspended, deleted or submitted by a concurrent retry meanwhile."""
+        if not await self._step(ref, slot=False):
+            return
+        async with self._limiter.slot(ref.namespace):
+            await self._step(ref, slot=True)
+
+    async def _step(self, ref: ObjectRef, *, slot: bool) -> bool:
+        """One step under the resource's lock. True: a submit is due and `slot` (one is held)
+        is False; nothing was sent."""
         async with self.edge.lock(ref.uid):
             view = await self.edge.fresh(ref)
             if view is None or view.deleting:
-                return
+                return False
             step = next_step(view.status)
-            if step in (Step.SUBMIT, Step.RETRY):
-                blocked, transition = gate(view.status, view.suspend, view.generation, _now())
-                if transition is not None:
-                    view = await self.edge.apply(view, transition)
-                if blocked:
-                    return
+            if step is Step.ADOPT:
+                gave_way = await self._adopt(view)
+                if gave_way is None:
+                    return False
+                # The attempt gave way to a new one: SUBMIT or RETRY now, behind the gate.
+                view, step = gave_way, next_step(gave_way.status)
+            if step is Step.CONFIRM:
+                await self._confirm(view)
+                return False
+            if step not in (Step.SUBMIT, Step.RETRY):
+                self.edge.observe(ref, view.status)
+                if step is Step.TRACK:
+                    await self._sync_hold(view)
+                return False
+            blocked, transition = gate(view.status, view.suspend, view.generation, _now())
+            if transition is not None:
+                view = await self.edge.apply(view, transition)
+            if blocked:
+                return False
             if step is Step.RETRY:
                 due = parse_rfc3339(view.status.next_attempt_at)
                 wait = (due - _now()).total_seconds() if due else 0.0
                 if wait > 0:
                     raise RetryLater(f"retry due at {view.status.next_attempt_at}", wait)
-            if step in (Step.SUBMIT, Step.RETRY):
-                await self._submit(view)
-            elif step is Step.ADOPT:
-                await self._adopt(view)
-            elif step is Step.CONFIRM:
-                await self._confirm(view)
-            else:
-                self.edge.observe(ref, view.status)
-                if step is Step.TRACK:
-                    await self._sync_hold(view)
+            if not slot:
+                return True
+            await self._submit(view)
+            return False
 
     async def _as(self, user: str | None) -> SlurmClient:
         if self._slurm_as is None:
@@ -291,15 +319,15 @@ class Submission:
                 f"Slurm job {attempt.job_id} is not attempt {attempt.number}'s job", self._backoff
             )
 
-    async def _adopt(self, view: ResourceView) -> None:
-        """The last POST's answer was lost: look for the job by its unique name and adopt it."""
+    async def _adopt(self, view: ResourceView) -> ResourceView | None:
+        """The last POST's answer was lost: look for the job by its unique name and adopt it.
+        The view when the attempt gave way to a new one instead (declared lost, or never
+        sent): the caller submits that, through the gate and holding a slot."""
         status = view.status
         attempt = status.current_attempt
         assert attempt is not None
         if declared_lost_now(attempt, view.annotations):
-            view = await self.edge.apply(view, declared_lost(status, view.generation, _now()))
-            await self._submit(view)
-            return
+            return await self.edge.apply(view, declared_lost(status, view.generation, _now()))
         try:
             client = await self.slurm()
             found = await client.find_by_name(attempt.job_name)
@@ -321,12 +349,10 @@ class Submission:
             text = (
                 f"attempt {attempt.number} was interrupted before it was sent; submitting it again"
             )
-            view = await self.edge.apply(
+            return await self.edge.apply(
                 view,
                 not_submitted(status, Reason.SUBMIT_INTERRUPTED, text, view.generation, _now()),
             )
-            await self._submit(view)
-            return
         if decision.action is AdoptAction.WAIT:
             text = "the job is not visible in Slurm yet"
             await self.edge.apply(view, unconfirmed(status, text, view.generation, _now()))
@@ -349,6 +375,7 @@ class Submission:
             submitted(status, keep.job_id, view.generation, _now(), sluid=keep.sluid, adopted=True),
         )
         await self._confirm(view)
+        return None
 
     # -- hold and release -----------------------------------------------------------------
 

@@ -27,6 +27,7 @@ artifact_magic_offset=32
 readonly staging_dir artifact artifact_sha256 artifact_magic artifact_magic_offset
 
 # The user's command, one word per line, exactly as in spec.command.
+# shellcheck disable=SC2054 # a word of the command may itself contain a comma
 user_command=(
   python
   train.py

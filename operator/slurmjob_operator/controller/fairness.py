@@ -1,0 +1,138 @@
+"""A fair limiter: at most `limit` holders at once, the waiters served round-robin by key.
+
+Why: every SlurmJob's handler would otherwise render, stage and submit at once, so memory
+and slurmrestd load follow the backlog (8,000 SlurmJobs created before the operator starts
+peaked at 2.5 GB). A plain semaphore bounds that but is FIFO across everyone, so one
+namespace that queues 10,000 submits delays another namespace's single submit by all of
+them. Here the waiters are grouped by key (the namespace) and a freed slot goes to the next
+key, in round-robin order, among the keys that have waiters (FIFO within a key): a key that
+starts waiting is served after at most one grant to each key already waiting.
+
+Properties the submission side relies on:
+
+* never more than `limit` holders; a slot freed while others wait is handed straight to the
+  next waiter, so every slot is taken while anyone waits and a newcomer cannot jump the
+  queue;
+* cancellation-safe: a waiter cancelled while waiting leaves nothing behind (nor its key,
+  once that key has no other waiter); one cancelled just after it was granted passes the slot
+  on; a holder that is cancelled releases its slot (`slot` is a context manager);
+* no polling: each waiter awaits its own future, resolved by the release that grants it;
+* O(1) per grant, per arrival and per cancellation (ordered dicts: a FIFO that can also drop
+  any entry, the key ring likewise), and memory only for the current waiters.
+
+Lock order: a slot is never awaited while a resource's lock is held (`Submission.reconcile`
+takes the slot first, then the lock). A holder only ever waits for its own resource's lock,
+and whoever holds that lock waits for no slot, so holders always finish and no cycle exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class FairLimiter(Generic[K]):
+    """At most `limit` holders; waiters grouped by key and served round-robin across keys.
+
+    `on_waiting(n)` is called with the number of waiters whenever it changes (a gauge).
+    Single event loop only, like the rest of the controller."""
+
+    def __init__(self, limit: int, *, on_waiting: Callable[[int], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        self._limit = limit
+        self._held = 0
+        self._waiting = 0
+        self._on_waiting = on_waiting
+        # Per key, its waiters in arrival order; the ring holds exactly the keys with waiters,
+        # the next one to serve first.
+        self._queues: dict[K, OrderedDict[asyncio.Future[None], None]] = {}
+        self._ring: OrderedDict[K, None] = OrderedDict()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def held(self) -> int:
+        """Slots held now (a waiter granted but not yet resumed counts as holding)."""
+        return self._held
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def waiting_for(self, key: K) -> int:
+        queue = self._queues.get(key)
+        return len(queue) if queue is not None else 0
+
+    @asynccontextmanager
+    async def slot(self, key: K) -> AsyncIterator[None]:
+        """Hold one slot for the body, waiting in `key`'s queue when none is free."""
+        await self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def acquire(self, key: K) -> None:
+        """Take a slot (pair with `release`; `slot` does both)."""
+        if self._held < self._limit:
+            # A free slot means nobody waits (a release hands its slot straight over).
+            self._held += 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = OrderedDict()
+            self._ring[key] = None
+        queue[future] = None
+        self._changed(+1)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # granted, then cancelled before it resumed: pass it on
+            else:
+                self._discard(key, future)
+            raise
+
+    def release(self) -> None:
+        """Free a slot: hand it to the next waiter of the next key, if any."""
+        if self._held < 1:
+            raise RuntimeError("release of a FairLimiter slot that is not held")
+        while self._ring:
+            key = next(iter(self._ring))
+            queue = self._queues[key]
+            future, _ = queue.popitem(last=False)
+            if queue:
+                self._ring.move_to_end(key)
+            else:
+                del self._queues[key]
+                del self._ring[key]
+            self._changed(-1)
+            if not future.done():  # a waiter cancelled but not yet resumed is skipped
+                future.set_result(None)
+                return
+        self._held -= 1
+
+    def _discard(self, key: K, future: asyncio.Future[None]) -> None:
+        """Drop a cancelled waiter (a release may have dropped it already)."""
+        queue = self._queues.get(key)
+        if queue is None or future not in queue:
+            return
+        del queue[future]
+        if not queue:
+            del self._queues[key]
+            del self._ring[key]
+        self._changed(-1)
+
+    def _changed(self, delta: int) -> None:
+        self._waiting += delta
+        if self._on_waiting is not None:
+            self._on_waiting(self._waiting)
