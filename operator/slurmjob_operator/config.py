@@ -41,6 +41,14 @@ class RuntimeProfile(StrEnum):
     APPTAINER = "apptainer"
 
 
+def parse_owner(value: str | None) -> tuple[int, int] | None:
+    """`uid:gid` (Settings.staging_owner, already checked against its pattern) as two ints."""
+    if value is None:
+        return None
+    uid, _, gid = value.partition(":")
+    return int(uid), int(gid)
+
+
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 

@@ -8,6 +8,10 @@ from datetime import UTC, datetime
 _FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
+def utc_now() -> datetime:
+    return datetime.now(tz=UTC)
+
+
 def rfc3339(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
@@ -38,13 +38,9 @@ from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, read_attempt_logs
 from slurmjob_operator.storage.staging import remove_secrets
-from slurmjob_operator.times import parse_rfc3339
+from slurmjob_operator.times import parse_rfc3339, utc_now
 
 log = logging.getLogger(__name__)
-
-
-def _now() -> datetime:
-    return datetime.now(tz=UTC)
 
 
 async def refuse_stranger(
@@ -129,7 +125,7 @@ class Following:
         is written, and a Warning Event says so."""
         attempt = status.current_attempt
         assert attempt is not None
-        generation, now = view.generation, _now()
+        generation, now = view.generation, utc_now()
         obs: Observation | None = None
         if logs_only:
             transition = Transition(status)
@@ -201,15 +197,15 @@ class Following:
         async def later() -> None:
             when = parse_rfc3339(due)
             while True:
-                await asyncio.sleep(max(0.0, (when - _now()).total_seconds()) if when else 0)
+                await asyncio.sleep(max(0.0, (when - utc_now()).total_seconds()) if when else 0)
                 try:
                     await self._reconcile(ref)
                     return
                 except RetryLater as exc:
-                    when = _now() + timedelta(seconds=exc.delay)
+                    when = utc_now() + timedelta(seconds=exc.delay)
                 except Exception:
                     log.exception("retry of %s/%s failed; trying again", ref.namespace, ref.name)
-                    when = _now() + timedelta(seconds=self._backoff)
+                    when = utc_now() + timedelta(seconds=self._backoff)
 
         task = asyncio.get_running_loop().create_task(later())
         self._background.add(task)
@@ -268,7 +264,7 @@ class Following:
                     if view is None:
                         continue
                     transition = reachability(
-                        view.status, reachable, reason, message, view.generation, _now()
+                        view.status, reachable, reason, message, view.generation, utc_now()
                     )
                     await self.edge.apply(view, transition)
             except Exception:  # one resource must not keep the others from hearing it

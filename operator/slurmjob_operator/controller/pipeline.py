@@ -30,7 +30,7 @@ from slurmjob_operator.site.tenants import (
 )
 from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.storage.acl import AclError, require_supported
-from slurmjob_operator.storage.staging import parse_owner, stage_attempt
+from slurmjob_operator.storage.staging import stage_attempt
 
 #: Used by `render` when no resource exists yet: the uid only shapes names and paths.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -180,9 +180,8 @@ def stage(prepared: PreparedAttempt, settings: Settings) -> None:
     rendered = prepared.rendered
     if tenant is not None and tenant.uid is not None:
         stage_attempt(settings, rendered.staging_dir, rendered.files, job_uid=tenant.uid)
-    else:
-        owner = parse_owner(settings.staging_owner)
-        stage_attempt(settings, rendered.staging_dir, rendered.files, owner)
+    else:  # the staging owner of the settings, if any
+        stage_attempt(settings, rendered.staging_dir, rendered.files)
 
 
 def render_manifest(

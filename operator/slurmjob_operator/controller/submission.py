@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
@@ -78,7 +77,7 @@ from slurmjob_operator.slurm.errors import (
 )
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.staging import StagingError, is_staged, remove_attempt
-from slurmjob_operator.times import parse_rfc3339
+from slurmjob_operator.times import parse_rfc3339, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +119,6 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
 
 def _messages(exc: Exception) -> list[str]:
     return exc.messages if isinstance(exc, SpecError) else [str(exc)]
-
-
-def _now() -> datetime:
-    return datetime.now(tz=UTC)
 
 
 class Submission:
@@ -187,14 +182,14 @@ class Submission:
                 if step is Step.TRACK:
                     await self._sync_hold(view)
                 return False
-            blocked, transition = gate(view.status, view.suspend, view.generation, _now())
+            blocked, transition = gate(view.status, view.suspend, view.generation, utc_now())
             if transition is not None:
                 view = await self.edge.apply(view, transition)
             if blocked:
                 return False
             if step is Step.RETRY:
                 due = parse_rfc3339(view.status.next_attempt_at)
-                wait = (due - _now()).total_seconds() if due else 0.0
+                wait = (due - utc_now()).total_seconds() if due else 0.0
                 if wait > 0:
                     raise RetryLater(f"retry due at {view.status.next_attempt_at}", wait)
             if not slot:
@@ -218,7 +213,11 @@ class Submission:
     ) -> None:
         """Carry out what the failure table says of a failed submit step."""
         transition, plan = failed_step(
-            view.status, classify(exc, recorded=recorded), _messages(exc), view.generation, _now()
+            view.status,
+            classify(exc, recorded=recorded),
+            _messages(exc),
+            view.generation,
+            utc_now(),
         )
         if plan.metric is not None:
             self.metrics.count_submission(plan.metric)
@@ -280,7 +279,7 @@ class Submission:
                 job_name=launch.job_name,
                 staging_dir=str(staging),
                 generation=view.generation,
-                now=_now(),
+                now=utc_now(),
             ),
         )
         try:
@@ -292,7 +291,7 @@ class Submission:
             return
         self.metrics.count_submission("accepted")
         view = await self.edge.apply(
-            view, submitted(view.status, receipt.job_id, view.generation, _now())
+            view, submitted(view.status, receipt.job_id, view.generation, utc_now())
         )
         await self._confirm(view)
 
@@ -327,7 +326,7 @@ class Submission:
         attempt = status.current_attempt
         assert attempt is not None
         if declared_lost_now(attempt, view.annotations):
-            return await self.edge.apply(view, declared_lost(status, view.generation, _now()))
+            return await self.edge.apply(view, declared_lost(status, view.generation, utc_now()))
         try:
             client = await self.slurm()
             found = await client.find_by_name(attempt.job_name)
@@ -351,11 +350,11 @@ class Submission:
             )
             return await self.edge.apply(
                 view,
-                not_submitted(status, Reason.SUBMIT_INTERRUPTED, text, view.generation, _now()),
+                not_submitted(status, Reason.SUBMIT_INTERRUPTED, text, view.generation, utc_now()),
             )
         if decision.action is AdoptAction.WAIT:
             text = "the job is not visible in Slurm yet"
-            await self.edge.apply(view, unconfirmed(status, text, view.generation, _now()))
+            await self.edge.apply(view, unconfirmed(status, text, view.generation, utc_now()))
             raise RetryLater(f"job {attempt.job_name} not found yet", self.settings.poll_interval)
         keep = decision.keep
         assert keep is not None
@@ -372,7 +371,9 @@ class Submission:
         self.metrics.count_adoption("name")
         view = await self.edge.apply(
             view,
-            submitted(status, keep.job_id, view.generation, _now(), sluid=keep.sluid, adopted=True),
+            submitted(
+                status, keep.job_id, view.generation, utc_now(), sluid=keep.sluid, adopted=True
+            ),
         )
         await self._confirm(view)
         return None
@@ -401,4 +402,6 @@ class Submission:
             except SlurmError as exc:
                 verb = "hold" if action is Hold.HOLD else "release"
                 raise RetryLater(f"cannot {verb}: {exc}", 10) from exc
-        await self.edge.apply(view, hold_transition(view.status, action, view.generation, _now()))
+        await self.edge.apply(
+            view, hold_transition(view.status, action, view.generation, utc_now())
+        )

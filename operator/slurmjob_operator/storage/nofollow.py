@@ -38,7 +38,7 @@ import stat
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from slurmjob_operator.config import Settings
+from slurmjob_operator.config import Settings, parse_owner
 
 __all__ = [
     "UnsafePath",
@@ -65,9 +65,8 @@ class UnsafePath(OSError):
 
 def job_owner(settings: Settings) -> int:
     """The uid every staged file and log must belong to (see the module docstring)."""
-    if settings.staging_owner is not None:
-        return int(settings.staging_owner.partition(":")[0])
-    return os.geteuid()
+    owner = parse_owner(settings.staging_owner)
+    return owner[0] if owner is not None else os.geteuid()
 
 
 def dir_owners(owner: int) -> frozenset[int]:

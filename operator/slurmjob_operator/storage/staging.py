@@ -49,7 +49,7 @@ from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 
-from slurmjob_operator.config import Settings
+from slurmjob_operator.config import Settings, parse_owner
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.launch import StagedFile
 from slurmjob_operator.core.naming import SCRIPT_FILE, SECRETS_FILE
@@ -80,14 +80,6 @@ log = logging.getLogger(__name__)
 
 class StagingError(RuntimeError):
     """The staging directory cannot be (re)written as asked; the message says why."""
-
-
-def parse_owner(value: str | None) -> tuple[int, int] | None:
-    """`uid:gid` (Settings.staging_owner) as a pair of ints."""
-    if value is None:
-        return None
-    uid, _, gid = value.partition(":")
-    return int(uid), int(gid)
 
 
 def _parts(settings: Settings, staging_dir: Path) -> tuple[str, ...]:
