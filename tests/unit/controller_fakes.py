@@ -47,10 +47,11 @@ from slurmjob_operator.core.jobview import (
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.slurm.dialects import SubmitReceipt
+from slurmjob_operator.slurm.dialects import BulkCancelResult, SubmitReceipt
 from slurmjob_operator.slurm.errors import (
     SlurmAmbiguous,
     SlurmAuthError,
+    SlurmMessage,
     SlurmNotFound,
     SlurmRejected,
     SlurmTransient,
@@ -154,10 +155,17 @@ class MemorySlurm:
     submitting: int = 0
     max_submitting: int = 0
     submitted: list[str] = field(default_factory=list)
+    bulk_cancel: bool = True
+    state_sweep: bool = True
 
     @property
     def dialect(self) -> SimpleNamespace:
-        return SimpleNamespace(supports_sluid_paths=self.sluid_paths, supports_jobs_state=True)
+        return SimpleNamespace(
+            supports_sluid_paths=self.sluid_paths,
+            supports_jobs_state=self.state_sweep,
+            supports_bulk_cancel=self.bulk_cancel,
+            job_ref_path=str,
+        )
 
     async def client(self) -> MemorySlurm:
         if self.connect_error is not None:
@@ -219,6 +227,9 @@ class MemorySlurm:
 
     async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
         return await self.do_jobs_state(job_ids, None)
+
+    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
+        return await self.do_cancel_many(refs, None)
 
     # -- the same, as a given user -----------------------------------------------------------
 
@@ -332,6 +343,28 @@ class MemorySlurm:
         if not job.is_final:
             self.set_state(job.job_id, "CANCELLED")
 
+    async def do_cancel_many(self, refs: Sequence[int | str], user: str | None) -> BulkCancelResult:
+        """`DELETE /jobs`: each id's failure in the answer, as Slurm 26.05 reports them."""
+        sent = [str(ref) for ref in refs]
+        self._record(f"cancel_many {' '.join(sent)}", user)
+        missing: set[str] = set()
+        refused: list[tuple[str, SlurmMessage]] = []
+        for ref in sent:
+            try:
+                job = self._find(int(ref) if ref.isdigit() else ref)
+                self._may_change(job, user)
+            except SlurmNotFound:
+                missing.add(ref)
+                continue
+            except SlurmRejected as exc:
+                refused.append((ref, SlurmMessage(error_number=1, error=str(exc))))
+                continue
+            if not job.is_final:
+                self.set_state(job.job_id, "CANCELLED")
+        return BulkCancelResult(
+            sent=tuple(sent), missing=frozenset(missing), refused=tuple(refused)
+        )
+
 
 @dataclass
 class MemoryUserClient:
@@ -371,6 +404,9 @@ class MemoryUserClient:
 
     async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
         return await self.slurm.do_jobs_state(job_ids, self.user)
+
+    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
+        return await self.slurm.do_cancel_many(refs, self.user)
 
 
 class StubToken:

@@ -446,10 +446,29 @@ async def test_deleting_cancels_waits_and_removes_the_staging(bed: Bed) -> None:
     staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
     assert await asyncio.to_thread(staging.is_dir)
     await bed.controller.finalize(bed.store.body(ref))
-    assert "cancel s00000100" in bed.slurm.calls, "by SLUID where the version takes it"
+    assert "cancel_many s00000100" in bed.slurm.calls, "by SLUID where the version takes it"
     assert bed.slurm.jobs[100].base_state == "CANCELLED"
     assert "Cancelled" in bed.store.reasons()
     assert not staging.parent.exists()
+    assert not bed.controller.followed()
+
+
+async def test_deleting_many_at_once_cancels_them_in_one_request_and_waits_together(
+    bed: Bed,
+) -> None:
+    refs = [bed.store.create(f"train-{i}", cpu_spec()) for i in range(60)]
+    for ref in refs:
+        await reconcile(bed, ref)
+    before = len(bed.slurm.calls)
+    await asyncio.gather(*(bed.controller.finalize(bed.store.body(ref)) for ref in refs))
+    calls = bed.slurm.calls[before:]
+    assert len([c for c in calls if c.startswith("cancel_many")]) == 1
+    assert not [c for c in calls if c.startswith("cancel ")]
+    # One identity look per job, and the waits answered by a few sweeps for all of them.
+    assert len([c for c in calls if c.startswith("get_job")]) == 60
+    assert 1 <= calls.count("jobs_state") <= 3
+    assert all(job.base_state == "CANCELLED" for job in bed.slurm.jobs.values())
+    assert bed.store.reasons().count("Cancelled") >= 60
     assert not bed.controller.followed()
 
 

@@ -204,7 +204,7 @@ async def test_deleting_by_identity_still_cancels_the_attempts_own_job(bed: Bed)
     ref = bed.store.create("train", cpu_spec())
     await reconcile(bed, ref)
     await bed.controller.finalize(bed.store.body(ref))
-    assert bed.slurm.calls[-3:-1] == ["get_job s00000100", "cancel s00000100"]
+    assert bed.slurm.calls[-3:-1] == ["get_job s00000100", "cancel_many s00000100"]
     assert bed.slurm.jobs[100].base_state is BaseState.CANCELLED
     assert not mismatches(bed)
 

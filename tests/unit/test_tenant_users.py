@@ -180,7 +180,7 @@ async def test_hold_and_release_are_sent_as_the_tenants_user(bed: Bed) -> None:
 async def test_deleting_cancels_as_the_tenants_user_found_from_the_namespace(bed: Bed) -> None:
     ref = await submit(bed)
     await bed.controller.finalize(bed.store.body(ref))
-    assert bed.slurm.made_as("team-a") == ["submit", "cancel s00000100"]
+    assert bed.slurm.made_as("team-a") == ["submit", "cancel_many s00000100"]
     assert bed.slurm.jobs[100].base_state == "CANCELLED"
     assert "Cancelled" in bed.store.reasons()
     assert not any(c.startswith("cancel") for c in bed.slurm.made_as(None))

@@ -3,7 +3,8 @@ tails into the status, remove the staging directory.
 
 The cancel is sent as the Slurm user of the resource's tenant, found from its namespace (the
 tenants file), never from the status; looking the job up and waiting for its end is the
-operator's own."""
+operator's own. The cancels and waits of resources deleted together are coalesced
+(`cancelling.Canceller`): one `DELETE /jobs` and one state sweep per moment for all of them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
@@ -43,13 +45,17 @@ class Deletion:
         self.following = following
         self._site = site
         self._slurm_as = slurm_as
+        self.canceller = Canceller(slurm, self._client_as)
 
-    async def _acting(self, ref: ObjectRef) -> SlurmClient:
-        """The client that cancels `ref`'s jobs: as its namespace's tenant's Slurm user (a
-        non-admin operator user may not cancel another user's job)."""
+    async def _client_as(self, user: str | None) -> SlurmClient:
+        return await (self.slurm() if self._slurm_as is None else self._slurm_as(user))
+
+    def _user(self, ref: ObjectRef) -> str | None:
+        """Who cancels `ref`'s jobs: its namespace's tenant's Slurm user (a non-admin
+        operator user may not cancel another user's job); None: the operator."""
         if self._slurm_as is None or self._site is None:
-            return await self.slurm()
-        return await self._slurm_as(self._site.slurm_user(ref.namespace))
+            return None
+        return self._site.slurm_user(ref.namespace)
 
     async def finalize(self, view: ResourceView) -> None:
         """Raises RetryLater while the job is still ending."""
@@ -79,7 +85,7 @@ class Deletion:
             # this attempt's name and identity.
             for job in await client.find_by_name(attempt.job_name):
                 if belongs(job, ref.uid, attempt):
-                    await cancel_quietly(await self._acting(ref), job.job_id)
+                    await cancel_quietly(await self._client_as(self._user(ref)), job.job_id)
             return
         target = client.lifecycle_ref(attempt.job_id, attempt.sluid)
         # The job id is a claim (ids are reused; a status can be written): look before
@@ -89,20 +95,13 @@ class Deletion:
             if other is not None:
                 await refuse_stranger(self.edge, ref, attempt, other, "it is not cancelled")
                 return
-            await (await self._acting(ref)).cancel(target)
+            # Coalesced with the other deletions of the moment: one DELETE for all of them.
+            await self.canceller.cancel(self._user(ref), target)
         except SlurmNotFound:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.delete_timeout
-        while loop.time() < deadline:
-            try:
-                views = await client.get_job(target)
-            except SlurmNotFound:
-                return
-            if all(v.is_final for v in views):
-                via = f" through its SLUID {target}" if isinstance(target, str) else ""
-                text = f"Slurm job {attempt.job_id} cancelled{via} on deletion"
-                await self.edge.event(ref, "Normal", "Cancelled", text)
-                return
-            await asyncio.sleep(0.5)
+        if await self.canceller.until_final(attempt.job_id, self.settings.delete_timeout):
+            via = f" through its SLUID {target}" if isinstance(target, str) else ""
+            text = f"Slurm job {attempt.job_id} cancelled{via} on deletion"
+            await self.edge.event(ref, "Normal", "Cancelled", text)
+            return
         raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)

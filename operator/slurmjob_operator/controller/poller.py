@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
-from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader, group_states
 from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.slurm.auth import TokenError
@@ -47,14 +47,6 @@ SKIP = _Skip()
 def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
     """What identifies "no change" for a job: each component's raw state, in a fixed order."""
     return tuple(sorted(tuple(sorted(e.raw_state)) for e in entries))
-
-
-def group_states(entries: Iterable[JobStateEntry]) -> dict[int, list[JobStateEntry]]:
-    """`/jobs/state` entries by the leader's job id (het components share it)."""
-    groups: dict[int, list[JobStateEntry]] = defaultdict(list)
-    for entry in entries:
-        groups[entry.job_id].append(entry)
-    return groups
 
 
 class Poller:

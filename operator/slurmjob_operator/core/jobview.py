@@ -17,6 +17,7 @@ State normalisation rules (also used for `/jobs/state` entries and accounting re
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -226,3 +227,11 @@ class JobStateEntry(BaseModel):
 def leader(views: Sequence[SlurmJobView]) -> SlurmJobView:
     """The component that stands for the whole job (offset 0 of a heterogeneous job)."""
     return min(views, key=lambda v: (v.het_job_offset or 0, v.job_id))
+
+
+def group_states(entries: Iterable[JobStateEntry]) -> dict[int, list[JobStateEntry]]:
+    """`/jobs/state` entries by the leader's job id (het components share it)."""
+    groups: dict[int, list[JobStateEntry]] = defaultdict(list)
+    for entry in entries:
+        groups[entry.job_id].append(entry)
+    return groups

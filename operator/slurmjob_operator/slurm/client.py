@@ -30,6 +30,7 @@ from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, valid_jo
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.dialects import (
+    BulkCancelResult,
     CancelResult,
     Dialect,
     PingResult,
@@ -327,6 +328,20 @@ class SlurmClient:
         except SlurmError as exc:
             exc.endpoint, exc.method = template, "DELETE"
             raise
+
+    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
+        """Cancel several jobs with one `DELETE /jobs` (v0.0.40+); what happened to each is
+        in the result, keyed by the id as sent. Raises `SlurmUnsupported` where the version
+        (or this v0.0.40's release) has no bulk cancel: cancel one by one then. An id no job
+        can have raises `InvalidJobRef` before anything is sent."""
+        if not self._dialect.supports_bulk_cancel:
+            raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
+        sent = [self._dialect.job_ref_path(ref) for ref in refs]
+        template = self._slurm("/jobs")
+        answer = await self._rest.call(
+            "DELETE", template, template, body=self._dialect.kill_jobs_body(sent)
+        )
+        return answer.parse(lambda p: self._dialect.parse_kill_jobs(p, sent), template, "DELETE")
 
     async def list_partitions(self) -> list[str]:
         """Names of the partitions the controller knows."""

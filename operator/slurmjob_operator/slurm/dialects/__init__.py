@@ -11,6 +11,7 @@ from slurmjob_operator.slurm.dialects.common import (
     SubmitReceipt,
     parse_envelope,
 )
+from slurmjob_operator.slurm.dialects.kill import BulkCancelResult
 from slurmjob_operator.slurm.dialects.records import Records
 from slurmjob_operator.slurm.dialects.v0038 import VERSION as V0038
 from slurmjob_operator.slurm.dialects.v0038 import Dialect38
@@ -18,6 +19,7 @@ from slurmjob_operator.slurm.dialects.v004x import VERSIONS as DATA_PARSER_VERSI
 from slurmjob_operator.slurm.dialects.v004x import Dialect4x
 
 __all__ = [
+    "BulkCancelResult",
     "CancelResult",
     "ControllerPing",
     "Dialect",

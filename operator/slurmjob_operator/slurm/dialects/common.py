@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -20,6 +20,9 @@ from slurmjob_operator.core.jobview import (
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.dialects.records import UNREADABLE, Records
 from slurmjob_operator.slurm.errors import InvalidJobRef, SlurmMessage, SlurmUnsupported
+
+if TYPE_CHECKING:  # kill.py builds on this module
+    from slurmjob_operator.slurm.dialects.kill import BulkCancelResult
 
 JsonObject = Mapping[str, Any]
 
@@ -265,6 +268,9 @@ class Dialect(ABC):
     supports_sluid_paths: bool = False
     #: This dialect can read `/slurmdb/V/...` job records.
     supports_accounting: bool = False
+    #: `DELETE /slurm/V/jobs` with a list of ids (v0.0.40 from 23.11.6 on, v0.0.41+; a
+    #: v0.0.40 without it answers an unserved route, which the caller takes as "ask per job").
+    supports_bulk_cancel: bool = False
 
     @abstractmethod
     def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
@@ -296,6 +302,14 @@ class Dialect(ABC):
     def parse_jobs_state(self, payload: JsonObject) -> Records[JobStateEntry]:
         """`GET /slurm/V/jobs/state` (v0.0.40+)."""
         raise SlurmUnsupported(f"/jobs/state is not served by {self.version}")
+
+    def kill_jobs_body(self, refs: Sequence[str]) -> dict[str, Any]:
+        """The body of `DELETE /slurm/V/jobs` for these ids (v0.0.40+)."""
+        raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
+
+    def parse_kill_jobs(self, payload: JsonObject | None, sent: Sequence[str]) -> BulkCancelResult:
+        """`DELETE /slurm/V/jobs`: what happened to each id sent."""
+        raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
 
     def parse_accounting_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
         """`GET /slurmdb/V/job/{id}` and `GET /slurmdb/V/jobs`."""

@@ -22,6 +22,7 @@ that `standard_output` is already expanded), `step_id.sluid` in job info from v0
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import StrictInt
@@ -34,7 +35,6 @@ from slurmjob_operator.core.jobview import (
     JobStateEntry,
     SlurmJobView,
     normalise_state,
-    valid_job_id,
 )
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 from slurmjob_operator.slurm.dialects.common import (
@@ -49,17 +49,21 @@ from slurmjob_operator.slurm.dialects.common import (
     SubmitReceipt,
     Timestamp,
     environment_entries,
-    no_val,
     parse_envelope,
     parse_state_entry,
     reason_text,
     zero_as_none,
 )
+from slurmjob_operator.slurm.dialects.kill import (
+    BulkCancelResult,
+    kill_jobs_body,
+    kill_statuses,
+    parse_kill_jobs,
+)
 from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
 from slurmjob_operator.slurm.errors import (
     ALREADY_DONE,
     INVALID_JOB_ID,
-    SlurmMessage,
     SlurmNotFound,
     SlurmRejected,
 )
@@ -170,18 +174,6 @@ class _Submit(Response):
     job_submit_user_msg: OptStr = None
 
 
-class _KillError(Response):
-    string: OptStr = None
-    code: int | None = None
-    message: OptStr = None
-
-
-class _KillStatus(Response):
-    error: _KillError | None = None
-    step_id: OptStr = None
-    job_id: Any = None
-
-
 class _Ping(Response):
     hostname: OptStr = None
     responding: bool | None = None
@@ -288,6 +280,7 @@ def accounting_view(raw: _AcctJob) -> SlurmJobView:
 class Dialect4x(Dialect):
     supports_jobs_state = True
     supports_accounting = True
+    supports_bulk_cancel = True
 
     def __init__(self, version: str) -> None:
         if version not in VERSIONS:
@@ -366,25 +359,21 @@ class Dialect4x(Dialect):
     def parse_cancel(self, payload: JsonObject | None, job_ref: str) -> CancelResult:
         env = parse_envelope(payload)
         already_done = any("already" in (w.description or "").lower() for w in env.warnings)
-        # One unreadable per-job result may be the refusal: then nothing is confirmed.
-        statuses = read_records(payload or {}, "status", _KillStatus.model_validate).complete()
-        for status in statuses:
-            code = status.error.code if status.error else None
-            if not code:
-                continue
-            message = SlurmMessage(
-                error_number=code,
-                error=status.error.string if status.error else None,
-                description=status.error.message if status.error else None,
-                source=f"job {status.step_id or valid_job_id(no_val(status.job_id)) or job_ref}",
-            )
-            if code == ALREADY_DONE:
+        for status in kill_statuses(payload):
+            message = status.message(job_ref)
+            if status.code == ALREADY_DONE:
                 already_done = True
-            elif code == INVALID_JOB_ID:
+            elif status.code == INVALID_JOB_ID:
                 raise SlurmNotFound("job not found", status=200, errors=(message,))
             else:
                 raise SlurmRejected("signal refused", status=200, errors=(message,))
         return CancelResult(job_ref=job_ref, already_done=already_done, warnings=env.warnings)
+
+    def kill_jobs_body(self, refs: Sequence[str]) -> dict[str, Any]:
+        return kill_jobs_body(refs)
+
+    def parse_kill_jobs(self, payload: JsonObject | None, sent: Sequence[str]) -> BulkCancelResult:
+        return parse_kill_jobs(payload, sent)
 
     @reading
     def parse_ping(self, payload: JsonObject) -> PingResult:

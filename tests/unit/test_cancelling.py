@@ -1,0 +1,201 @@
+"""`Canceller`: cancels asked for together go out as one `DELETE /jobs` per Slurm user, and
+the waits for their ends share one state sweep per tick (the in-memory Slurm of the
+controller tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.controller.cancelling import Canceller
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
+from slurmjob_operator.slurm.errors import (
+    SlurmNotFound,
+    SlurmRejected,
+    SlurmTransient,
+    SlurmUnsupported,
+)
+
+from .controller_fakes import OPERATOR_USER, MemorySlurm
+
+
+def slurm_with(count: int, user: str | None = None, first: int = 100) -> MemorySlurm:
+    slurm = MemorySlurm()
+    for job_id in range(first, first + count):
+        slurm.jobs[job_id] = SlurmJobView(
+            job_id=job_id,
+            user=user or OPERATOR_USER,
+            raw_state=("PENDING",),
+            base_state=BaseState.PENDING,
+        )
+    return slurm
+
+
+def canceller(slurm: MemorySlurm, **kw: Any) -> Canceller:
+    kw.setdefault("tick", 0.01)
+    return Canceller(slurm.client, slurm.client_for, **kw)
+
+
+def bulk_calls(slurm: MemorySlurm) -> list[str]:
+    return [c for c in slurm.calls if c.startswith("cancel_many")]
+
+
+async def test_cancels_asked_together_go_out_as_one_request() -> None:
+    slurm = slurm_with(200)
+    c = canceller(slurm)
+    await asyncio.gather(*(c.cancel(None, job_id) for job_id in range(100, 300)))
+    assert len(bulk_calls(slurm)) == 1
+    assert all(j.base_state is BaseState.CANCELLED for j in slurm.jobs.values())
+    assert not [call for call in slurm.calls if call.startswith("cancel ")]
+
+
+async def test_a_batch_holds_at_most_batch_ids() -> None:
+    slurm = slurm_with(25)
+    c = canceller(slurm, batch=10)
+    await asyncio.gather(*(c.cancel(None, job_id) for job_id in range(100, 125)))
+    assert [len(call.split()) - 1 for call in bulk_calls(slurm)] == [10, 10, 5]
+
+
+async def test_each_user_cancels_its_own_jobs() -> None:
+    slurm = slurm_with(3, user="team-a")
+    for job_id in (200, 201):
+        slurm.jobs[job_id] = slurm.jobs[100].model_copy(update={"job_id": job_id, "user": "team-b"})
+    c = canceller(slurm)
+    await asyncio.gather(c.cancel("team-a", 100), c.cancel("team-b", 200), c.cancel("team-a", 101))
+    assert slurm.made_as("team-a") == ["cancel_many 100 101"]
+    assert slurm.made_as("team-b") == ["cancel_many 200"]
+
+
+async def test_one_missing_or_refused_job_fails_only_its_own_caller() -> None:
+    slurm = slurm_with(2)
+    slurm.jobs[102] = slurm.jobs[100].model_copy(update={"job_id": 102, "user": "someone"})
+    c = canceller(slurm)
+    results = await asyncio.gather(
+        c.cancel(None, 100),
+        c.cancel(None, 555),
+        c.cancel(None, 102),
+        c.cancel(None, 101),
+        return_exceptions=True,
+    )
+    assert results[0] is None
+    assert results[3] is None
+    assert isinstance(results[1], SlurmNotFound)
+    assert isinstance(results[2], SlurmRejected)
+    assert slurm.jobs[102].base_state is BaseState.PENDING
+
+
+async def test_a_failed_request_fails_every_caller_of_the_batch() -> None:
+    slurm = slurm_with(3)
+
+    async def down(refs: Any) -> Any:
+        raise SlurmTransient("connection refused")
+
+    slurm.cancel_many = down  # type: ignore[method-assign]
+    c = canceller(slurm)
+    results = await asyncio.gather(
+        *(c.cancel(None, i) for i in range(100, 103)), return_exceptions=True
+    )
+    assert all(isinstance(r, SlurmTransient) for r in results)
+
+
+async def test_without_bulk_cancel_each_job_is_cancelled_with_bounded_concurrency() -> None:
+    slurm = slurm_with(20)
+    slurm.bulk_cancel = False
+    in_flight = peak = 0
+    one = slurm.cancel
+
+    async def counted(ref: int | str) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.001)
+        await one(ref)
+        in_flight -= 1
+
+    slurm.cancel = counted  # type: ignore[method-assign]
+    c = canceller(slurm, concurrency=4)
+    await asyncio.gather(*(c.cancel(None, i) for i in range(100, 120)))
+    assert not bulk_calls(slurm)
+    assert peak == 4
+    assert all(j.base_state is BaseState.CANCELLED for j in slurm.jobs.values())
+
+
+async def test_a_server_without_the_route_is_asked_once_then_per_job() -> None:
+    slurm = slurm_with(4)
+    asked = 0
+
+    async def unserved(refs: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        raise SlurmUnsupported("endpoint not served")
+
+    slurm.cancel_many = unserved  # type: ignore[method-assign]
+    c = canceller(slurm)
+    await asyncio.gather(c.cancel(None, 100), c.cancel(None, 101))
+    await asyncio.gather(c.cancel(None, 102), c.cancel(None, 103))
+    assert asked == 1
+    assert [call for call in slurm.calls if call.startswith("cancel ")] == [
+        f"cancel {i}" for i in range(100, 104)
+    ]
+
+
+async def test_a_caller_that_gives_up_leaves_the_others_served() -> None:
+    slurm = slurm_with(2)
+    c = canceller(slurm, linger=0.05)
+    gone = asyncio.ensure_future(c.cancel(None, 100))
+    kept = asyncio.ensure_future(c.cancel(None, 101))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await kept
+    assert bulk_calls(slurm) == ["cancel_many 101"]
+
+
+async def test_a_bug_below_fails_the_callers_instead_of_hanging_them() -> None:
+    slurm = slurm_with(1)
+
+    async def broken(user: str | None) -> Any:
+        raise RuntimeError("bug")
+
+    c = Canceller(slurm.client, broken, tick=0.01)
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(c.cancel(None, 100), 2)
+
+
+async def test_waits_share_one_sweep_per_tick() -> None:
+    slurm = slurm_with(100)
+    c = canceller(slurm, tick=0.02)
+
+    async def end_later() -> None:
+        await asyncio.sleep(0.05)
+        for job_id in range(100, 199):
+            slurm.set_state(job_id, "CANCELLED")
+        slurm.jobs.pop(199)  # forgotten by Slurm counts as ended
+
+    ender = asyncio.ensure_future(end_later())
+    ended = await asyncio.gather(*(c.until_final(i, 5) for i in range(100, 200)))
+    await ender
+    assert all(ended)
+    sweeps = slurm.calls.count("jobs_state")
+    assert 1 <= sweeps <= 6, sweeps
+    assert not [call for call in slurm.calls if call.startswith("get_job")]
+
+
+async def test_a_wait_that_outlasts_its_time_says_so() -> None:
+    slurm = slurm_with(2)
+    slurm.set_state(101, "CANCELLED")
+    c = canceller(slurm)
+    assert await c.until_final(100, 0.1) is False
+    assert await c.until_final(101, 1) is True
+
+
+async def test_without_a_state_sweep_waits_ask_per_job() -> None:
+    slurm = slurm_with(2)
+    slurm.set_state(100, "CANCELLED")
+    slurm.state_sweep = False
+    c = canceller(slurm)
+    ended = await asyncio.gather(c.until_final(100, 1), c.until_final(101, 0.1))
+    assert ended == [True, False]
+    assert "get_job 100" in slurm.calls
+    assert "jobs_state" not in slurm.calls
