@@ -207,6 +207,17 @@ class Settings(BaseSettings):
             "job's end, always refresh them)."
         ),
     )
+    status_tail_bytes: int = Field(
+        default=8192,
+        ge=256,
+        le=65536,
+        description=(
+            "Bytes of each log tail (stdout, stderr) kept in the status: the last whole lines "
+            "of the 64 KiB the log reader takes (the retry rules' patterns see all of that). "
+            "Every status is stored in etcd with each revision, so this bounds a SlurmJob's "
+            "size there."
+        ),
+    )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
     )

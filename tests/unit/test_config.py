@@ -43,6 +43,8 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_SUBMIT_CONCURRENCY", "2", "submit_concurrency", 2),
     ("SLURMJOB_REFRESH_CONCURRENCY", "4", "refresh_concurrency", 4),
     ("SLURMJOB_LOG_REFRESH", "0", "log_refresh", 0.0),
+    ("SLURMJOB_STATUS_TAIL_BYTES", "65536", "status_tail_bytes", 65536),
+    ("SLURMJOB_STATUS_TAIL_BYTES", "256", "status_tail_bytes", 256),
     ("SLURMJOB_METRICS_PORT", "0", "metrics_port", 0),
     ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
 ]
@@ -137,6 +139,8 @@ ERRORS: list[tuple[dict[str, str], str]] = [
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "59"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be greater"),
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "1e3"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be"),
     ({"SLURMJOB_METRICS_PORT": "65536"}, "SLURMJOB_METRICS_PORT: Input should be less than"),
+    ({"SLURMJOB_STATUS_TAIL_BYTES": "255"}, "SLURMJOB_STATUS_TAIL_BYTES: Input should be greater"),
+    ({"SLURMJOB_STATUS_TAIL_BYTES": "65537"}, "SLURMJOB_STATUS_TAIL_BYTES: Input should be less"),
     ({"SLURMJOB_METRICS_PORT": "-1"}, "SLURMJOB_METRICS_PORT: Input should be greater"),
     ({"SLURMJOB_METRICS_PORT": "http"}, "SLURMJOB_METRICS_PORT: Input should be a valid integer"),
     ({"SLURMJOB_STAGING_OWNER": "1000"}, "SLURMJOB_STAGING_OWNER: String should match pattern"),

@@ -318,6 +318,36 @@ async def test_states_are_folded_until_final(bed: Bed) -> None:
     ]
 
 
+async def test_the_status_keeps_a_small_tail_and_the_retry_rules_see_the_whole_read(
+    bed: Bed,
+) -> None:
+    rules = {
+        "limit": 1,
+        "backoffSeconds": 0,
+        "rules": [{"action": "Retry", "onLogPattern": "CUDA error: out of memory"}],
+    }
+    ref = bed.store.create("train", cpu_spec(retry=rules))
+    await reconcile(bed, ref)
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    # The pattern's line is 20 KiB from the end: inside the 64 KiB read, outside the status.
+    lines = [f"step {i:06d} " + "." * 88 + "\n" for i in range(1000)]
+    lines.insert(800, "CUDA error: out of memory\n")
+    (staging / "stdout.log").write_text("".join(lines))
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.logs is not None
+    assert status.logs.stdout is not None
+    kept = status.logs.stdout
+    assert 0 < len(kept.tail.encode()) <= bed.settings.status_tail_bytes == 8192
+    assert kept.truncated
+    assert kept.bytes == len("".join(lines).encode())
+    assert kept.tail.endswith("step 000999 " + "." * 88 + "\n")
+    assert kept.tail.startswith("step "), "whole lines only"
+    assert "CUDA" not in kept.tail
+    assert status.attempts[0].retry_action == "Retry"
+
+
 RETRY = {
     "limit": 2,
     "backoffSeconds": 0,

@@ -129,7 +129,13 @@ class Attempt(_Model):
 class LogTail(_Model):
     """The end of one log file, as read back from the shared storage."""
 
-    tail: str = Field(default="", description="The last lines of the file.")
+    tail: str = Field(
+        default="",
+        description=(
+            "The last whole lines of the file, redacted; at most SLURMJOB_STATUS_TAIL_BYTES "
+            "(default 8 KiB)."
+        ),
+    )
     truncated: bool = Field(default=False, description="Whether earlier content was left out.")
     bytes: int = Field(default=0, ge=0, description="Size of the whole file in bytes.")
     lines: int = Field(default=0, ge=0, description="Number of lines in the tail.")

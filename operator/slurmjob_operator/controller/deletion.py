@@ -73,7 +73,8 @@ class Deletion:
                 if fresh is not None and attempt.staging_dir:
                     logs = await self.following.logs(fresh, attempt)
                     if logs is not None:
-                        await self.edge.apply(fresh, Transition(with_logs(fresh.status, logs)))
+                        tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
+                        await self.edge.apply(fresh, Transition(tails))
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )

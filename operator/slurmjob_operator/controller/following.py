@@ -154,7 +154,7 @@ class Following:
         if attempt.staging_dir:
             logs = await self.logs(view, attempt)
             if logs is not None:
-                new = with_logs(new, logs)
+                new = with_logs(new, logs, self.settings.status_tail_bytes)
             if obs is not None and obs.final:
                 # The script deletes it when it runs; a job that ended without running must
                 # not leave secret values on the shared storage.

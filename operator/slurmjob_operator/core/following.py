@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.core.logtail import capped_logs
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     FAILED,
@@ -179,5 +180,6 @@ def lost(status: SlurmJobStatus, message: str, generation: int | None, now: date
     return Transition(new, phase_event(status.phase, Phase.UNKNOWN, Reason.JOB_LOST, message))
 
 
-def with_logs(status: SlurmJobStatus, logs: Logs) -> SlurmJobStatus:
-    return status.model_copy(update={"logs": logs})
+def with_logs(status: SlurmJobStatus, logs: Logs, max_bytes: int) -> SlurmJobStatus:
+    """The status with the tails as read, each cut to its last `max_bytes` bytes."""
+    return status.model_copy(update={"logs": capped_logs(logs, max_bytes)})

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from slurmjob_operator.api.status import Logs, LogTail
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.logtail import count_lines, skip_continuation
 from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH, REDACTED, Redactor, redact_text
 from slurmjob_operator.storage.nofollow import (
@@ -95,12 +96,6 @@ def tail_signatures(
         return tuple(None for _ in names)
 
 
-def _count_lines(text: str) -> int:
-    if not text:
-        return 0
-    return text.count("\n") + (0 if text.endswith("\n") else 1)
-
-
 def _keep_last_lines(data: bytes, max_lines: int) -> tuple[bytes, bool]:
     """The last `max_lines` lines of `data` and whether earlier ones were dropped."""
     # Skip a trailing newline: it ends the last line rather than starting another.
@@ -111,14 +106,6 @@ def _keep_last_lines(data: bytes, max_lines: int) -> tuple[bytes, bool]:
         if pos < 0:
             return data, False
     return data[pos + 1 :], True
-
-
-def _skip_continuation(data: bytes) -> bytes:
-    """Drop up to three leading UTF-8 continuation bytes (a character split by the cut)."""
-    i = 0
-    while i < min(3, len(data)) and data[i] & 0xC0 == 0x80:
-        i += 1
-    return data[i:]
 
 
 def _redactor(redact: Redactor | Collection[str]) -> Redactor:
@@ -180,13 +167,13 @@ def read_tail(
             data = data[first_newline + 1 :]
         else:
             # One line longer than the read (or its newline is the last byte): keep its end.
-            data = _skip_continuation(data)
+            data = skip_continuation(data)
             cut_start = True
     data, dropped = _keep_last_lines(data, max_lines)
     truncated = truncated or dropped
     text = data.decode("utf-8", errors="replace")
     text = _redactor(redact).redact(text, cut_start=cut_start, cut_end=not text.endswith("\n"))
-    return LogTail(tail=text, truncated=truncated, bytes=size, lines=_count_lines(text))
+    return LogTail(tail=text, truncated=truncated, bytes=size, lines=count_lines(text))
 
 
 def read_logs(
