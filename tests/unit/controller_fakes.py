@@ -225,7 +225,9 @@ class MemorySlurm:
     async def cancel(self, ref: int | str) -> None:
         await self.do_cancel(ref, None)
 
-    async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
+    async def jobs_state(
+        self, job_ids: Sequence[int] | None = None, *, batch: int = 500
+    ) -> dict[int, JobStateEntry]:
         return await self.do_jobs_state(job_ids, None)
 
     async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
@@ -402,7 +404,9 @@ class MemoryUserClient:
     async def cancel(self, ref: int | str) -> None:
         await self.slurm.do_cancel(ref, self.user)
 
-    async def jobs_state(self, job_ids: Sequence[int] | None = None) -> dict[int, JobStateEntry]:
+    async def jobs_state(
+        self, job_ids: Sequence[int] | None = None, *, batch: int = 500
+    ) -> dict[int, JobStateEntry]:
         return await self.slurm.do_jobs_state(job_ids, self.user)
 
     async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:

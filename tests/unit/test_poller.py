@@ -17,6 +17,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
+from slurmjob_operator.core.sweep import RECHECK_CYCLES
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import JobListResult
 from slurmjob_operator.slurm.errors import SlurmNotFound
@@ -29,6 +30,7 @@ class FakeClient:
     calls: list[str] = field(default_factory=list)
     last_change: int = 0
     metrics: Metrics | None = None
+    others: int = 0  # jobs of other users in the controller
 
     def _count(self, name: str) -> None:
         # The real client reports every request through its on_request callback.
@@ -46,17 +48,27 @@ class FakeClient:
         state = self.states[job_id]
         return SlurmJobView(job_id=job_id, raw_state=(state,), base_state=BaseState(state))
 
-    async def jobs_state(self, ids: Sequence[int]) -> dict[int, JobStateEntry]:
-        self._count("jobs_state")
+    async def jobs_state(
+        self, ids: Sequence[int] | None = None, *, batch: int = 500
+    ) -> dict[int, JobStateEntry]:
+        """As the real client: one request per `batch` ids, or one for every job (then the
+        controller's other jobs too, `others` of them)."""
+        if ids is None:
+            self._count("jobs_state_all")
+            wanted: Sequence[int] = [*self.states, *range(10**6, 10**6 + self.others)]
+        else:
+            for _ in range(0, len(ids), batch):
+                self._count("jobs_state")
+            wanted = ids
         return {
             i: JobStateEntry(
                 raw_job_id=str(i),
                 job_id=i,
-                raw_state=(self.states[i],),
-                base_state=BaseState(self.states[i]),
+                raw_state=(self.states.get(i, "PENDING"),),
+                base_state=BaseState(self.states.get(i, "PENDING")),
             )
-            for i in ids
-            if i in self.states
+            for i in wanted
+            if i in self.states or i >= 10**6
         }
 
     def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
@@ -116,8 +128,11 @@ def make(n: int, *, jobs_state: bool = True) -> tuple[Poller, FakeController, Fa
     return Poller(controller), controller, client  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("n", [1, 50, 2000])
-async def test_unchanged_jobs_cost_one_request_per_cycle(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "sweep"),
+    [(1, "jobs_state"), (50, "jobs_state"), (2000, "jobs_state_all"), (10_000, "jobs_state_all")],
+)
+async def test_unchanged_jobs_cost_one_request_per_cycle(n: int, sweep: str) -> None:
     poller, controller, client = make(n)
     await poller.cycle()  # first sight: every job's details once
     assert client.calls.count("get_job") == n
@@ -125,9 +140,42 @@ async def test_unchanged_jobs_cost_one_request_per_cycle(n: int) -> None:
     controller.refreshed.clear()
     for _ in range(3):
         await poller.cycle()
-    assert client.calls == ["jobs_state"] * 3
+    assert client.calls == [sweep] * 3
     assert controller.refreshed == []
     assert controller.metrics.sample("slurmjob_operator_poll_requests") == 1
+
+
+@pytest.mark.parametrize(("n", "requests"), [(500, 1), (1000, 2), (1001, 1)])
+async def test_batches_until_one_unfiltered_sweep_is_cheaper(n: int, requests: int) -> None:
+    poller, _, client = make(n)
+    await poller.cycle()
+    client.calls.clear()
+    await poller.cycle()
+    assert len(client.calls) == requests
+    assert client.calls[0] == ("jobs_state_all" if n > 1000 else "jobs_state")
+
+
+async def test_a_cluster_much_bigger_than_what_is_tracked_keeps_to_batches() -> None:
+    poller, _, client = make(1500)
+    client.others = 20_000  # the controller holds 14 times more jobs than are tracked
+    await poller.cycle()  # finds out how big the cluster is
+    client.calls.clear()
+    for _ in range(RECHECK_CYCLES):
+        await poller.cycle()
+    assert client.calls == ["jobs_state"] * 3 * RECHECK_CYCLES
+    client.calls.clear()
+    await poller.cycle()
+    assert client.calls == ["jobs_state_all"], "looked at again after RECHECK_CYCLES sweeps"
+    client.calls.clear()
+    await poller.cycle()
+    assert client.calls == ["jobs_state"] * 3, "still too big: batches again"
+    client.others = 0
+    for _ in range(RECHECK_CYCLES):
+        await poller.cycle()
+    client.calls.clear()
+    await poller.cycle()
+    await poller.cycle()
+    assert client.calls == ["jobs_state_all"] * 2, "the cluster shrank: one request from now on"
 
 
 async def test_only_the_changed_job_is_fetched() -> None:
@@ -159,7 +207,7 @@ async def test_after_a_restart_only_jobs_that_moved_cost_a_request() -> None:
         controller.tracked[uid] = dataclasses.replace(item, native=("RUNNING",))
     client.states[7] = "COMPLETED"
     await poller.cycle()
-    assert client.calls == ["jobs_state", "get_job"]
+    assert client.calls == ["jobs_state_all", "get_job"]
     assert controller.refreshed == [(7, False, False)]
 
 

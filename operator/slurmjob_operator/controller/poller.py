@@ -1,10 +1,11 @@
 """One cheap sweep of slurmrestd per poll interval for every tracked job.
 
-v0.0.40+: `GET /jobs/state` for the tracked ids (batched), then `GET /job/{id}` only for the
-jobs whose state changed since the last sweep. v0.0.38 has no `/jobs/state`: `GET /jobs` with
+v0.0.40+: `GET /jobs/state` for the tracked ids (batched; unfiltered, one request, once that
+is cheaper: `core.sweep`), then `GET /job/{id}` only for the jobs whose state changed since
+the last sweep. v0.0.38 has no `/jobs/state`: `GET /jobs` with
 `update_time` answers 304 when nothing changed, the whole list otherwise (which then carries
 every detail, so no per-job GET is needed). Either way an unchanged job costs no request of
-its own: the sweep is one request per 500 tracked ids (`SlurmClient.jobs_state` batches). Log
+its own: the sweep is one request per 500 tracked ids, or a single unfiltered one. Log
 tails are re-read with every state change, and between changes only for running jobs whose log
 files changed, at most every `SLURMJOB_LOG_REFRESH` seconds. After a restart the states and
 tails the statuses recorded stand in for the last sweep. Refreshes run concurrently, at most
@@ -25,6 +26,7 @@ from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader, group_states
 from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
 from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.sweep import RECHECK_CYCLES, STATE_BATCH, sweep_all
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
@@ -57,6 +59,8 @@ class Poller:
         self._logs_read: dict[str, float] = {}  # uid -> monotonic time of its last tail read
         self._list_since: datetime | None = None
         self._next_since: datetime | None = None
+        self._cluster_jobs: int | None = None  # entries of the last unfiltered sweep
+        self._filtered_sweeps = 0  # since the last unfiltered one
 
     async def run(self) -> None:
         interval = self.controller.settings.poll_interval
@@ -157,7 +161,7 @@ class Poller:
         """Job id -> fresh views (None: gone from the controller) for jobs whose state moved."""
         out: dict[int, list[SlurmJobView] | None] = {}
         if client.dialect.supports_jobs_state:
-            entries = await client.jobs_state(sorted(tracked))
+            entries = await self._sweep(client, tracked)
             groups = group_states(entries.values())
             for job_id, items in tracked.items():
                 group = groups.get(job_id)
@@ -182,6 +186,20 @@ class Poller:
             elif self._seen.get(job_id) != state_key(views):
                 out[job_id] = views
         return out
+
+    async def _sweep(
+        self, client: SlurmClient, tracked: dict[int, list[Tracked]]
+    ) -> dict[int, JobStateEntry]:
+        """`/jobs/state` for the tracked jobs: filtered batches, or one unfiltered request
+        once that is cheaper (`core.sweep`)."""
+        known = self._cluster_jobs if self._filtered_sweeps < RECHECK_CYCLES else None
+        if sweep_all(len(tracked), known, batch=STATE_BATCH):
+            entries = await client.jobs_state(None)
+            self._cluster_jobs = len(entries)
+            self._filtered_sweeps = 0
+            return entries
+        self._filtered_sweeps += 1
+        return await client.jobs_state(sorted(tracked), batch=STATE_BATCH)
 
     async def _details(
         self, client: SlurmClient, item: Tracked
