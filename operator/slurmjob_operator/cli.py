@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +28,8 @@ from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INVALID = 2
+# `run` lost the Lease: the process ends at once (nothing it started may go on).
+EXIT_LEADERSHIP_LOST = 3
 
 
 class InputError(ValueError):
@@ -91,7 +94,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 
     from slurmjob_operator.config import Settings
 
-    Settings.from_env()  # refuse bad settings before kopf starts (exit 2 names the variable)
+    settings = Settings.from_env()  # refuse bad settings before kopf starts (exit 2 names it)
     import slurmjob_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(
@@ -101,12 +104,21 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     # kopf logs every successful handler call; the watch-event handler runs on every status
     # write, so its "succeeded" lines would drown the log.
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandler())
-    kopf.run(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        liveness_endpoint=args.liveness,
-    )
+    if args.no_leader_election or not settings.leader_election:
+        kopf.run(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or (),
+            liveness_endpoint=args.liveness,
+        )
+        return EXIT_OK
+    from slurmjob_operator.election import run_with_lease
+
+    clean = asyncio.run(run_with_lease(settings, namespaces=args.namespace, liveness=args.liveness))
+    if not clean:
+        # Leadership lost: nothing this process started may go on; a restart stands by anew.
+        logging.shutdown()
+        os._exit(EXIT_LEADERSHIP_LOST)
     return EXIT_OK
 
 
@@ -233,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="URL",
         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    run.add_argument(
+        "--no-leader-election",
+        action="store_true",
+        help="run at once, without waiting for the Lease (one process only: two would both act)",
     )
     run.add_argument("--log-format", choices=("plain", "json"), default="plain")
     run.add_argument("-v", "--verbose", action="store_true", help="log more")

@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -221,6 +221,59 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
     )
+    leader_election: bool = Field(
+        default=True,
+        description=(
+            "Run only while holding a coordination.k8s.io Lease, so that replicas stand by "
+            "(`run --no-leader-election` turns it off for one process)."
+        ),
+    )
+    lease_name: str = Field(
+        default="slurmjob-operator",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description="Name of the Lease the replicas elect a leader on.",
+    )
+    lease_namespace: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description=(
+            "Namespace of the Lease. Unset: the pod's own namespace in a cluster, `default` "
+            "outside one."
+        ),
+    )
+    lease_identity: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="This replica's name in the Lease. Unset: the host name and a random suffix.",
+    )
+    lease_duration: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a Lease not renewed stays its holder's before a standby may take it.",
+    )
+    lease_renew_deadline: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds the leader goes on without renewing before it stops; shorter than the "
+            "lease duration, so it has stopped before anyone may take over."
+        ),
+    )
+    lease_retry_period: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds between two attempts to renew (leader) or take (standby) the Lease.",
+    )
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> Settings:
+        if not 0 < self.lease_retry_period < self.lease_renew_deadline < self.lease_duration:
+            raise ValueError(
+                "SLURMJOB_LEASE_RETRY_PERIOD < SLURMJOB_LEASE_RENEW_DEADLINE < "
+                "SLURMJOB_LEASE_DURATION is required"
+            )
+        return self
 
     @field_validator("slurm_rest_api_version")
     @classmethod
@@ -263,5 +316,7 @@ class Settings(BaseSettings):
                 return cls()
             except ValidationError as exc:
                 first = exc.errors()[0]
-                name = cls.env_name(str(first["loc"][0])) if first["loc"] else ENV_PREFIX
+                if not first["loc"]:  # a rule across settings names them in its message
+                    raise ConfigError(str(first["msg"])) from exc
+                name = cls.env_name(str(first["loc"][0]))
                 raise ConfigError(f"{name}: {first['msg']}") from exc

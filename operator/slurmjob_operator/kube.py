@@ -70,6 +70,11 @@ class KubeApi:
             )
         return cls(k8s.ApiClient(configuration))
 
+    @property
+    def api(self) -> k8s.ApiClient:
+        """The client the other adapters (the Lease) share."""
+        return self._api
+
     async def close(self) -> None:
         await self._api.close()
 

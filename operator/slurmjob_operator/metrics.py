@@ -142,6 +142,11 @@ class Metrics:
             "slots; served round-robin across namespaces.",
             registry=reg,
         )
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 in the replica that holds the Lease and runs the operator, 0 in a standby.",
+            registry=reg,
+        )
         for result in SUBMISSION_RESULTS:
             self.submissions_total.labels(result=result)
         for phase in Phase:
@@ -226,6 +231,10 @@ class Metrics:
             raise RuntimeError("the metrics server is already running")
         server, thread = prometheus_client.start_http_server(port, addr, registry=self.registry)
         self._server, self._server_thread = server, thread
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
 
     def stop_http_server(self) -> None:
         """Stop the server `start_http_server` started (no-op when none runs)."""

@@ -43,8 +43,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     config = Settings.from_env()
     kube = await KubeApi.connect()
     transport = open_transport(config)
-    metrics = Metrics()
-    if config.metrics_port:
+    # Under leader election `run` made it before the Lease was won (a standby serves the
+    # leader gauge too); kopf passes it in the memo.
+    metrics = memo.get("metrics") or Metrics()
+    if config.metrics_port and not metrics.serving:
         metrics.start_http_server(config.metrics_port)
     controller = Controller(config, kube, transport, metrics)
     memo.controller = controller
