@@ -45,6 +45,13 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LOG_REFRESH", "0", "log_refresh", 0.0),
     ("SLURMJOB_STATUS_TAIL_BYTES", "65536", "status_tail_bytes", 65536),
     ("SLURMJOB_STATUS_TAIL_BYTES", "256", "status_tail_bytes", 256),
+    ("SLURMJOB_LEADER_ELECTION", "0", "leader_election", False),
+    ("SLURMJOB_LEASE_NAME", "ops.lease-1", "lease_name", "ops.lease-1"),
+    ("SLURMJOB_LEASE_NAMESPACE", "slurmjob-system", "lease_namespace", "slurmjob-system"),
+    ("SLURMJOB_LEASE_IDENTITY", "pod-7f9c", "lease_identity", "pod-7f9c"),
+    ("SLURMJOB_LEASE_DURATION", "30", "lease_duration", 30.0),
+    ("SLURMJOB_LEASE_RENEW_DEADLINE", "5", "lease_renew_deadline", 5.0),
+    ("SLURMJOB_LEASE_RETRY_PERIOD", "1", "lease_retry_period", 1.0),
     ("SLURMJOB_METRICS_PORT", "0", "metrics_port", 0),
     ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
 ]
@@ -139,6 +146,13 @@ ERRORS: list[tuple[dict[str, str], str]] = [
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "59"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be greater"),
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "1e3"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be"),
     ({"SLURMJOB_METRICS_PORT": "65536"}, "SLURMJOB_METRICS_PORT: Input should be less than"),
+    ({"SLURMJOB_LEASE_NAME": "Bad_Name"}, "SLURMJOB_LEASE_NAME: String should match pattern"),
+    ({"SLURMJOB_LEASE_NAMESPACE": "a" * 64}, "SLURMJOB_LEASE_NAMESPACE: String should match"),
+    (
+        {"SLURMJOB_LEASE_RENEW_DEADLINE": "20"},
+        "Value error, SLURMJOB_LEASE_RETRY_PERIOD < SLURMJOB_LEASE_RENEW_DEADLINE < "
+        "SLURMJOB_LEASE_DURATION is required",
+    ),
     ({"SLURMJOB_STATUS_TAIL_BYTES": "255"}, "SLURMJOB_STATUS_TAIL_BYTES: Input should be greater"),
     ({"SLURMJOB_STATUS_TAIL_BYTES": "65537"}, "SLURMJOB_STATUS_TAIL_BYTES: Input should be less"),
     ({"SLURMJOB_METRICS_PORT": "-1"}, "SLURMJOB_METRICS_PORT: Input should be greater"),

@@ -200,6 +200,7 @@ def test_every_metric_is_prefixed(metrics: Metrics) -> None:
         "slurmjob_operator_jobs",
         "slurmjob_operator_token_expiry_seconds",
         "slurmjob_operator_waiting_submissions",
+        "slurmjob_operator_leader",
     }
 
 

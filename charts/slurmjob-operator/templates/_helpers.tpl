@@ -130,6 +130,10 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 {{- if and .Values.templates.existingConfigMap .Values.templates.files }}
 {{- fail "templates: set only one of existingConfigMap and files" }}
 {{- end }}
+{{- $le := .Values.leaderElection }}
+{{- if and $le.enabled (not (and (lt (float64 $le.retryPeriod) (float64 $le.renewDeadline)) (lt (float64 $le.renewDeadline) (float64 $le.leaseDuration)))) }}
+{{- fail "leaderElection: retryPeriod < renewDeadline < leaseDuration is required" }}
+{{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when serviceAccount.create is false" }}
 {{- end }}
