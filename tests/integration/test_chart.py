@@ -453,7 +453,7 @@ class ChartOperator(Operator):
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [str(OPERATOR), *self.args],
-            env=self.env,
+            env=self.env,  # the Deployment's own Lease settings, not process_env()'s
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -491,7 +491,17 @@ def sa_operator(
         "SLURMJOB_POLL_INTERVAL": "1",
         "SLURMJOB_METRICS_PORT": "0",
         "SLURMJOB_DELETE_TIMEOUT": "30",
+        # The Deployment's own leader-election settings (the Lease in the release namespace),
+        # with the pod name its downward API would give.
+        **{
+            e["name"]: e["value"]
+            for e in container(docs)["env"]
+            if e["name"].startswith(("SLURMJOB_LEADER_", "SLURMJOB_LEASE_")) and "value" in e
+        },
+        "SLURMJOB_LEASE_IDENTITY": f"{release}-pod-0",
     }
+    assert env["SLURMJOB_LEADER_ELECTION"] == "true"
+    assert env["SLURMJOB_LEASE_NAMESPACE"] == op_ns
     op = ChartOperator(
         kube,
         slurm_2605,
@@ -550,6 +560,12 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
     log = op.log_path.read_text(errors="replace").splitlines()
     refused = [line[:300] for line in log if re.search(r"Forbidden|status=403|Not enough", line)]
     assert not refused, "\n".join(refused[:4])
+    # It ran as the leader of the release's Lease.
+    holder = op.kube.kubectl(
+        "get", "lease", op.env["SLURMJOB_LEASE_NAME"], "-n", op.op_namespace,
+        "-o", "jsonpath={.spec.holderIdentity}",
+    ).stdout  # fmt: skip
+    assert holder == op.env["SLURMJOB_LEASE_IDENTITY"]
 
 
 @pytest.mark.slurm2605
@@ -564,7 +580,17 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     assert can_i(kube, who, "patch", sj, "--subresource=status", "-n", ns)
     assert can_i(kube, who, "create", "events", "-n", ns)
     assert can_i(kube, who, "get", "secrets", "-n", ns)
+    lease = f"leases.coordination.k8s.io/{op.env['SLURMJOB_LEASE_NAME']}"
+    for verb in ("get", "update"):
+        assert can_i(kube, who, verb, lease, "-n", op.op_namespace), verb
+    assert can_i(kube, who, "create", "leases.coordination.k8s.io", "-n", op.op_namespace)
     denied = [
+        ("get", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
+        ("update", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
+        ("delete", lease, "-n", op.op_namespace),
+        ("list", "leases.coordination.k8s.io", "-n", op.op_namespace),
+        ("create", "leases.coordination.k8s.io", "-n", ns),
+        ("get", lease, "-n", "default"),
         ("delete", sj, "-n", ns),
         ("create", sj, "-n", ns),
         ("update", sj, "-n", ns),

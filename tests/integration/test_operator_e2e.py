@@ -53,11 +53,20 @@ class Operator:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
+    def process_env(self) -> dict[str, str]:
+        """The environment of `run`: each test's operator elects itself on a Lease of its own
+        (the tests share one apiserver), under a name kept across restarts, as a pod's is."""
+        return {
+            "SLURMJOB_LEASE_NAME": f"sj-{self.namespace}",
+            "SLURMJOB_LEASE_IDENTITY": f"op-{self.namespace}",
+            **self.env,
+        }
+
     def start(self) -> None:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [str(OPERATOR), "run", "-n", self.namespace],
-            env=self.env,
+            env=self.process_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -193,7 +193,7 @@ class ReleaseOperator(Operator):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.binary), "run", "-n", self.namespace],
-                env=self.env,
+                env=self.process_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.log_path.parent,

@@ -84,6 +84,9 @@ def _stop_operator() -> None:
 
 def _start_operator(env: dict[str, str], namespaces: Sequence[str]) -> subprocess.Popen[bytes]:
     operator = Path(sys.executable).parent / "slurmjob-operator"
+    # A Lease of the demo's own, under a name kept across demo runs: a demo started again takes
+    # it back at once instead of waiting for the last run's to expire.
+    env = {"SLURMJOB_LEASE_NAME": "slurmjob-demo", "SLURMJOB_LEASE_IDENTITY": "demo", **env}
     with DEMO_LOG.open("ab") as log:
         proc = subprocess.Popen(
             [str(operator), "run", *(a for ns in namespaces for a in ("-n", ns))],
