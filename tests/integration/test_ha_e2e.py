@@ -140,7 +140,7 @@ def test_the_standby_acts_only_after_a_takeover_and_nothing_is_lost_or_doubled(
     assert "standing by" in standby.log_tail()
     assert "slurmjob-operator started" not in standby.log_tail(200), "a standby runs no kopf"
     names = [f"burst-{i}" for i in range(24)]
-    rng = random.Random(1105)  # noqa: S311
+    rng = random.Random(1105)
     takeovers: list[float] = []
     for i, name in enumerate(names):
         p.apply(name, cpu_spec(["sleep", "1"], timeLimit="5m"))
