@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.controller import RetryLater, Tracked
+from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
@@ -416,6 +418,23 @@ async def test_reachability_is_reported_once_per_change(bed: Bed) -> None:
     assert bed.store.reasons().count("SlurmAuthFailed") == 1
     await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
     assert condition(bed, ref, "SlurmReachable") == ("True", "SlurmAnswering")
+
+
+async def test_a_refresh_racing_a_deletion_is_no_error(
+    bed: Bed, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+
+    async def deleted_meanwhile(ref: Any, patch: Any) -> None:
+        return None  # what the store answers once the object is gone
+
+    bed.store.patch_status = deleted_meanwhile  # type: ignore[method-assign]
+    bed.slurm.set_state(100, "RUNNING")
+    await Poller(bed.controller).cycle()
+    await bed.controller.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
 
 
 # -- spec.suspend -----------------------------------------------------------------------------
