@@ -94,6 +94,7 @@ async def bench(
         "SLURMJOB_METRICS_PORT": "0",
         # The operator of this checkout, whatever venv runs the bench.
         "PYTHONPATH": f"{ROOT / 'operator'}:{ROOT}",
+        **dict(args.operator_env),
     }
     settings = Settings(
         slurm_rest_url=tb.rest_url,
@@ -167,6 +168,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--submit-timeout", type=float, default=1800.0)
     p.add_argument("--delete-timeout", type=float, default=900.0)
     p.add_argument("--restart-window", type=float, default=6.0)
+    p.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="SLURMJOB_X=V",
+        type=lambda s: tuple(s.split("=", 1)),
+        help="a setting for both operators under test (repeatable), e.g. for a what-if run",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--log-dir", type=Path, default=None)
     p.add_argument("--no-logtail", dest="logtail", action="store_false")

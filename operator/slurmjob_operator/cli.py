@@ -106,6 +106,9 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
         liveness_endpoint=args.liveness,
+        # One watch stream per namespace (or one for all): the login handler's session keeps
+        # a connection for each besides its bounded pool.
+        memo=kopf.Memo(watch_streams=len(args.namespace) or 1),
     )
     return EXIT_OK
 
