@@ -309,10 +309,12 @@ async def _run_phases(
         await asyncio.sleep(3)
         empty = samplers[0].between(marks["ready"], time.time())
         result["rss_empty"] = statistics.median(s[1] for s in empty) if empty else None
+        api_s0 = await ctx.kube.apiserver_requests()
         await create()
         origin = created
     else:
         await create()
+        api_s0 = await ctx.kube.apiserver_requests()
         marks["start"] = _start(process, samplers)
         origin = dict.fromkeys(created, marks["start"])
 
@@ -322,6 +324,7 @@ async def _run_phases(
 
     done = await wait_until(lambda: submitted() >= n, opts.submit_timeout, process)
     marks["submitted"] = time.time()
+    api_s1 = await ctx.kube.apiserver_requests()
     latencies = [
         watcher.seen[name].submitted - origin[name]  # type: ignore[operator]
         for name in created
@@ -337,6 +340,13 @@ async def _run_phases(
         "p50": percentile(latencies, 0.5),
         "p99": percentile(latencies, 0.99),
         "max": max(latencies, default=None),
+        # What submitting cost the apiserver, per SlurmJob (the bench's own creates, `POST
+        # slurmjobs`, are in it for the live shape; watch events are not requests).
+        "apiserver_per_object": {
+            k: round((api_s1[k] - api_s0.get(k, 0)) / n, 2)
+            for k in sorted(api_s1)
+            if k.split()[-1].split("/")[0] in OWN_RESOURCES and api_s1[k] > api_s0.get(k, 0)
+        },
     }
     log(f"{tag}: {len(latencies)}/{n} submitted, {result['submit']['per_second'] or 0:.1f}/s")
     if not done:

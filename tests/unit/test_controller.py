@@ -7,6 +7,7 @@ Each test drives the same `Controller` the operator runs (`reconcile`, `refresh`
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 from pathlib import Path
@@ -435,6 +436,51 @@ async def test_a_refresh_racing_a_deletion_is_no_error(
     await bed.controller.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
+
+
+# -- the watch's copy of the resource --------------------------------------------------------
+
+
+async def test_a_create_with_the_watchs_body_reads_the_resource_once(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    body = copy.deepcopy(bed.store.body(ref))
+    await bed.controller.reconcile(ref, body)
+    assert bed.store.status(ref).attempts[0].job_id == 100
+    assert bed.store.gets == 1, "only the read under the slot"
+    other = bed.store.create("other", cpu_spec())
+    await reconcile(bed, other)  # no body: the first step reads too
+    assert bed.store.gets == 3
+
+
+async def test_resuming_a_followed_job_from_the_watchs_body_reads_and_asks_nothing(
+    bed: Bed,
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    body = copy.deepcopy(bed.store.body(ref))
+    gets, calls = bed.store.gets, len(bed.slurm.calls)
+    bed.controller.registry.forget(ref.uid)  # as after a restart
+    await bed.controller.reconcile(ref, body)
+    assert (bed.store.gets, len(bed.slurm.calls)) == (gets, calls)
+    assert [t.ref.uid for t in bed.controller.followed()] == [ref.uid]
+
+
+async def test_a_stale_body_never_submits_twice(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    stale = copy.deepcopy(bed.store.body(ref))  # before the first submit
+    await reconcile(bed, ref)
+    await bed.controller.reconcile(ref, stale)
+    assert bed.slurm.calls.count("submit") == 1
+    assert len(bed.store.status(ref).attempts) == 1
+
+
+async def test_a_body_that_asks_for_a_write_is_decided_on_a_fresh_read(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec(suspend=True))
+    body = copy.deepcopy(bed.store.body(ref))
+    await bed.controller.reconcile(ref, body)
+    assert condition(bed, ref, "Suspended") == ("True", "Suspended")
+    assert "submit" not in bed.slurm.calls
+    assert bed.controller.submit_slots.waiting == 0
 
 
 # -- spec.suspend -----------------------------------------------------------------------------
