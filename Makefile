@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 SLURM ?= 26.05
 
-.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down demo demo-down
+.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down demo demo-down bench-scale
 
 test: venv testbed lint pytest
 
@@ -65,6 +65,15 @@ demo: venv testbed
 
 demo-down: venv
 	$(BIN)/python -m tests.testbed.demo down
+
+# The scale bench of docs/benchmarks.md ("Scale"): the baseline and the operator, one after the
+# other, at each N of BENCH_SIZES, on the dev stack (started or re-used as dev-up does). Writes
+# docs/benchmarks/scale.json, the plots next to it and the Scale section. Hours at 10,000.
+BENCH_SIZES ?= 1000,5000,10000
+bench-scale: venv testbed
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet 'matplotlib>=3.8'
+	$(BIN)/python -m tests.testbed.dev up --slurm 26.05
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m bench.scale --sizes $(BENCH_SIZES)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -104,12 +104,16 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     # kopf logs every successful handler call; the watch-event handler runs on every status
     # write, so its "succeeded" lines would drown the log.
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandler())
+    # One watch stream per namespace (or one for all): the login handler's session keeps a
+    # connection for each besides its bounded pool.
+    streams = len(args.namespace) or 1
     if args.no_leader_election or not settings.leader_election:
         kopf.run(
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace or (),
             liveness_endpoint=args.liveness,
+            memo=kopf.Memo(watch_streams=streams),
         )
         return EXIT_OK
     from slurmjob_operator.election import run_with_lease

@@ -261,7 +261,7 @@ async def run_with_lease(
             clusterwide=not namespaces,
             namespaces=namespaces,
             stop_flag=stop,
-            memo=kopf.Memo(metrics=metrics),
+            memo=kopf.Memo(metrics=metrics, watch_streams=len(namespaces) or 1),
         )
 
     try:

@@ -447,6 +447,9 @@ def _write_config(spec: ClusterSpec) -> None:
         "ReturnToService=2",
         "JobRequeue=0",
         "MinJobAge=300",
+        # The scale bench (bench/scale) queues 10,000 jobs per run, and its runs follow each
+        # other faster than MinJobAge purges the ended ones: room for several runs' worth.
+        "MaxJobCount=60000",
         "GresTypes=gpu",
         f"PlugStackConfig={b}/etc/plugstack.conf",
     ]

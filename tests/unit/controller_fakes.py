@@ -70,6 +70,7 @@ class MemoryStore:
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
         self.patches = 0
+        self.gets = 0
 
     def create(self, name: str, spec: Mapping[str, Any], namespace: str = "team-a") -> ObjectRef:
         body = {
@@ -105,6 +106,7 @@ class MemoryStore:
         return [reason for _, reason, _ in self.events]
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.gets += 1
         body = self.objects.get((namespace, name))
         return copy.deepcopy(body) if body is not None else None
 

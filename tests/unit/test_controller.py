@@ -7,7 +7,9 @@ Each test drives the same `Controller` the operator runs (`reconcile`, `refresh`
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.controller import RetryLater, Tracked
+from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
@@ -416,6 +419,68 @@ async def test_reachability_is_reported_once_per_change(bed: Bed) -> None:
     assert bed.store.reasons().count("SlurmAuthFailed") == 1
     await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
     assert condition(bed, ref, "SlurmReachable") == ("True", "SlurmAnswering")
+
+
+async def test_a_refresh_racing_a_deletion_is_no_error(
+    bed: Bed, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+
+    async def deleted_meanwhile(ref: Any, patch: Any) -> None:
+        return None  # what the store answers once the object is gone
+
+    bed.store.patch_status = deleted_meanwhile  # type: ignore[method-assign]
+    bed.slurm.set_state(100, "RUNNING")
+    await Poller(bed.controller).cycle()
+    await bed.controller.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+
+
+# -- the watch's copy of the resource --------------------------------------------------------
+
+
+async def test_a_create_with_the_watchs_body_reads_the_resource_once(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    body = copy.deepcopy(bed.store.body(ref))
+    await bed.controller.reconcile(ref, body)
+    assert bed.store.status(ref).attempts[0].job_id == 100
+    assert bed.store.gets == 1, "only the read under the slot"
+    other = bed.store.create("other", cpu_spec())
+    await reconcile(bed, other)  # no body: the first step reads too
+    assert bed.store.gets == 3
+
+
+async def test_resuming_a_followed_job_from_the_watchs_body_reads_and_asks_nothing(
+    bed: Bed,
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    body = copy.deepcopy(bed.store.body(ref))
+    gets, calls = bed.store.gets, len(bed.slurm.calls)
+    bed.controller.registry.forget(ref.uid)  # as after a restart
+    await bed.controller.reconcile(ref, body)
+    assert (bed.store.gets, len(bed.slurm.calls)) == (gets, calls)
+    assert [t.ref.uid for t in bed.controller.followed()] == [ref.uid]
+
+
+async def test_a_stale_body_never_submits_twice(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    stale = copy.deepcopy(bed.store.body(ref))  # before the first submit
+    await reconcile(bed, ref)
+    await bed.controller.reconcile(ref, stale)
+    assert bed.slurm.calls.count("submit") == 1
+    assert len(bed.store.status(ref).attempts) == 1
+
+
+async def test_a_body_that_asks_for_a_write_is_decided_on_a_fresh_read(bed: Bed) -> None:
+    ref = bed.store.create("train", cpu_spec(suspend=True))
+    body = copy.deepcopy(bed.store.body(ref))
+    await bed.controller.reconcile(ref, body)
+    assert condition(bed, ref, "Suspended") == ("True", "Suspended")
+    assert "submit" not in bed.slurm.calls
+    assert bed.controller.submit_slots.waiting == 0
 
 
 # -- spec.suspend -----------------------------------------------------------------------------

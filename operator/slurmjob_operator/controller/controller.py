@@ -87,9 +87,10 @@ class Controller:
         """The client acting as Slurm user `user` (a tenant's slurmUser; None: the operator)."""
         return await self._link.client_for(user)
 
-    async def reconcile(self, ref: ObjectRef) -> None:
-        """Drive the submission side one step; raises RetryLater when it must run again."""
-        await self._submission.reconcile(ref)
+    async def reconcile(self, ref: ObjectRef, body: Mapping[str, Any] | None = None) -> None:
+        """Drive the submission side one step; raises RetryLater when it must run again.
+        `body`: the resource as the watch delivered it, when there is one (kopf's handlers)."""
+        await self._submission.reconcile(ref, ResourceView.of(body) if body is not None else None)
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False

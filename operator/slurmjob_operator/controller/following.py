@@ -13,7 +13,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.registry import Tracked
-from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
 from slurmjob_operator.core.decisions import (
     IDENTITY_MISMATCH,
     belongs,
@@ -267,6 +267,8 @@ class Following:
                         view.status, reachable, reason, message, view.generation, utc_now()
                     )
                     await self.edge.apply(view, transition)
+            except ResourceGone:
+                continue
             except Exception:  # one resource must not keep the others from hearing it
                 log.exception("cannot report reachability on %s", item.ref.name)
                 complete = False

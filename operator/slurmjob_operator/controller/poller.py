@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
+from slurmjob_operator.controller.resource import ResourceGone
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader, group_states
 from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
 from slurmjob_operator.core.reasons import Reason
@@ -225,6 +226,9 @@ class Poller:
     ) -> bool:
         try:
             await self.controller.refresh(item, views, logs_only=logs_only)
+        except ResourceGone:  # deleted meanwhile: its watch event forgets it
+            log.debug("%s/%s is gone", item.ref.namespace, item.ref.name)
+            return True
         except Exception:
             log.exception("cannot refresh %s/%s", item.ref.namespace, item.ref.name)
             return False

@@ -37,6 +37,11 @@ class RetryLater(Exception):
         self.delay = delay
 
 
+class ResourceGone(RetryLater):
+    """The resource was deleted while it was worked on (a refresh racing `kubectl delete`):
+    nothing is left to do for it, and that is no error."""
+
+
 class ResourceEdge:
     def __init__(self, store: ResourceStore, metrics: Metrics, registry: Registry) -> None:
         self.store = store
@@ -62,7 +67,7 @@ class ResourceEdge:
         ref, old, new = view.ref, view.status, transition.status
         if changed(old, new):
             if await self.store.patch_status(ref, patch.diff(old.dump(), new.dump())) is None:
-                raise RetryLater(f"{ref.namespace}/{ref.name} is gone", 0)
+                raise ResourceGone(f"{ref.namespace}/{ref.name} is gone", 0)
             if old.phase != new.phase and new.phase is not None:
                 self.metrics.count_transition(new.phase)
         for event in transition.events:

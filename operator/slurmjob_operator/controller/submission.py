@@ -147,18 +147,46 @@ class Submission:
         self._backoff = backoff
         self._limiter = limiter or FairLimiter[str](settings.submit_concurrency)
 
-    async def reconcile(self, ref: ObjectRef) -> None:
+    async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
 
         Only a submit (render, record, stage, POST, confirmation) holds a slot. The slot is
         taken first, then the lock: the first step only finds a submit due, and the lock is
         let go while the slot is awaited (a waiter blocks no finalizer or poller, and no slot
         is awaited under a lock: `controller.fairness`); the second step reads the resource
-        again, suspended, deleted or submitted by a concurrent retry meanwhile."""
+        again, suspended, deleted or submitted by a concurrent retry meanwhile.
+
+        `seen`: the resource as the watch delivered it (the handler's body). Where it shows
+        nothing to do but follow the job, or a submit that is due, no read is made for the
+        first step; anything else (a write to make) is decided on a fresh read, since a patch
+        computed from a stale status could undo a newer one. A restart's resume of 10,000
+        followed SlurmJobs costs no GET, a create one GET instead of two."""
+        if seen is not None and seen.ref.uid == ref.uid and not seen.deleting:
+            settled = self._settled(seen)
+            if settled is not None:
+                if not settled:
+                    return
+                async with self._limiter.slot(ref.namespace):
+                    await self._step(ref, slot=True)
+                return
         if not await self._step(ref, slot=False):
             return
         async with self._limiter.slot(ref.namespace):
             await self._step(ref, slot=True)
+
+    def _settled(self, seen: ResourceView) -> bool | None:
+        """From the watch's copy alone: True when a submit is due now (not suspended, no
+        retry in the future), False when the job only needs following, None when a fresh read
+        must decide."""
+        step = next_step(seen.status)
+        if step is Step.TRACK and hold_action(seen.status, seen.suspend) is Hold.NOTHING:
+            self.edge.observe(seen.ref, seen.status)
+            return False
+        if step is Step.SUBMIT and not seen.suspend:
+            blocked, transition = gate(seen.status, False, seen.generation, utc_now())
+            if not blocked and transition is None:
+                return True
+        return None
 
     async def _step(self, ref: ObjectRef, *, slot: bool) -> bool:
         """One step under the resource's lock. True: a submit is due and `slot` (one is held)

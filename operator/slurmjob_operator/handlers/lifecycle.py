@@ -7,6 +7,7 @@ import contextlib
 import logging
 from typing import Any
 
+import aiohttp
 import kopf
 
 from slurmjob_operator import GROUP
@@ -72,8 +73,34 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await controller.kube.close()
 
 
+#: Connections kopf's client keeps open to the apiserver at most, besides one per watch stream.
+#: kopf's own session has no limit: a backlog of 10,000 SlurmJobs at start opened a TLS
+#: connection per object (each worker patches its object's finalizer at once), and the memory
+#: of those connections stayed with the process.
+KUBE_CONNECTIONS = 32
+
+
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's ServiceAccount in a cluster, else the kubeconfig (KUBECONFIG)."""
-    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
-    return info or kopf.login_with_kubeconfig(**kwargs)
+async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.AiohttpSession | None:
+    """The pod's ServiceAccount in a cluster, else the kubeconfig (KUBECONFIG), on a session
+    with a bounded number of connections."""
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(
+        **kwargs
+    ) or kopf.login_with_kubeconfig(**kwargs)
+    if info is None:
+        return None
+    streams = int(memo.get("watch_streams", 1))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=KUBE_CONNECTIONS + streams, ssl=info.as_ssl_context()),
+        headers=info.as_http_headers(),
+        auth=info.as_aiohttp_basic_auth(),
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(
+        server=info.server,
+        priority=info.priority,
+        default_namespace=info.default_namespace,
+        expiration=info.expiration,
+        aiohttp_session=session,
+    )

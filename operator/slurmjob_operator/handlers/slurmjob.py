@@ -20,7 +20,7 @@ def _controller(memo: kopf.Memo) -> Controller:
 
 async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
     try:
-        await _controller(memo).reconcile(ObjectRef.of(body))
+        await _controller(memo).reconcile(ObjectRef.of(body), body)
     except RetryLater as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
 
