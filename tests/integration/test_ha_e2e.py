@@ -78,13 +78,7 @@ class Pair:
         return "\n".join(f"--- {k}\n{op.log_tail(30)}" for k, op in self.replicas.items())
 
     def apply(self, name: str, spec: dict[str, Any]) -> None:
-        manifest = {
-            "apiVersion": "slurmjob.io/v1alpha1",
-            "kind": "SlurmJob",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": spec,
-        }
-        self.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+        self.any().apply(name, spec)  # kubectl only: any replica's helper, alive or not
 
     def any(self) -> Operator:
         return next(iter(self.replicas.values()))
