@@ -180,3 +180,12 @@ def envelope(**fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"meta": {"slurm": {"release": "26.05.3"}}, "errors": [], "warnings": []}
     body.update(fields)
     return body
+
+
+class StaticToken:
+    """A token provider that always hands out the same token."""
+
+    expires_at = None
+
+    def token(self) -> str:
+        return "tok"

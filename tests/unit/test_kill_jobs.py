@@ -4,14 +4,11 @@ in tests/data/slurm-captures, and `SlurmClient.cancel_many` over HTTP."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
-from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.dialects import BulkCancelResult, dialect_for
 from slurmjob_operator.slurm.dialects.kill import kill_jobs_body, parse_kill_jobs
 from slurmjob_operator.slurm.errors import (
@@ -23,6 +20,7 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.http import HttpTransport
 
 from .slurm_fakes import FakeSlurm, envelope
+from .test_slurm_client import client
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "slurm-captures" / "slurm-26.05.5"
 
@@ -113,64 +111,34 @@ def test_v38_has_no_bulk_cancel() -> None:
 # -- over HTTP ------------------------------------------------------------------------------
 
 
-class StaticToken:
-    expires_at = None
-
-    def token(self) -> str:
-        return "tok"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlurm]:
-    fake = FakeSlurm()
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    fake.base_url = str(server.make_url("")).rstrip("/")
-    yield fake
-    fake.release.set()
-    await server.close()
-
-
-@pytest.fixture
-async def transport() -> AsyncIterator[HttpTransport]:
-    async with HttpTransport() as t:
-        yield t
-
-
-def client(fake: FakeSlurm, transport: HttpTransport, version: str = "v0.0.45") -> SlurmClient:
-    return SlurmClient(transport, fake.base_url, version, token=StaticToken(), user="alice")
-
-
 async def test_cancel_many_sends_one_delete_with_every_id(
-    fake: FakeSlurm, transport: HttpTransport
+    fake: FakeSlurm, session: HttpTransport
 ) -> None:
     fake.json("DELETE", "/slurm/v0.0.45/jobs", capture("resp_kill_jobs_unknown.json"))
-    result = await client(fake, transport).cancel_many([1, 2, "3", 99999990])
+    result = await client(fake, session).cancel_many([1, 2, "3", 99999990])
     assert result.missing == {"99999990"}
     (seen,) = fake.seen
     assert seen.body == {"jobs": ["1", "2", "3", "99999990"], "flags": ["FULL_JOB"]}
     assert seen.headers["X-SLURM-USER-NAME"] == "alice"
 
 
-async def test_an_id_no_job_can_have_sends_nothing(
-    fake: FakeSlurm, transport: HttpTransport
-) -> None:
+async def test_an_id_no_job_can_have_sends_nothing(fake: FakeSlurm, session: HttpTransport) -> None:
     with pytest.raises(InvalidJobRef):
-        await client(fake, transport).cancel_many([1, 0])
+        await client(fake, session).cancel_many([1, 0])
     assert not fake.seen
 
 
 async def test_a_release_without_the_route_is_unsupported(
-    fake: FakeSlurm, transport: HttpTransport
+    fake: FakeSlurm, session: HttpTransport
 ) -> None:
     with pytest.raises(SlurmUnsupported):
-        await client(fake, transport, "v0.0.40").cancel_many([1])
+        await client(fake, session, "v0.0.40").cancel_many([1])
     with pytest.raises(SlurmUnsupported):
-        await client(fake, transport, "v0.0.38").cancel_many([1])
+        await client(fake, session, "v0.0.38").cancel_many([1])
     assert len(fake.seen) == 1, "v0.0.38 is not even asked"
 
 
-async def test_a_refused_token_is_an_auth_error(fake: FakeSlurm, transport: HttpTransport) -> None:
+async def test_a_refused_token_is_an_auth_error(fake: FakeSlurm, session: HttpTransport) -> None:
     fake.json(
         "DELETE",
         "/slurm/v0.0.45/jobs",
@@ -178,4 +146,4 @@ async def test_a_refused_token_is_an_auth_error(fake: FakeSlurm, transport: Http
         status=401,
     )
     with pytest.raises(SlurmAuthError):
-        await client(fake, transport).cancel_many([1])
+        await client(fake, session).cancel_many([1])

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from slurmjob_operator.core.jobview import BaseState, JobSource
 from slurmjob_operator.slurm.client import SlurmClient
@@ -24,34 +22,7 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.http import HttpTransport
 
 from .raw_http import GET_404_2605, SUBMIT_422_2605, raw_server
-from .slurm_fakes import S2205, S2605, FakeSlurm, cpu_request, envelope, sample
-
-
-class StaticToken:
-    def token(self) -> str:
-        return "tok"
-
-    @property
-    def expires_at(self) -> datetime | None:
-        return None
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlurm]:
-    fake = FakeSlurm()
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    fake.base_url = str(server.make_url("")).rstrip("/")
-    yield fake
-    fake.release.set()
-    await server.close()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[HttpTransport]:
-    async with HttpTransport() as s:
-        yield s
-
+from .slurm_fakes import S2205, S2605, FakeSlurm, StaticToken, cpu_request, envelope, sample
 
 Calls = list[tuple[str, str, str, float]]
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from slurmjob_operator.core.jobview import JOB_ID_MAX, JobSource, SlurmJobView
 from slurmjob_operator.slurm.client import SlurmClient
@@ -33,31 +32,13 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.exchange import decode_json
 from slurmjob_operator.slurm.http import HttpTransport
 
-from .slurm_fakes import FakeSlurm, cpu_request, envelope, sample, sample_json_22
+from .slurm_fakes import FakeSlurm, StaticToken, cpu_request, envelope, sample, sample_json_22
 
 V45 = "/slurm/v0.0.45"
 V38 = "/slurm/v0.0.38"
 DB45 = "/slurmdb/v0.0.45"
 HUGE = "9" * 5000  # beyond what Python's int() reads from text (4300 digits)
 LONG = str(10**30)  # readable, but no Slurm number is that long
-
-
-class StaticToken:
-    expires_at = None
-
-    def token(self) -> str:
-        return "tok"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlurm]:
-    fake = FakeSlurm()
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    fake.base_url = str(server.make_url("")).rstrip("/")
-    yield fake
-    fake.release.set()
-    await server.close()
 
 
 @pytest.fixture
