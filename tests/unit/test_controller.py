@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 
 from slurmjob_operator.api.status import Phase, get_condition
-from slurmjob_operator.controller import RetryLater, Tracked
+from slurmjob_operator.controller import Controller, RetryLater, Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
+from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmTransient
 
-from .controller_fakes import SIF, Bed, MemorySlurm, cpu_spec, make_bed
+from .controller_fakes import SIF, Bed, MemorySlurm, StubToken, cpu_spec, make_bed
 
 
 @pytest.fixture
@@ -419,6 +420,31 @@ async def test_reachability_is_reported_once_per_change(bed: Bed) -> None:
     assert bed.store.reasons().count("SlurmAuthFailed") == 1
     await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
     assert condition(bed, ref, "SlurmReachable") == ("True", "SlurmAnswering")
+
+
+async def test_after_a_restart_reachability_visits_only_what_it_changes(bed: Bed) -> None:
+    refs = [bed.store.create(f"train-{i}", cpu_spec()) for i in range(30)]
+    for ref in refs:
+        await reconcile(bed, ref)
+    await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+    assert all(condition(bed, r, "SlurmReachable") == ("True", "SlurmAnswering") for r in refs)
+    # A new process: the watch delivers every resource, slurmrestd answers the first sweep.
+    again = Controller(
+        bed.settings,
+        bed.store,
+        None,
+        Metrics(),
+        token=StubToken(),
+        link=bed.slurm,  # type: ignore[arg-type]
+    )
+    for ref in refs:
+        again.observe_body(bed.store.body(ref))
+    gets = bed.store.gets
+    await again.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+    assert bed.store.gets == gets, "nothing to change: no resource read"
+    await again.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
+    assert bed.store.gets == gets + 30
+    assert all(condition(bed, r, "SlurmReachable") == ("False", "SlurmUnavailable") for r in refs)
 
 
 async def test_a_refresh_racing_a_deletion_is_no_error(

@@ -252,25 +252,29 @@ class Following:
     async def report_reachability(
         self, followed: Sequence[Tracked], reachable: bool, reason: Reason, message: str
     ) -> None:
-        """slurmrestd answered (or refused) the last sweep: say so on every followed job,
-        once per change."""
+        """slurmrestd answered (or refused) the last sweep: say so on every followed job
+        whose condition does not say so already, once per change, a few at a time."""
         if self._reachable is reachable:
             return
-        complete = True
-        for item in followed:
-            try:
-                async with self.edge.lock(item.ref.uid):
+        wanted = ("True" if reachable else "False", str(reason))
+        limit = asyncio.Semaphore(self.settings.refresh_concurrency)
+
+        async def tell(item: Tracked) -> bool:
+            async with limit, self.edge.lock(item.ref.uid):
+                try:
                     view = await self.edge.fresh(item.ref)
-                    if view is None:
-                        continue
-                    transition = reachability(
-                        view.status, reachable, reason, message, view.generation, utc_now()
-                    )
-                    await self.edge.apply(view, transition)
-            except ResourceGone:
-                continue
-            except Exception:  # one resource must not keep the others from hearing it
-                log.exception("cannot report reachability on %s", item.ref.name)
-                complete = False
-        if complete:
+                    if view is not None:
+                        transition = reachability(
+                            view.status, reachable, reason, message, view.generation, utc_now()
+                        )
+                        await self.edge.apply(view, transition)
+                except ResourceGone:
+                    pass
+                except Exception:  # one resource must not keep the others from hearing it
+                    log.exception("cannot report reachability on %s", item.ref.name)
+                    return False
+                return True
+
+        told = await asyncio.gather(*(tell(i) for i in followed if i.reachable != wanted))
+        if all(told):
             self._reachable = reachable

@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from slurmjob_operator.api.resource import ObjectRef
-from slurmjob_operator.api.status import Phase, SlurmJobStatus
+from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.core.following import is_lost
+from slurmjob_operator.core.reconcile import SLURM_REACHABLE
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class Tracked:
     # restart the poller compares the sweep with it instead of fetching every job's details.
     native: tuple[str, ...] = ()
     running: bool = False  # only a running job's log files are looked at between changes
+    # The SlurmReachable condition's (status, reason) as recorded: a reachability report
+    # visits only the resources whose condition it changes (after a restart: none).
+    reachable: tuple[str, str] | None = None
 
 
 def follows(status: SlurmJobStatus) -> bool:
@@ -54,6 +58,7 @@ class Registry:
             self._phases[ref.uid] = status.phase.value
         attempt = status.current_attempt
         if attempt is not None and attempt.job_id is not None and follows(status):
+            cond = get_condition(status.conditions, SLURM_REACHABLE)
             native = (attempt.native_state, *attempt.native_flags) if attempt.native_state else ()
             self._tracked[ref.uid] = Tracked(
                 ref,
@@ -63,6 +68,7 @@ class Registry:
                 attempt.number,
                 native=tuple(sorted(native)),
                 running=status.phase is Phase.RUNNING,
+                reachable=(cond.status, cond.reason) if cond is not None else None,
             )
         else:
             self._tracked.pop(ref.uid, None)
