@@ -426,6 +426,7 @@ async def test_after_a_restart_reachability_visits_only_what_it_changes(bed: Bed
     refs = [bed.store.create(f"train-{i}", cpu_spec()) for i in range(30)]
     for ref in refs:
         await reconcile(bed, ref)
+    await bed.controller.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
     await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
     assert all(condition(bed, r, "SlurmReachable") == ("True", "SlurmAnswering") for r in refs)
     # A new process: the watch delivers every resource, slurmrestd answers the first sweep.
@@ -445,6 +446,31 @@ async def test_after_a_restart_reachability_visits_only_what_it_changes(bed: Bed
     await again.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
     assert bed.store.gets == gets + 30
     assert all(condition(bed, r, "SlurmReachable") == ("False", "SlurmUnavailable") for r in refs)
+
+
+async def test_jobs_without_the_condition_are_not_read_while_slurmrestd_answers(bed: Bed) -> None:
+    first = bed.store.create("first", cpu_spec())
+    await reconcile(bed, first)
+    await bed.controller.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
+    await bed.controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+    later = [bed.store.create(f"later-{i}", cpu_spec()) for i in range(20)]
+    for ref in later:  # submitted after the report: no SlurmReachable condition
+        await reconcile(bed, ref)
+    again = Controller(
+        bed.settings,
+        bed.store,
+        None,
+        Metrics(),
+        token=StubToken(),
+        link=bed.slurm,  # type: ignore[arg-type]
+    )
+    for ref in [first, *later]:
+        again.observe_body(bed.store.body(ref))
+    gets = bed.store.gets
+    await again.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+    assert bed.store.gets == gets
+    await again.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd failed")
+    assert bed.store.gets == gets + 21, "a failure is told to every one"
 
 
 async def test_a_refresh_racing_a_deletion_is_no_error(

@@ -275,6 +275,11 @@ class Following:
                     return False
                 return True
 
-        told = await asyncio.gather(*(tell(i) for i in followed if i.reachable != wanted))
+        # A job that never had the condition needs none while slurmrestd answers (the jobs
+        # submitted after the last report): only a failure is worth telling every one.
+        due = [
+            i for i in followed if i.reachable != wanted and not (reachable and i.reachable is None)
+        ]
+        told = await asyncio.gather(*(tell(i) for i in due))
         if all(told):
             self._reachable = reachable
