@@ -132,11 +132,17 @@ def test_helm_lint_strict(kube: KubeTestbed, values: Path) -> None:
     kube.helm("lint", "--strict", str(CHART), "-f", str(values))
 
 
-def test_default_install_is_cluster_wide_restricted_and_single(kube: KubeTestbed) -> None:
+def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbed) -> None:
     docs = render(kube, "-f", str(CHART / "ci/default-values.yaml"))
     dep = deployment(docs)
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas on one Lease: a rolling update brings the new pod up before the old stops.
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    (pdb,) = of_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
     c = container(docs)
     assert c["args"] == ["run", "--liveness=http://0.0.0.0:8080/healthz", "--log-format=json"]
     for probe in ("livenessProbe", "readinessProbe"):
@@ -174,7 +180,13 @@ def test_default_install_is_cluster_wide_restricted_and_single(kube: KubeTestbed
         "gpu-series.yaml",
     ]
     # Cluster-wide RBAC, metrics Service, no monitoring objects.
-    assert [d["kind"] for d in docs if "Role" in d["kind"]] == ["ClusterRole", "ClusterRoleBinding"]
+    assert [d["kind"] for d in docs if "Role" in d["kind"]] == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ]
+    assert env["SLURMJOB_LEADER_ELECTION"] == "true"
     (svc,) = of_kind(docs, "Service")
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not of_kind(docs, "ServiceMonitor")
@@ -185,6 +197,10 @@ def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
     docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
     assert not of_kind(docs, "ClusterRole")
     assert not of_kind(docs, "ClusterRoleBinding")
+    # Besides the Lease's Role in the release namespace.
+    election = [d for d in docs if d["metadata"]["name"].endswith("-leader-election")]
+    assert [d["kind"] for d in election] == ["Role", "RoleBinding"]
+    docs = [d for d in docs if d not in election]
     roles = of_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(CI_WATCHED)
     for role in roles:
