@@ -264,6 +264,8 @@ async def run(ctx: Context, kind: str, shape: str, n: int, opts: Options) -> dic
         result["rss_series"] = [
             [round(t - marks["begin"], 2), rss] for s in samplers for t, rss, _ in s.samples
         ]
+        # Also when a phase failed: the peak so far is still a measurement.
+        result["rss_peak"] = max((rss for _, rss in result["rss_series"]), default=None)
         await watcher.stop()
         await clean_up(ctx, process)
     return result

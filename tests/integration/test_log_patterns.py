@@ -39,7 +39,10 @@ def crd(kube: KubeTestbed) -> None:
 def op(
     kube: KubeTestbed, crd: None, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
-    yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("patterns"))
+    # The status keeps all the reader took (64 KiB), so the tail shown is what the rules read.
+    yield from _operator(
+        kube, slurm_2605, tmp_path_factory.mktemp("patterns"), SLURMJOB_STATUS_TAIL_BYTES="65536"
+    )
 
 
 def _ready(obj: dict[str, Any]) -> dict[str, Any]:
