@@ -23,6 +23,11 @@ person of the design: an attempt unconfirmed for `--declare-after` seconds whose
 Slurm does not know (asked straight, not through the proxy) is declared lost with the
 `slurmjob.io/declare-lost` annotation.
 
+With `--ha` two `run` processes share one Lease (lease 4 s, renew deadline 3 s, retry 0.5 s):
+a kill trial SIGKILLs whichever holds the Lease, at the same points, and restarts it as the
+standby; the time from the kill to the other's holding the Lease is the takeover, reported
+per kill (it must stay within the lease duration plus one retry period).
+
 Checks per trial, counting Slurm jobs straight against slurmrestd by attempt job name (grouped
 by heterogeneous leader):
 - duplicates: Slurm jobs carrying an attempt's name beyond one, not counting the one the soak
@@ -76,6 +81,7 @@ KILLS = ("kill-before-post", "kill-after-post", "kill-after-status")
 NETWORK = ("none", "drop", "delay", "502-after", "500-after", "reset", "502-before", "duplicate")
 ADOPTING = ("drop", "delay", "502-after", "500-after", "duplicate", "kill-after-post")
 FINAL = ("Succeeded", "Failed", "Cancelled", "Unknown")
+HA_LEASE = (4.0, 3.0, 0.5)  # --ha: lease duration, renew deadline, retry period (s)
 
 
 @dataclass
@@ -137,7 +143,27 @@ class Soak:
             "SLURMJOB_SLURM_REST_URL": self.proxy.url,
             "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
         }
-        self.op = Operator(kube, testbed, self.namespace, env, self.workdir / "operator.log")
+        if args.ha:
+            # One Lease, two identities: the pair elects one leader.
+            env.update(
+                SLURMJOB_LEASE_NAME=f"sj-{self.namespace}",
+                SLURMJOB_LEASE_DURATION=str(HA_LEASE[0]),
+                SLURMJOB_LEASE_RENEW_DEADLINE=str(HA_LEASE[1]),
+                SLURMJOB_LEASE_RETRY_PERIOD=str(HA_LEASE[2]),
+            )
+            self.ops = [
+                Operator(
+                    kube,
+                    testbed,
+                    self.namespace,
+                    {**env, "SLURMJOB_LEASE_IDENTITY": f"op{i}-{self.namespace}"},
+                    self.workdir / f"operator-{i}.log",
+                )
+                for i in range(2)
+            ]
+        else:
+            self.ops = [Operator(kube, testbed, self.namespace, env, self.workdir / "operator.log")]
+        self.takeovers: list[float] = []
         self.kills = 0
         self.restarts_of_slurm = 0
 
@@ -224,15 +250,45 @@ class Soak:
             action, kw = kinds[trial.kind]
             trial.fault = self.proxy.add(Fault(action, body=body, name=trial.name, **kw))
 
+    def holder(self) -> str:
+        lease = f"sj-{self.namespace}"
+        proc = self.kube.kubectl(
+            "get", "lease", lease, "-n", "default", "-o", "jsonpath={.spec.holderIdentity}",
+            check=False,
+        )  # fmt: skip
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def leader(self) -> Operator:
+        """The process to kill: the Lease's holder with --ha, else the one operator."""
+        if len(self.ops) == 1:
+            return self.ops[0]
+        holder = self.holder()
+        for op in self.ops:
+            if op.env.get("SLURMJOB_LEASE_IDENTITY") == holder:
+                return op
+        raise RuntimeError(f"no operator holds the Lease (holder {holder!r})")
+
     def kill_and_restart(self, trials: list[Trial], killer: Trial) -> None:
-        self.op.kill()
+        victim = self.leader()
+        victim.kill()
+        killed_at = time.monotonic()
         self.kills += 1
         if killer.fault is not None:
             killer.fault.release(deliver=False)
         for t in trials:
             if t is not killer and t.final_at is None:
                 t.collateral = True
-        self.op.start()
+        victim.start()
+        if len(self.ops) > 1:
+            # The standby takes the Lease once it has seen no renewal for the lease duration.
+            gone = victim.env["SLURMJOB_LEASE_IDENTITY"]
+            limit = killed_at + 4 * HA_LEASE[0]
+            while time.monotonic() < limit and self.holder() in ("", gone):
+                time.sleep(0.1)
+            took = time.monotonic() - killed_at
+            self.takeovers.append(took)
+            if took > HA_LEASE[0] + 2 * HA_LEASE[2] + 1:
+                killer.problems.append(f"takeover took {took:.1f} s")
 
     def run_batch(self, number: int, trials: list[Trial]) -> None:
         for t in trials:
@@ -395,7 +451,8 @@ class Soak:
 
     def run(self, trials_total: int) -> list[Trial]:
         self.kube.kubectl("create", "namespace", self.namespace)
-        self.op.start()
+        for op in self.ops:
+            op.start()
         done: list[Trial] = []
         try:
             batch = 0
@@ -418,7 +475,8 @@ class Soak:
                 "delete", "slurmjobs", "--all", "-n", self.namespace, "--timeout=60s",
                 check=False, timeout=70,
             )  # fmt: skip
-            self.op.stop()
+            for op in self.ops:
+                op.stop()
             self.proxy.stop()
             self.kube.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
         return done
@@ -480,11 +538,17 @@ def report(trials: list[Trial], soaks: list[Soak], elapsed: float) -> dict[str, 
     print()
     print(table)
     print()
+    takeovers = [x for s in soaks for x in s.takeovers]
     print(
         f"{len(trials)} trials in {elapsed / 60:.1f} min; operator SIGKILLs: "
         f"{sum(s.kills for s in soaks)}; slurmctld restarted by others during "
         f"{sum(s.restarts_of_slurm for s in soaks)} batch(es)"
     )
+    if takeovers:
+        print(
+            f"leader kills: {len(takeovers)}, takeover s (median / p95 / max): "
+            f"{_fmt(takeovers)} (lease {HA_LEASE[0]} s)"
+        )
     for t in trials:
         if t.problems:
             print(f"  trial {t.index} [{t.cluster} {t.kind}] {t.name}: {'; '.join(t.problems)}")
@@ -492,6 +556,7 @@ def report(trials: list[Trial], soaks: list[Soak], elapsed: float) -> dict[str, 
         "table": table,
         "elapsed_s": elapsed,
         "kills": sum(s.kills for s in soaks),
+        "takeovers_s": takeovers,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, "
         f"{platform.platform()}, Python {platform.python_version()}",
         "trials": [
@@ -522,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trial-timeout", type=float, default=120.0)
     parser.add_argument("--workdir", default="/tmp/slurmjob-soak")
     parser.add_argument("--json", help="write every trial here")
+    parser.add_argument(
+        "--ha", action="store_true", help="two operators on one Lease; kills hit the leader"
+    )
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the operator subprocess is stopped and the batch deleted.
     signal.signal(signal.SIGTERM, _terminate)
