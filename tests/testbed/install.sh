@@ -22,6 +22,9 @@ HOST_PKGS=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge
     libslurm-dev gcc libc6-dev debootstrap python3 util-linux acl)
 CHROOT_BASE_PKGS=slurmctld,slurmd,slurmrestd,slurm-client,munge,python3,procps,ca-certificates
 CHROOT_EXTRA_PKGS=(slurm-wlm-jwt-plugin libslurm-dev gcc libc6-dev)
+# Accounting for the 26.05 cluster: slurmdbd on a MariaDB of its own (started by slurm.py).
+# Installed into an existing chroot too, without rebuilding it.
+CHROOT_ACCOUNTING_PKGS=(slurmdbd slurm-wlm-mysql-plugin mariadb-server-core mariadb-client-core)
 
 log() { printf '[testbed-install] %s\n' "$*"; }
 die() {
@@ -139,5 +142,33 @@ else
     log "chroot built in $((SECONDS - t0)) s"
 fi
 ensure_users "$CHROOT"
+missing=()
+for p in "${CHROOT_ACCOUNTING_PKGS[@]}"; do
+    if ! chroot "$CHROOT" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    log "installing accounting packages in the chroot: ${missing[*]}"
+    t0=$SECONDS
+    # No package may start a daemon inside the chroot (mariadb's postinst would).
+    printf '#!/bin/sh\nexit 101\n' >"$CHROOT/usr/sbin/policy-rc.d"
+    chmod 0755 "$CHROOT/usr/sbin/policy-rc.d"
+    mounted_proc=0
+    if ! mountpoint -q "$CHROOT/proc"; then
+        mount -t proc proc "$CHROOT/proc"
+        mounted_proc=1
+    fi
+    # A snapshot mirror may serve a Release whose Valid-Until has passed.
+    chroot "$CHROOT" apt-get -o Acquire::Check-Valid-Until=false update -q ||
+        die "apt-get update in the chroot failed"
+    chroot "$CHROOT" apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        die "apt-get install of ${missing[*]} in the chroot failed"
+    chroot "$CHROOT" apt-get clean
+    ((mounted_proc)) && { umount -l "$CHROOT/proc" || true; }
+    log "accounting packages installed in $((SECONDS - t0)) s"
+else
+    log "chroot accounting packages: all present"
+fi
 install -d -m 0755 "$CHROOT$TESTBED_ROOT"
 log "done"

@@ -2,7 +2,10 @@
 
 * ``22.05``: Debian 12's Slurm on the host, slurmrestd serving v0.0.38 on 127.0.0.1:6820.
 * ``26.05``: Slurm from Debian testing in a debootstrap chroot (built by install.sh),
-  slurmrestd serving v0.0.45 on 127.0.0.1:26820.
+  slurmrestd serving v0.0.45 (and its ``/slurmdb/`` paths) on 127.0.0.1:26820, with
+  accounting: slurmdbd on 127.0.0.1:26821 over a MariaDB of its own on 127.0.0.1:26822, and
+  ``MinJobAge`` short enough that slurmctld purges an ended job within a test (it purges
+  every 60 s, jobs older than ``MinJobAge``).
 
 Both have two slurmd nodes (n1: 2 fake h100, n2: 2 fake a100), JWT auth, a pyxis-like SPANK
 test double and stand-ins for apptainer and ray in ``/srv/slurmjob-testbed/bin``.
@@ -63,6 +66,14 @@ NODES: dict[str, dict[str, Any]] = {
 # slurmrestd does not daemonize; keep its Popen so it is neither garbage-collected while
 # running (ResourceWarning) nor left a zombie after stop_cluster().
 _REST_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
+_DB_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
+
+# slurmctld purges ended jobs older than MinJobAge every 60 s. Without accounting they stay
+# the default 300 s (the operator has nothing else to ask); with it, 20 s: a purge within a
+# test (<= 80 s after the end), yet a test reading a job just after its end still finds it.
+MIN_JOB_AGE = {False: 300, True: 20}
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
 
 
 class TestbedError(RuntimeError):
@@ -78,6 +89,12 @@ class ClusterSpec:
     api_version: str
     chroot: Path | None
     rest_plugins: str | None
+    # slurmdbd port and its MariaDB's port; None: no accounting (accounting_storage/none).
+    accounting_ports: tuple[int, int] | None = None
+
+    @property
+    def accounting(self) -> bool:
+        return self.accounting_ports is not None
 
     @property
     def cluster_name(self) -> str:
@@ -117,7 +134,8 @@ SPECS: dict[str, ClusterSpec] = {
         rest_port=26820,
         api_version="v0.0.45",
         chroot=CHROOT,
-        rest_plugins="openapi/slurmctld",
+        rest_plugins="openapi/slurmctld,openapi/slurmdbd",
+        accounting_ports=(26821, 26822),
     ),
 }
 
@@ -229,6 +247,11 @@ def _daemons(spec: ClusterSpec) -> list[tuple[str, Path]]:
         ("slurmrestd", spec.rest_pid_file),
         *[("slurmd", run / f"slurmd-{n}.pid") for n in NODES],
         ("slurmctld", run / "slurmctld.pid"),
+        *(
+            [("slurmdbd", run / "slurmdbd.pid"), ("mariadbd", run / "mariadbd.pid")]
+            if spec.accounting
+            else []
+        ),
         ("munged", spec.base / "munge" / "munged.pid"),
     ]
 
@@ -438,7 +461,7 @@ def _write_config(spec: ClusterSpec) -> None:
         "ProctrackType=proctrack/linuxproc",
         *([] if modern else ["TaskPlugin=task/none"]),
         "JobAcctGatherType=jobacct_gather/none",
-        *([] if modern else ["AccountingStorageType=accounting_storage/none"]),
+        *_accounting_lines(spec),
         *([] if modern else ["JobCompType=jobcomp/none"]),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
@@ -446,7 +469,7 @@ def _write_config(spec: ClusterSpec) -> None:
         "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
         "ReturnToService=2",
         "JobRequeue=0",
-        "MinJobAge=300",
+        f"MinJobAge={MIN_JOB_AGE[spec.accounting]}",
         # The scale bench (bench/scale) queues 10,000 jobs per run, and its runs follow each
         # other faster than MinJobAge purges the ended ones: room for several runs' worth.
         "MaxJobCount=60000",
@@ -477,6 +500,56 @@ def _write_config(spec: ClusterSpec) -> None:
         cgroup_conf.unlink(missing_ok=True)
     plugin = _spank_plugin(spec)
     _write_if_changed(b / "etc" / "plugstack.conf", f"required {plugin} record_dir={RECORD_DIR}\n")
+    if spec.accounting_ports is not None:
+        _write_dbd_config(spec, spec.accounting_ports)
+
+
+def _accounting_lines(spec: ClusterSpec) -> list[str]:
+    if spec.accounting_ports is None:
+        # 26.05 has no accounting_storage/none line: it is its default.
+        return [] if spec.chroot is not None else ["AccountingStorageType=accounting_storage/none"]
+    dbd_port, _ = spec.accounting_ports
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={dbd_port}",
+        # The operator's attempt identity is in the comment; slurmdbd keeps it only with this.
+        "AccountingStoreFlags=job_comment",
+    ]
+
+
+def _db_password(spec: ClusterSpec) -> str:
+    path = spec.base / "etc" / "db.pass"
+    if not path.exists():
+        path.write_text(base64.b32encode(os.urandom(20)).decode().rstrip("="))
+    path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _write_dbd_config(spec: ClusterSpec, ports: tuple[int, int]) -> None:
+    b = spec.base
+    dbd_port, db_port = ports
+    lines = [
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={b}/munge/munge.socket",
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={spec.key_file}",
+        "DbdHost=localhost",
+        "DbdAddr=127.0.0.1",
+        f"DbdPort={dbd_port}",
+        "SlurmUser=root",
+        f"PidFile={b}/run/slurmdbd.pid",
+        f"LogFile={b}/log/slurmdbd.log",
+        "DebugLevel=info",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={db_port}",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={_db_password(spec)}",
+        f"StorageLoc={DB_NAME}",
+    ]
+    # slurmdbd refuses a config readable by others (it holds the database password).
+    _write_if_changed(b / "etc" / "slurmdbd.conf", "\n".join(lines) + "\n", mode=0o600)
 
 
 def _daemon_argv(spec: ClusterSpec, argv: Sequence[str], user: str | None = None) -> list[str]:
@@ -515,6 +588,8 @@ def _start_daemons(spec: ClusterSpec) -> None:
     procs.wait(
         "munge socket", (md / "munge.socket").exists, 10, [md / "munged.log"], error=TestbedError
     )
+    if spec.accounting_ports is not None:
+        _start_accounting(spec, spec.accounting_ports)
 
     proc = subprocess.run(
         _daemon_argv(spec, ["slurmctld", "-i"]), capture_output=True, text=True, check=False
@@ -598,6 +673,88 @@ def _start_daemons(spec: ClusterSpec) -> None:
     _log(f"cluster {spec.name} up in {time.monotonic() - t0:.2f} s")
 
 
+def _start_accounting(spec: ClusterSpec, ports: tuple[int, int]) -> None:
+    """MariaDB (a fresh data directory under state/, like slurmctld's state), then slurmdbd,
+    then the cluster registered, so slurmctld finds its association on its first start."""
+    b = spec.base
+    log = b / "log"
+    datadir = b / "state" / "mysql"
+    sock = b / "run" / "mysqld.sock"
+    _, db_port = ports
+    if not (datadir / "mysql").is_dir():
+        datadir.mkdir(parents=True, exist_ok=True)
+        _sh(
+            _daemon_argv(
+                spec,
+                [
+                    "mariadb-install-db", "--user=root", f"--datadir={datadir}",
+                    "--auth-root-authentication-method=socket", "--skip-test-db",
+                ],
+            )
+        )  # fmt: skip
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    mariadbd = [
+        "mariadbd", "--no-defaults", "--user=root", f"--datadir={datadir}",
+        f"--socket={sock}", f"--port={db_port}", "--bind-address=127.0.0.1",
+        f"--pid-file={b}/run/mariadbd.pid", f"--log-error={log}/mariadb.log",
+        "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
+        "--innodb-lock-wait-timeout=900",
+    ]  # fmt: skip
+    with (log / "mariadb.log").open("ab") as out:
+        db = subprocess.Popen(
+            _daemon_argv(spec, mariadbd),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=b, start_new_session=True,
+        )  # fmt: skip
+    _DB_CHILDREN[spec.name] = db
+
+    def sql(statement: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            _daemon_argv(spec, ["mariadb", f"--socket={sock}", "-u", "root", "-e", statement]),
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+
+    def db_up() -> bool:
+        if db.poll() is not None:
+            raise TestbedError(
+                f"mariadbd exited with rc {db.returncode}\n" + procs.tail(log / "mariadb.log")
+            )
+        return sql("SELECT 1").returncode == 0
+
+    procs.wait("MariaDB", db_up, 30, [log / "mariadb.log"], error=TestbedError, interval=0.2)
+    password = _db_password(spec)
+    for host in ("127.0.0.1", "localhost"):
+        grant = sql(
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'{host}' IDENTIFIED BY '{password}';"
+            f"ALTER USER '{DB_USER}'@'{host}' IDENTIFIED BY '{password}';"
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'{host}';"
+        )
+        if grant.returncode != 0:
+            raise TestbedError(f"granting slurmdbd its database failed: {grant.stderr}")
+    proc = subprocess.run(
+        _daemon_argv(spec, ["slurmdbd"]), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"slurmdbd failed (rc {proc.returncode}): {proc.stderr}\n"
+            + procs.tail(log / "slurmdbd.log")
+        )
+
+    def registered() -> bool:
+        out = _run(spec, ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], check=False)
+        if out.returncode != 0:
+            return False
+        if spec.cluster_name in out.stdout.split():
+            return True
+        _run(spec, ["sacctmgr", "-i", "add", "cluster", spec.cluster_name], check=False)
+        return False
+
+    procs.wait(
+        f"slurmdbd of {spec.name} with cluster {spec.cluster_name}",
+        registered, 60, [log / "slurmdbd.log"], error=TestbedError, interval=0.3,
+    )  # fmt: skip
+
+
 def _testbed(spec: ClusterSpec) -> SlurmTestbed:
     pw = pwd.getpwnam(JOB_USER)
     return SlurmTestbed(
@@ -613,7 +770,7 @@ def _testbed(spec: ClusterSpec) -> SlurmTestbed:
         record_dir=RECORD_DIR,
         partition="debug",
         nodes={n: dict(v, features=list(v["features"])) for n, v in NODES.items()},
-        has_accounting=False,
+        has_accounting=spec.accounting,
         slurm_conf=spec.conf,
         chroot=spec.chroot,
         bin_dir=BIN_DIR,
@@ -670,6 +827,7 @@ def stop_cluster(name: str) -> None:
     for comm, pid_file in _daemons(spec):
         procs.stop_pid(comm, pid_file, log=_log, timeout=10)
     procs.reap_child(_REST_CHILDREN.pop(name, None))
+    procs.reap_child(_DB_CHILDREN.pop(name, None))
 
 
 def cluster_status(name: str) -> str:

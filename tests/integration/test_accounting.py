@@ -1,0 +1,169 @@
+"""The accounting paths on a real slurmdbd (Slurm 26.05 with MariaDB, `MinJobAge` 20 s).
+
+While the operator is stopped, three jobs end and slurmctld purges them:
+
+- one that succeeded and one that failed with exit code 3, both followed before the stop:
+  after the restart each reaches its true phase, exit code and times from accounting;
+- one whose submit reached slurmrestd while the answer was held in the proxy and the operator
+  was SIGKILLed (a lost submit): after the restart it is adopted by name and SLUID from
+  accounting, with no second submit.
+
+Each needs one purge, so the three share it (<= 80 s: slurmctld purges every 60 s). The 22.05
+cluster has no accounting; the `Unknown` path there is covered by the unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from tests.faults.proxy import Action, FaultProxy
+from tests.integration.sitefiles import site_env
+from tests.integration.test_exactly_once import (
+    FINAL,
+    REST_TIMEOUT,
+    Bench,
+    _attempts,
+    _condition,
+    _status,
+)
+from tests.integration.test_operator_e2e import CRD, Operator, cpu_spec
+from tests.k8s.kube import KubeTestbed
+from tests.testbed.slurm import SlurmTestbed
+
+from slurmjob_operator.config import Settings
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.connect import connect, open_transport
+from slurmjob_operator.times import rfc3339
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
+
+PURGE_WITHIN = 150  # s: MinJobAge 20 + one 60 s purge cycle, with room for a slow machine
+
+
+@pytest.fixture(scope="module")
+def bench(
+    kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bench]:
+    testbed = slurm_2605
+    assert testbed.has_accounting
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+    tmp = tmp_path_factory.mktemp("acct")
+    namespace = f"acct-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", namespace)
+    direct = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp),
+        **kube.env(),
+        **site_env(testbed, "apptainer", tmp),
+        "SLURMJOB_POLL_INTERVAL": "1",
+        "SLURMJOB_METRICS_PORT": "0",
+        "SLURMJOB_DELETE_TIMEOUT": "20",
+    }
+    proxy = FaultProxy(testbed.rest_url).start()
+    env = {
+        **direct,
+        "SLURMJOB_SLURM_REST_URL": proxy.url,
+        "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
+    }
+    op = Operator(kube, testbed, namespace, env, tmp / "operator.log")
+    op.start()
+    try:
+        yield Bench(op, proxy, testbed, direct)
+    finally:
+        proxy.clear()
+        if op.proc is not None and op.proc.poll() is None:
+            kube.kubectl(
+                "delete", "slurmjobs", "--all", "-n", namespace, "--timeout=40s",
+                check=False, timeout=50,
+            )  # fmt: skip
+        op.stop()
+        proxy.stop()
+        print(f"--- operator log ({namespace}) ---\n{op.log_tail(150)}")
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _views(bench: Bench, job_names: list[str]) -> dict[str, list[SlurmJobView]]:
+    """Per name: the controller's jobs and the accounting records, asked straight."""
+
+    async def ask() -> dict[str, list[SlurmJobView]]:
+        settings = Settings.from_env(bench.direct_env)
+        async with open_transport(settings) as transport:
+            client: SlurmClient = await connect(settings, transport)
+            return {n: await client.find_by_name(n) for n in job_names}
+
+    return asyncio.run(ask())
+
+
+def _wait_purged(bench: Bench, job_names: list[str]) -> dict[str, list[SlurmJobView]]:
+    """Until slurmctld knows none of `job_names` and accounting holds each, once."""
+    deadline = time.monotonic() + PURGE_WITHIN
+    seen: dict[str, list[SlurmJobView]] = {}
+    while time.monotonic() < deadline:
+        seen = _views(bench, job_names)
+        if all(
+            views and all(v.source is JobSource.ACCOUNTING for v in views)
+            for views in seen.values()
+        ):
+            return seen
+        time.sleep(3)
+    raise AssertionError(
+        "not purged from slurmctld (or not in accounting) within "
+        f"{PURGE_WITHIN} s: {[(n, [(v.job_id, v.source) for v in vs]) for n, vs in seen.items()]}"
+    )
+
+
+def test_jobs_that_ended_and_were_purged_while_the_operator_was_down(bench: Bench) -> None:
+    op = bench.op
+    ok, bad, lost = bench.name("acct-ok"), bench.name("acct-bad"), bench.name("acct-lost")
+    op.apply(ok, cpu_spec(["bash", "-c", "sleep 4; echo fine"]))
+    op.apply(bad, cpu_spec(["bash", "-c", "sleep 4; echo broken >&2; exit 3"]))
+    for name in (ok, bad):
+        bench.wait(name, lambda o: bool(_attempts(o) and _attempts(o)[-1].get("jobId")), "job id")
+    # The third submit reaches slurmrestd; its answer is held, then the operator dies.
+    fault = bench.fault(lost, Action.HOLD_RESPONSE)
+    op.apply(lost, cpu_spec(["true"]))
+    assert fault.answered.wait(30), "the submit never reached slurmrestd"
+    op.kill()
+    fault.release(deliver=False)
+    assert _attempts(op.get(lost) or {})[-1].get("jobId") is None
+    for name in (ok, bad):
+        assert _status(op.get(name) or {})["phase"] in ("Submitted", "Pending", "Running")
+
+    job_names = {n: _attempts(op.get(n) or {})[-1]["jobName"] for n in (ok, bad, lost)}
+    purged = _wait_purged(bench, list(job_names.values()))
+    accounted = {n: purged[job_names[n]] for n in job_names}
+    assert all(len(v) == 1 for v in accounted.values()), accounted
+
+    bench.proxy.clear()
+    op.start()
+    for name, phase, code in ((ok, "Succeeded", 0), (bad, "Failed", 3), (lost, "Succeeded", 0)):
+        obj = op.wait_phase(name, *FINAL, within=60)
+        status = _status(obj)
+        assert status["phase"] == phase, json.dumps(status, indent=1)
+        attempt = _attempts(obj)[-1]
+        [record] = accounted[name]
+        assert attempt["jobId"] == record.job_id
+        assert attempt["sluid"] == record.sluid
+        assert attempt["exitCode"] == code
+        # The times are Slurm's, from accounting, not the moment the operator noticed.
+        assert record.start_time is not None
+        assert record.end_time is not None
+        assert attempt["startedAt"] == rfc3339(record.start_time), attempt
+        assert attempt["finishedAt"] == rfc3339(record.end_time), attempt
+        assert status["phase"] != "Unknown"
+    # The lost submit was adopted, not submitted again: one POST with its name in all.
+    assert bench.proxy.submits_forwarded(job_names[lost]) == 1
+    assert _condition(op.get(lost) or {}, "Submitted")["reason"] == "Adopted"
+    assert "Adopted" in bench.reasons(lost)
+    for name in (ok, bad):
+        assert "JobLost" not in bench.reasons(name)
+    # Accounting still holds exactly one job per attempt name.
+    assert all(len(v) == 1 for v in _views(bench, list(job_names.values())).values())
