@@ -298,6 +298,7 @@ async def _check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Rep
             return f"{wanted} exists"
 
         await _step(report, "partition", _partition)
+        await _check_accounting(ready, report)
         if series.series:
             try:
                 nodes = await ready.list_nodes()
@@ -305,6 +306,37 @@ async def _check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Rep
                 report.add("gpu series", Outcome.FAIL, f"cannot list nodes: {exc}")
             else:
                 _check_series(series, nodes, report)
+
+
+async def _check_accounting(client: SlurmClient, report: Report) -> None:
+    """Whether the job records slurmctld purges can still be read: without accounting a job
+    that ended and was purged while the operator was away ends `Unknown` (reason JobLost), and
+    a lost submit whose job was purged is not found again."""
+    try:
+        served = await client.has_accounting()
+    except SlurmError as exc:
+        report.add(
+            "accounting",
+            Outcome.WARN,
+            f"/slurmdb/{client.version} is served but does not answer ({type(exc).__name__}: "
+            f"{exc}); purged jobs cannot be read until it does",
+        )
+        return
+    if served:
+        report.add(
+            "accounting",
+            Outcome.OK,
+            f"slurmdbd answers through /slurmdb/{client.version}: a job purged from slurmctld "
+            "is read from accounting (final state, exit code, times; adoption by name)",
+        )
+    else:
+        report.add(
+            "accounting",
+            Outcome.WARN,
+            "no accounting through slurmrestd: a job purged from slurmctld (MinJobAge after "
+            "its end) while the operator is away ends Unknown (JobLost), and a lost submit "
+            "whose job was purged is not found again",
+        )
 
 
 async def run_doctor(environ: dict[str, str] | None = None) -> Report:

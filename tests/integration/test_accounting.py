@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tests.faults.proxy import Action, FaultProxy
+from tests.integration.helpers import OPERATOR
 from tests.integration.sitefiles import site_env
 from tests.integration.test_exactly_once import (
     FINAL,
@@ -42,7 +45,7 @@ from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
 from slurmjob_operator.times import rfc3339
 
-pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
+pytestmark = pytest.mark.integration
 
 PURGE_WITHIN = 150  # s: MinJobAge 20 + one 60 s purge cycle, with room for a slow machine
 
@@ -120,6 +123,7 @@ def _wait_purged(bench: Bench, job_names: list[str]) -> dict[str, list[SlurmJobV
     )
 
 
+@pytest.mark.slurm2605
 def test_jobs_that_ended_and_were_purged_while_the_operator_was_down(bench: Bench) -> None:
     op = bench.op
     ok, bad, lost = bench.name("acct-ok"), bench.name("acct-bad"), bench.name("acct-lost")
@@ -135,7 +139,7 @@ def test_jobs_that_ended_and_were_purged_while_the_operator_was_down(bench: Benc
     fault.release(deliver=False)
     assert _attempts(op.get(lost) or {})[-1].get("jobId") is None
     for name in (ok, bad):
-        assert _status(op.get(name) or {})["phase"] in ("Submitted", "Pending", "Running")
+        assert _status(op.get(name) or {})["phase"] not in FINAL
 
     job_names = {n: _attempts(op.get(n) or {})[-1]["jobName"] for n in (ok, bad, lost)}
     purged = _wait_purged(bench, list(job_names.values()))
@@ -167,3 +171,35 @@ def test_jobs_that_ended_and_were_purged_while_the_operator_was_down(bench: Benc
         assert "JobLost" not in bench.reasons(name)
     # Accounting still holds exactly one job per attempt name.
     assert all(len(v) == 1 for v in _views(bench, list(job_names.values())).values())
+
+
+@pytest.mark.parametrize(
+    ("cluster", "outcome"),
+    [
+        pytest.param("26.05", "ok", marks=pytest.mark.slurm2605),
+        pytest.param("22.05", "warn", marks=pytest.mark.slurm2205),
+    ],
+)
+def test_doctor_says_whether_purged_jobs_can_be_read(
+    request: pytest.FixtureRequest,
+    cluster: str,
+    outcome: str,
+    tmp_path: Path,
+) -> None:
+    testbed: SlurmTestbed = request.getfixturevalue(
+        "slurm_2605" if cluster == "26.05" else "slurm_2205"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        **site_env(testbed, "apptainer", tmp_path),
+    }
+    proc = subprocess.run(
+        [str(OPERATOR), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["accounting"]["outcome"] == outcome, checks["accounting"]
+    if outcome == "ok":
+        assert "/slurmdb/v0.0.45" in checks["accounting"]["detail"]
+    else:
+        assert "JobLost" in checks["accounting"]["detail"]

@@ -170,5 +170,20 @@ if ((${#missing[@]})); then
 else
     log "chroot accounting packages: all present"
 fi
+# slurmdbd 26.05 cannot use forky's MariaDB client library (Connector/C 3.4): its first query
+# fails with "Number of columns in result (=1) set execeeds maxmimum allowed number of columns
+# (=0)" and slurmdbd exits. Debian 12's (3.3, the host's release) works: slurm.py starts
+# slurmdbd with it first on the library path. The server stays forky's.
+OLD_CLIENT_DIR="$CHROOT/opt/slurmjob-libmariadb"
+if [[ ! -f $OLD_CLIENT_DIR/libmariadb.so.3 ]]; then
+    log "fetching Debian 12's libmariadb3 for slurmdbd"
+    work=$(mktemp -d)
+    chmod 0755 "$work" # apt's download user must be able to write there
+    (cd "$work" && apt-get download -q libmariadb3) || die "apt-get download libmariadb3 failed"
+    dpkg-deb -x "$work"/libmariadb3_*.deb "$work/x"
+    install -d -m 0755 "$OLD_CLIENT_DIR"
+    install -m 0644 "$work/x/usr/lib/x86_64-linux-gnu/libmariadb.so.3" "$OLD_CLIENT_DIR/"
+    rm -rf "$work"
+fi
 install -d -m 0755 "$CHROOT$TESTBED_ROOT"
 log "done"

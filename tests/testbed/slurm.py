@@ -513,6 +513,8 @@ def _accounting_lines(spec: ClusterSpec) -> list[str]:
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=localhost",
         f"AccountingStoragePort={dbd_port}",
+        # The munge socket for slurmdbd connections (else /run/munge's, which is not ours).
+        f"AccountingStoragePass={spec.base}/munge/munge.socket",
         # The operator's attempt identity is in the comment; slurmdbd keeps it only with this.
         "AccountingStoreFlags=job_comment",
     ]
@@ -698,8 +700,9 @@ def _start_accounting(spec: ClusterSpec, ports: tuple[int, int]) -> None:
         "mariadbd", "--no-defaults", "--user=root", f"--datadir={datadir}",
         f"--socket={sock}", f"--port={db_port}", "--bind-address=127.0.0.1",
         f"--pid-file={b}/run/mariadbd.pid", f"--log-error={log}/mariadb.log",
-        "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
-        "--innodb-lock-wait-timeout=900",
+        "--skip-name-resolve", "--innodb-buffer-pool-size=128M",
+        # What slurmdbd checks for (a write conflict would make it exit otherwise).
+        "--innodb-lock-wait-timeout=900", "--innodb-snapshot-isolation=OFF",
     ]  # fmt: skip
     with (log / "mariadb.log").open("ab") as out:
         db = subprocess.Popen(
@@ -731,9 +734,9 @@ def _start_accounting(spec: ClusterSpec, ports: tuple[int, int]) -> None:
         )
         if grant.returncode != 0:
             raise TestbedError(f"granting slurmdbd its database failed: {grant.stderr}")
-    proc = subprocess.run(
-        _daemon_argv(spec, ["slurmdbd"]), capture_output=True, text=True, check=False
-    )
+    # With Debian 12's MariaDB client library (see install.sh for why).
+    slurmdbd = ["env", "LD_LIBRARY_PATH=/opt/slurmjob-libmariadb", "slurmdbd"]
+    proc = subprocess.run(_daemon_argv(spec, slurmdbd), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise TestbedError(
             f"slurmdbd failed (rc {proc.returncode}): {proc.stderr}\n"
