@@ -27,6 +27,9 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
+# A cluster's name (the clusters file, spec.cluster); api.spec checks spec.cluster against it.
+CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+
 ENV_PREFIX = "SLURMJOB_"
 AUTO = "auto"
 # A bool setting is true unless set to one of these (case and surrounding blanks ignored).
@@ -161,6 +164,22 @@ class Settings(BaseSettings):
     gpu_series_file: Path | None = Field(
         default=None,
         description="YAML GPU series catalog: series: [{name, slurmConstraint, gpusPerNode}].",
+    )
+    clusters_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML clusters file: clusters: [{name, restUrl, apiVersion, user, jwtFile, "
+            "jwtKeyFile, partition, runtimeProfile, storageRoot, ...}], several Slurm clusters "
+            "behind one operator (spec.cluster picks one; the first is the default). A key "
+            "left out takes the SLURMJOB_* setting. Unset: one cluster, from these settings."
+        ),
+    )
+    cluster_name: str = Field(
+        default="default",
+        pattern=CLUSTER_NAME_RE,
+        description=(
+            "Name of the one cluster when there is no clusters file (what spec.cluster may say)."
+        ),
     )
     tenants_file: Path | None = Field(
         default=None,

@@ -25,6 +25,7 @@ from slurmjob_operator.site.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
+from slurmjob_operator.site.clusters import load_clusters
 from slurmjob_operator.site.tenants import check_against_registry, load_tenants
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
@@ -346,6 +347,25 @@ async def run_doctor(environ: dict[str, str] | None = None) -> Report:
     except ConfigError as exc:
         report.add("settings", Outcome.FAIL, str(exc))
         return report
+    try:
+        sites = load_clusters(settings)
+    except ConfigError as exc:
+        report.add("clusters", Outcome.FAIL, str(exc))
+        return report
+    if len(sites) == 1:
+        await _check_cluster(sites[0].settings, report, tenancy=True)
+        return report
+    report.add("clusters", Outcome.OK, ", ".join(site.name for site in sites))
+    for index, site in enumerate(sites):
+        # Every cluster's checks, named for it: "slurmrestd[west]".
+        own = Report()
+        await _check_cluster(site.settings, own, tenancy=index == 0)
+        for check in own.checks:
+            report.add(f"{check.name}[{site.name}]", check.outcome, check.detail)
+    return report
+
+
+async def _check_cluster(settings: Settings, report: Report, *, tenancy: bool) -> None:
     report.add("settings", Outcome.OK, f"runtime profile {settings.slurm_runtime_profile.value}")
     catalogs_ok = True
     registry, series = RuntimeRegistry(), GpuSeriesCatalog()
@@ -361,12 +381,12 @@ async def run_doctor(environ: dict[str, str] | None = None) -> Report:
             Outcome.OK,
             f"{len(registry.runtimes)} runtime(s), {len(series.series)} GPU series",
         )
-    _check_tenancy(settings, registry, report)
+    if tenancy:  # the tenants file is the process's: checked once
+        _check_tenancy(settings, registry, report)
     await _check_slurm(settings, series, report)
     _check_storage(settings, report)
     if catalogs_ok:
         await _check_runtimes(settings, registry, report)
-    return report
 
 
 __all__ = ["Check", "Outcome", "Report", "run_doctor"]

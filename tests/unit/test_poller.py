@@ -14,6 +14,7 @@ import pytest
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.controller import Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
@@ -93,6 +94,8 @@ class FakeController:
     def __init__(self, client: FakeClient, job_ids: Sequence[int]) -> None:
         self.client = client
         self.settings = Settings(poll_interval=1.0)
+        self.name = self.settings.cluster_name
+        self.clusters = Clusters((self.name,))
         self.metrics = Metrics()
         self.token = SimpleNamespace(expires_at=None)
         self.tracked = {

@@ -73,6 +73,13 @@ class ResourceView:
         return parsed if isinstance(parsed, SlurmJobSpec) else None
 
     @property
+    def spec_cluster(self) -> str | None:
+        """spec.cluster as written: where to route the resource needs no parse of the spec
+        (a name that is no cluster's is refused by the submission it is routed to)."""
+        raw = self._raw_spec.get("cluster") if isinstance(self._raw_spec, Mapping) else None
+        return raw if isinstance(raw, str) else None
+
+    @property
     def spec_error(self) -> SpecError | None:
         parsed = self._parsed
         return parsed if isinstance(parsed, SpecError) else None

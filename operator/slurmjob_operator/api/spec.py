@@ -30,6 +30,8 @@ from slurmjob_operator.api.scriptwords import (
 
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A cluster's name in the clusters file (and spec.cluster): a DNS label of at most 40.
+CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # = config.CLUSTER_NAME_RE
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?$")
 
 CUSTOM = "custom"
@@ -275,6 +277,14 @@ class SlurmJobSpec(_Model):
     )
     pools: list[Pool] = Field(
         min_length=1, max_length=16, description="Node pools; several make a heterogeneous job."
+    )
+    cluster: str | None = Field(
+        default=None,
+        pattern=CLUSTER_NAME_RE,
+        description=(
+            "Slurm cluster to run on, by its name in the site's clusters file (default: the "
+            "tenant's default cluster, else the first). Cannot change once set."
+        ),
     )
     partition: str | None = Field(
         default=None, description="Slurm partition (default: SLURMJOB_SLURM_PARTITION)."

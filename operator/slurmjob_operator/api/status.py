@@ -86,6 +86,13 @@ class Attempt(_Model):
         default=None, ge=1, description="Slurm job id; the leader's id for a heterogeneous job."
     )
     sluid: str | None = Field(default=None, description="Slurm's unique job id, when it has one.")
+    cluster: str | None = Field(
+        default=None,
+        description=(
+            "Name of the Slurm cluster the attempt was submitted to (unset: written by a "
+            "release with one cluster, which is the first of the clusters file)."
+        ),
+    )
     staging_dir: str | None = Field(
         default=None, description="Staging directory of this attempt, as the operator sees it."
     )

@@ -1,7 +1,8 @@
-"""The controller: one per process, kept in kopf's memo (or in `LocalRunner`), composing the
-lifecycle pieces around one resource edge, one registry and one slurmrestd client.
+"""The controller: one per Slurm cluster (`controller.fleet` routes the resources between
+them; one alone in `LocalRunner`), composing the lifecycle pieces around one resource edge, one
+registry and one slurmrestd client.
 
-The poller, the kopf handlers and the local runner use only the methods below.
+The poller, the fleet and the local runner use only the methods below.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
 from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore
 from slurmjob_operator.metrics import Metrics
@@ -40,8 +42,13 @@ class Controller:
         *,
         token: TokenProvider | None = None,
         link: ClientSource | None = None,
+        clusters: Clusters | None = None,
     ) -> None:
+        """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
+        (None: this one alone)."""
         self.settings = settings
+        self.name = settings.cluster_name
+        self.clusters = clusters or Clusters((self.name,))
         self.kube = kube
         self.transport = transport
         self.metrics = metrics
@@ -74,6 +81,7 @@ class Controller:
             backoff,
             slurm_as=self.slurm_as,
             limiter=self.submit_slots,
+            clusters=self.clusters,
         )
         self._deletion = Deletion(
             settings, self._edge, self.slurm, self._following, self.site, self.slurm_as

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from slurmjob_operator.controller.controller import Controller
@@ -53,8 +53,21 @@ def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
 
 
 class Poller:
-    def __init__(self, controller: Controller) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        phase_counts: Callable[[], Mapping[str, int]] | None = None,
+        primary: bool = True,
+    ) -> None:
+        """One per cluster. `phase_counts`: the jobs by phase across every cluster (the gauge
+        is the process's); only the `primary` one (the default cluster's) sets the
+        process-wide gauges."""
         self.controller = controller
+        self._phase_counts = phase_counts or controller.phase_counts
+        self._primary = primary
+        several = len(controller.clusters.names) > 1
+        self._what = f"slurmrestd of cluster {controller.name}" if several else "slurmrestd"
         self._seen: dict[int, StateKey] = {}
         self._logs: dict[str, tuple[object, object]] = {}  # by resource uid
         self._logs_read: dict[str, float] = {}  # uid -> monotonic time of its last tail read
@@ -79,11 +92,12 @@ class Poller:
         controller = self.controller
         metrics = controller.metrics
         with metrics.cycle():
-            try:
-                metrics.set_token_expiry(controller.token.expires_at)
-            except TokenError:
-                metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
-            metrics.set_jobs_by_phase(controller.phase_counts())
+            if self._primary:
+                try:
+                    metrics.set_token_expiry(controller.token.expires_at)
+                except TokenError:
+                    metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
+                metrics.set_jobs_by_phase(self._phase_counts())
             # By job id, and a list: two resources may claim one job id (a status is only a
             # claim); each is refreshed, and the identity check decides which one it is.
             tracked: dict[int, list[Tracked]] = defaultdict(list)
@@ -97,15 +111,17 @@ class Poller:
                 client = await controller.slurm()
                 changed = await self._changed(client, tracked)
             except (SlurmError, TokenError) as exc:
-                log.warning("poll: slurmrestd: %s", exc)
+                log.warning("poll: %s: %s", self._what, exc)
                 auth = isinstance(exc, SlurmAuthError | TokenError)
                 await controller.report_reachability(
                     False,
                     Reason.SLURM_AUTH_FAILED if auth else Reason.SLURM_UNAVAILABLE,
-                    f"slurmrestd {'refused the credentials' if auth else 'failed'}: {exc}",
+                    f"{self._what} {'refused the credentials' if auth else 'failed'}: {exc}",
                 )
                 return
-            await controller.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd answers")
+            await controller.report_reachability(
+                True, Reason.SLURM_ANSWERING, f"{self._what} answers"
+            )
             limit = asyncio.Semaphore(controller.settings.refresh_concurrency)
 
             async def bounded(

@@ -49,6 +49,7 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.jobview import SlurmJobView, leader
+from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     Step,
@@ -134,9 +135,13 @@ class Submission:
         *,
         slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
         limiter: FairLimiter[str] | None = None,
+        clusters: Clusters | None = None,
     ) -> None:
         """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
-        `limiter`: the slots submits are made in, by namespace (None: its own)."""
+        `limiter`: the slots submits are made in, by namespace (None: its own); `clusters`:
+        every cluster's name (this one is `settings.cluster_name`)."""
+        self.cluster = settings.cluster_name
+        self.clusters = clusters or Clusters((self.cluster,))
         self.settings = settings
         self.site = site
         self.edge = edge
@@ -272,6 +277,9 @@ class Submission:
         if spec is None:
             assert view.spec_error is not None
             raise view.spec_error
+        refused = self.clusters.refusal(spec.cluster, self.cluster)
+        if refused is not None:
+            raise SpecError([refused])
         secrets = await self.edge.secret_values(view)
         client = await self.slurm()
         prepared = await asyncio.to_thread(
@@ -308,6 +316,7 @@ class Submission:
                 staging_dir=str(staging),
                 generation=view.generation,
                 now=utc_now(),
+                cluster=self.cluster,
             ),
         )
         try:

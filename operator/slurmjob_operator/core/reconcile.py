@@ -110,12 +110,15 @@ def record_attempt(
     staging_dir: str,
     generation: int | None,
     now: datetime,
+    cluster: str | None = None,
 ) -> Transition:
-    """Written before the POST, so a crash after it leaves a trace to adopt the job by."""
+    """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
+    the cluster it went to, where the adoption must look)."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
         job_name=job_name,
+        cluster=cluster,
         staging_dir=staging_dir,
         submitted_at=rfc3339(now),
         retry_of=previous.number if previous is not None and previous.job_id else None,

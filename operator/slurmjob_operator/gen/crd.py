@@ -168,6 +168,14 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
         ),
     ),
     SlurmJobSpec: (
+        # A transition rule (on updates only): the cluster a job was placed on stays its own.
+        Rule(
+            "has(self.cluster) == has(oldSelf.cluster) && "
+            "(!has(self.cluster) || self.cluster == oldSelf.cluster)",
+            "spec.cluster cannot change: delete the SlurmJob and create it again",
+            ".cluster",
+            _INVALID,
+        ),
         Rule(
             "self.pools.all(p, self.pools.exists_one(q, q.name == p.name))",
             "pool names must be unique",

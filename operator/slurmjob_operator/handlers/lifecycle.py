@@ -13,9 +13,11 @@ import kopf
 from slurmjob_operator import GROUP
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.slurm.connect import open_transport
 
 log = logging.getLogger(__name__)
@@ -42,35 +44,48 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.scanning.disabled = True
 
     config = Settings.from_env()
+    sites = load_clusters(config)
+    clusters = cluster_names(sites)
     kube = await KubeApi.connect()
-    transport = open_transport(config)
     # Under leader election `run` made it before the Lease was won (a standby serves the
     # leader gauge too); kopf passes it in the memo.
     metrics = memo.get("metrics") or Metrics()
     if config.metrics_port and not metrics.serving:
         metrics.start_http_server(config.metrics_port)
-    controller = Controller(config, kube, transport, metrics)
-    memo.controller = controller
-    memo.poller = asyncio.create_task(Poller(controller).run(), name="slurmjob-poller")
-    log.info(
-        "slurmjob-operator started: slurmrestd %s, profile %s, storage root %s",
-        config.slurm_rest_url,
-        config.slurm_runtime_profile.value,
-        config.storage_root,
-    )
+    members = [
+        Controller(site.settings, kube, open_transport(site.settings), metrics, clusters=clusters)
+        for site in sites
+    ]
+    fleet = Fleet(members, clusters)
+    memo.controller = fleet
+    memo.pollers = [
+        asyncio.create_task(
+            Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
+            name=f"slurmjob-poller-{member.name}",
+        )
+        for index, member in enumerate(members)
+    ]
+    for site in sites:
+        log.info(
+            "slurmjob-operator started: cluster %s, slurmrestd %s, profile %s, storage root %s",
+            site.name,
+            site.settings.slurm_rest_url,
+            site.settings.slurm_runtime_profile.value,
+            site.settings.storage_root,
+        )
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    poller = memo.get("poller")
-    if poller is not None:
+    for poller in memo.get("pollers") or []:
         poller.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poller
-    controller: Controller | None = memo.get("controller")
-    if controller is not None:
-        await controller.transport.close()
-        await controller.kube.close()
+    fleet: Fleet | None = memo.get("controller")
+    if fleet is not None:
+        for member in fleet.members:
+            await member.transport.close()
+        await fleet.default.kube.close()
 
 
 #: Connections kopf's client keeps open to the apiserver at most, besides one per watch stream.

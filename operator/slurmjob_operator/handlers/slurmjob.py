@@ -8,14 +8,15 @@ import kopf
 
 from slurmjob_operator import GROUP, PLURAL, VERSION
 from slurmjob_operator.api.resource import ObjectRef
-from slurmjob_operator.controller import Controller, RetryLater
+from slurmjob_operator.controller import RetryLater
+from slurmjob_operator.controller.fleet import Fleet
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
 
-def _controller(memo: kopf.Memo) -> Controller:
-    controller: Controller = memo.controller
-    return controller
+def _controller(memo: kopf.Memo) -> Fleet:
+    fleet: Fleet = memo.controller
+    return fleet
 
 
 async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
@@ -52,6 +53,6 @@ async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 # worker thread, where it would change the registry while the poller iterates it).
 @kopf.on.event(*RESOURCE)
 async def watched(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    controller: Controller | None = memo.get("controller")
-    if controller is not None:
-        controller.observe_body(body, deleted=type == "DELETED")
+    fleet: Fleet | None = memo.get("controller")
+    if fleet is not None:
+        fleet.observe_body(body, deleted=type == "DELETED")

@@ -1,0 +1,279 @@
+"""Several Slurm clusters behind one operator: where a SlurmJob goes (`core.placement`), the
+clusters file (`site.clusters`), and the fleet of per-cluster controllers routing real
+resources to two in-memory Slurm clusters."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.spec import CLUSTER_NAME_RE as SPEC_CLUSTER_NAME_RE
+from slurmjob_operator.api.status import get_condition
+from slurmjob_operator.config import CLUSTER_NAME_RE, ConfigError, RuntimeProfile, Settings
+from slurmjob_operator.controller import Controller, RetryLater
+from slurmjob_operator.controller.fleet import Fleet
+from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.clusters import cluster_names, load_clusters
+
+from .controller_fakes import MemorySlurm, MemoryStore, StubToken, cpu_spec, make_settings
+
+TWO = Clusters(("east", "west"))
+
+
+# -- placement ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec_cluster", "attempts", "tenant_default", "placed"),
+    [
+        (None, [], None, "east"),  # nothing said: the first
+        ("west", [], None, "west"),
+        ("west", [], "east", "west"),  # the spec over the tenant's default
+        (None, [], "west", "west"),
+        ("nowhere", [], None, "east"),  # refused there, with the known names
+        (None, [], "gone", "east"),  # a tenant default no longer configured
+        ("west", ["east"], None, "east"),  # where the attempts went, whatever the spec says
+        (None, ["west", "east"], "west", "east"),  # the latest attempt's
+        (None, [None], "west", "east"),  # a one-cluster release's attempt: the first's
+        ("west", ["retired"], None, "east"),  # a cluster no longer configured
+    ],
+)
+def test_placement(
+    spec_cluster: str | None, attempts: list[str | None], tenant_default: str | None, placed: str
+) -> None:
+    assert TWO.place(spec_cluster, attempts, tenant_default) == placed
+
+
+@given(
+    spec=st.one_of(st.none(), st.sampled_from(["east", "west", "x"])),
+    attempts=st.lists(st.one_of(st.none(), st.sampled_from(["east", "west", "y"])), max_size=4),
+    tenant=st.one_of(st.none(), st.sampled_from(["east", "west", "z"])),
+)
+def test_placement_is_always_a_known_cluster_and_sticks_to_the_attempts(
+    spec: str | None, attempts: list[str | None], tenant: str | None
+) -> None:
+    placed = TWO.place(spec, attempts, tenant)
+    assert placed in TWO.names
+    if attempts and attempts[-1] in TWO.names:
+        assert placed == attempts[-1]
+
+
+def test_refusal_names_the_field_and_the_known_clusters() -> None:
+    assert TWO.refusal(None, "east") is None
+    assert TWO.refusal("west", "west") is None
+    message = TWO.refusal("nowhere", "east")
+    assert (
+        message == "spec.cluster: 'nowhere' is not a cluster of this operator (known: east, west)"
+    )
+
+
+def test_clusters_need_unique_names() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Clusters(("a", "a"))
+    with pytest.raises(ValueError, match="at least one"):
+        Clusters(())
+
+
+def test_the_spec_and_the_settings_spell_a_cluster_name_alike() -> None:
+    assert SPEC_CLUSTER_NAME_RE == CLUSTER_NAME_RE
+
+
+# -- the clusters file ----------------------------------------------------------------------
+
+
+def _file(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "clusters.yaml"
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_without_a_file_there_is_one_cluster_from_the_settings() -> None:
+    settings = Settings(cluster_name="hpc", slurm_rest_url="http://a:1")
+    [only] = load_clusters(settings)
+    assert only.name == "hpc"
+    assert only.settings is settings
+
+
+def test_a_key_left_out_takes_the_operators_setting(tmp_path: Path) -> None:
+    key = tmp_path / "jwt.key"
+    base = Settings(
+        slurm_rest_url="http://east:6820",
+        slurm_jwt_key_file=key,
+        slurm_rest_user="svc",
+        slurm_partition="batch",
+        poll_interval=3,
+        storage_root=tmp_path,
+    )
+    path = _file(
+        tmp_path,
+        {
+            "clusters": [
+                {"name": "east"},
+                {
+                    "name": "west",
+                    "restUrl": "https://west:6820",
+                    "apiVersion": "v0.0.38",
+                    "jwtFile": str(tmp_path / "west.token"),
+                    "partition": "gpu",
+                    "runtimeProfile": "apptainer",
+                    "storageRoot": str(tmp_path / "west"),
+                },
+            ]
+        },
+    )
+    east, west = load_clusters(base.model_copy(update={"clusters_file": path}))
+    assert east.name == "east"
+    assert east.settings.slurm_rest_url == "http://east:6820"
+    assert east.settings.cluster_name == "east"
+    assert east.settings.clusters_file is None
+    assert west.settings.slurm_rest_url == "https://west:6820"
+    assert west.settings.slurm_rest_api_version == "v0.0.38"
+    assert west.settings.slurm_partition == "gpu"
+    assert west.settings.slurm_runtime_profile is RuntimeProfile.APPTAINER
+    assert west.settings.storage_root == tmp_path / "west"
+    # One way to authenticate: the token file replaces the inherited signing key.
+    assert west.settings.slurm_jwt_file == tmp_path / "west.token"
+    assert west.settings.slurm_jwt_key_file is None
+    # Inherited, and what is the process's stays the process's.
+    assert west.settings.slurm_rest_user == "svc"
+    assert west.settings.poll_interval == 3
+    assert cluster_names([east, west]) == Clusters(("east", "west"))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"clusters": []}, "clusters: List should have at least 1 item"),
+        ({"clusters": [{"name": "East"}]}, "clusters[0].name"),
+        ({"clusters": [{"name": "a"}, {"name": "a"}]}, "clusters[1].name: 'a' is already"),
+        ({"clusters": [{"name": "a", "pollInterval": 1}]}, "clusters[0].pollInterval"),
+        ({"clusters": [{"name": "a", "apiVersion": "v9"}]}, "clusters[0].apiVersion: 'v9'"),
+        ({"clusters": [{"name": "a", "runtimeProfile": "docker"}]}, "clusters[0].runtimeProfile"),
+        ({"clusters": [{"name": "a", "stagingOwner": "x"}]}, "clusters[0].stagingOwner"),
+        ({"nodes": []}, "clusters: Field required"),
+        ("- a list", "must be a mapping"),
+        ("clusters: [", "not valid YAML"),
+    ],
+)
+def test_a_bad_clusters_file_is_refused_naming_the_entry(
+    tmp_path: Path, data: Any, message: str
+) -> None:
+    settings = Settings(clusters_file=_file(tmp_path, data))
+    with pytest.raises(ConfigError) as err:
+        load_clusters(settings)
+    assert "SLURMJOB_CLUSTERS_FILE" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_a_missing_clusters_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_clusters(Settings(clusters_file=tmp_path / "none.yaml"))
+
+
+# -- the fleet: two clusters, real controllers, in-memory Slurm ------------------------------
+
+
+class Two:
+    def __init__(self, root: Path) -> None:
+        self.store = MemoryStore()
+        self.slurm = {"east": MemorySlurm(), "west": MemorySlurm()}
+        self.metrics = Metrics()
+        members = [
+            Controller(
+                make_settings(root / name, cluster_name=name),
+                self.store,
+                None,  # type: ignore[arg-type]  # the in-memory Slurm replaces the transport
+                self.metrics,
+                token=StubToken(),  # type: ignore[arg-type]
+                link=self.slurm[name],  # type: ignore[arg-type]
+                clusters=TWO,
+            )
+            for name in TWO.names
+        ]
+        self.fleet = Fleet(members, TWO)
+
+    async def reconcile(self, ref: Any) -> None:
+        body = self.store.objects[(ref.namespace, ref.name)]
+        with contextlib.suppress(RetryLater):  # the confirmation is asked for later
+            await self.fleet.reconcile(ref, body)
+
+    def names_submitted(self, cluster: str) -> list[str]:
+        return [j.name for j in self.slurm[cluster].jobs.values()]
+
+
+async def test_each_job_goes_to_its_cluster_and_says_so(tmp_path: Path) -> None:
+    two = Two(tmp_path)
+    first = two.store.create("first", cpu_spec())
+    second = two.store.create("second", {**cpu_spec(), "cluster": "west"})
+    for ref in (first, second):
+        await two.reconcile(ref)
+        await two.reconcile(ref)  # confirm
+    assert [a.cluster for a in two.store.status(first).attempts] == ["east"]
+    assert [a.cluster for a in two.store.status(second).attempts] == ["west"]
+    assert len(two.names_submitted("east")) == 1
+    assert len(two.names_submitted("west")) == 1
+    assert two.names_submitted("west")[0].startswith("sj-team-a-second-")
+    # Each cluster's part follows its own job only.
+    east, west = two.fleet.members
+    assert [t.ref.name for t in east.followed()] == ["first"]
+    assert [t.ref.name for t in west.followed()] == ["second"]
+    assert sorted(t.ref.name for t in two.fleet.followed()) == ["first", "second"]
+
+
+async def test_an_unknown_cluster_is_refused_with_nothing_sent(tmp_path: Path) -> None:
+    two = Two(tmp_path)
+    ref = two.store.create("lost", {**cpu_spec(), "cluster": "nowhere"})
+    await two.reconcile(ref)
+    status = two.store.status(ref)
+    assert status.phase is not None
+    assert status.phase.value == "Failed"
+    ready = get_condition(status.conditions, "Ready")
+    assert ready is not None
+    assert ready.reason == Reason.INVALID_SPEC
+    assert "spec.cluster: 'nowhere' is not a cluster of this operator (known: east, west)" in (
+        ready.message or ""
+    )
+    assert not two.slurm["east"].jobs
+    assert not two.slurm["west"].jobs
+
+
+async def test_a_cluster_that_is_down_marks_only_its_own_jobs(tmp_path: Path) -> None:
+    two = Two(tmp_path)
+    refs = {name: two.store.create(name, {**cpu_spec(), "cluster": name}) for name in TWO.names}
+    for ref in refs.values():
+        await two.reconcile(ref)
+        await two.reconcile(ref)
+    east, west = two.fleet.members
+    await east.report_reachability(False, Reason.SLURM_UNAVAILABLE, "slurmrestd of east failed")
+    await west.report_reachability(True, Reason.SLURM_ANSWERING, "slurmrestd of west answers")
+    down = get_condition(two.store.status(refs["east"]).conditions, "SlurmReachable")
+    assert down is not None
+    assert (down.status, down.reason) == ("False", Reason.SLURM_UNAVAILABLE)
+    assert get_condition(two.store.status(refs["west"]).conditions, "SlurmReachable") is None
+
+
+async def test_a_status_of_a_one_cluster_release_stays_with_the_first(tmp_path: Path) -> None:
+    two = Two(tmp_path)
+    ref = two.store.create("old", {**cpu_spec()})
+    body = two.store.objects[(ref.namespace, ref.name)]
+    body["status"] = {
+        "phase": "Running",
+        "slurmJobId": 7,
+        "attempts": [{"number": 1, "jobName": "sj-old", "jobId": 7, "confirmed": True}],
+    }
+    assert two.fleet.owner(ResourceView.of(body)).name == "east"
+    two.fleet.observe_body(body)
+    east, west = two.fleet.members
+    assert [t.job_id for t in east.followed()] == [7]
+    assert west.followed() == []
+    two.fleet.observe_body(body, deleted=True)
+    assert two.fleet.followed() == []
