@@ -534,7 +534,7 @@ def sa_operator(
     }
     assert any(e["name"] == "SLURMJOB_LEADER_POD" for e in container(docs)["env"])
     kube.apply(
-        json.dumps(
+        yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",

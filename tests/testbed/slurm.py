@@ -592,23 +592,7 @@ def _start_daemons(spec: ClusterSpec) -> None:
     )
     if spec.accounting_ports is not None:
         _start_accounting(spec, spec.accounting_ports)
-
-    proc = subprocess.run(
-        _daemon_argv(spec, ["slurmctld", "-i"]), capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise TestbedError(
-            f"slurmctld failed (rc {proc.returncode}): {proc.stderr}\n"
-            + procs.tail(log / "slurmctld.log")
-        )
-    procs.wait(
-        f"slurmctld of {spec.name} to answer scontrol ping",
-        lambda: _run(spec, ["scontrol", "ping"], check=False).returncode == 0,
-        30,
-        [log / "slurmctld.log"],
-        error=TestbedError,
-        interval=0.2,
-    )
+    _start_ctld(spec)
     for node in NODES:
         proc = subprocess.run(
             _daemon_argv(spec, ["slurmd", "-N", node]), capture_output=True, text=True, check=False
@@ -637,7 +621,34 @@ def _start_daemons(spec: ClusterSpec) -> None:
         error=TestbedError,
         interval=0.2,
     )
+    _start_rest(spec)
+    _log(f"cluster {spec.name} up in {time.monotonic() - t0:.2f} s")
 
+
+def _start_ctld(spec: ClusterSpec) -> None:
+    """slurmctld, on the state it saved (a fresh cluster's state directory is empty)."""
+    log = spec.base / "log"
+    proc = subprocess.run(
+        _daemon_argv(spec, ["slurmctld", "-i"]), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise TestbedError(
+            f"slurmctld failed (rc {proc.returncode}): {proc.stderr}\n"
+            + procs.tail(log / "slurmctld.log")
+        )
+    procs.wait(
+        f"slurmctld of {spec.name} to answer scontrol ping",
+        lambda: _run(spec, ["scontrol", "ping"], check=False).returncode == 0,
+        30,
+        [log / "slurmctld.log"],
+        error=TestbedError,
+        interval=0.2,
+    )
+
+
+def _start_rest(spec: ClusterSpec) -> None:
+    b = spec.base
+    log = b / "log"
     rest_log = log / "slurmrestd.log"
     rest = ["slurmrestd", "-u", REST_USER, "-g", REST_USER, "-a", "rest_auth/jwt"]
     if spec.rest_plugins:
@@ -672,7 +683,6 @@ def _start_daemons(spec: ClusterSpec) -> None:
         )
     except TestbedError as exc:
         raise TestbedError(f"{exc}\nlast ping answer: {last[0]}") from None
-    _log(f"cluster {spec.name} up in {time.monotonic() - t0:.2f} s")
 
 
 def _start_accounting(spec: ClusterSpec, ports: tuple[int, int]) -> None:
@@ -831,6 +841,25 @@ def stop_cluster(name: str) -> None:
         procs.stop_pid(comm, pid_file, log=_log, timeout=10)
     procs.reap_child(_REST_CHILDREN.pop(name, None))
     procs.reap_child(_DB_CHILDREN.pop(name, None))
+
+
+def stop_control(name: str) -> None:
+    """Stop slurmrestd and slurmctld of cluster `name` (the nodes, their running jobs and
+    accounting go on): the cluster is down for its clients."""
+    spec = SPECS[name]
+    for comm, pid_file in _daemons(spec):
+        if comm in ("slurmrestd", "slurmctld"):
+            procs.stop_pid(comm, pid_file, log=_log, timeout=10)
+    procs.reap_child(_REST_CHILDREN.pop(name, None))
+
+
+def start_control(name: str) -> SlurmTestbed:
+    """Start slurmctld again on the state it saved, and slurmrestd: the jobs it knew are
+    recovered, the nodes register again."""
+    spec = SPECS[name]
+    _start_ctld(spec)
+    _start_rest(spec)
+    return _testbed(spec)
 
 
 def cluster_status(name: str) -> str:
