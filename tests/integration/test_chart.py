@@ -534,12 +534,15 @@ def sa_operator(
     }
     assert any(e["name"] == "SLURMJOB_LEADER_POD" for e in container(docs)["env"])
     kube.apply(
-        json.dumps(
+        yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": env["SLURMJOB_LEADER_POD"], "namespace": op_ns},
                 "spec": {
+                    # The chart's own ServiceAccount: "default" does not exist here (no
+                    # controller-manager makes it), and the ServiceAccount admission needs one.
+                    "serviceAccountName": sa,
                     "automountServiceAccountToken": False,
                     "containers": [{"name": "operator", "image": "slurmjob-operator:none"}],
                 },

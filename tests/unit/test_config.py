@@ -49,6 +49,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LEASE_NAME", "ops.lease-1", "lease_name", "ops.lease-1"),
     ("SLURMJOB_LEASE_NAMESPACE", "slurmjob-system", "lease_namespace", "slurmjob-system"),
     ("SLURMJOB_LEASE_IDENTITY", "pod-7f9c", "lease_identity", "pod-7f9c"),
+    ("SLURMJOB_LEADER_POD", "op-7f9c", "leader_pod", "op-7f9c"),
     ("SLURMJOB_LEASE_DURATION", "30", "lease_duration", 30.0),
     ("SLURMJOB_LEASE_RENEW_DEADLINE", "5", "lease_renew_deadline", 5.0),
     ("SLURMJOB_LEASE_RETRY_PERIOD", "1", "lease_retry_period", 1.0),
