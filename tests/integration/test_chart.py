@@ -540,6 +540,9 @@ def sa_operator(
                 "kind": "Pod",
                 "metadata": {"name": env["SLURMJOB_LEADER_POD"], "namespace": op_ns},
                 "spec": {
+                    # The chart's own ServiceAccount: "default" does not exist here (no
+                    # controller-manager makes it), and the ServiceAccount admission needs one.
+                    "serviceAccountName": sa,
                     "automountServiceAccountToken": False,
                     "containers": [{"name": "operator", "image": "slurmjob-operator:none"}],
                 },
