@@ -185,9 +185,9 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "YAML tenants file: tenants: [{name, namespaces, accounts, partitions, qos, "
-            "mountSources, maxTimeLimit, slurmUser, uid}]. Unset: single-tenant; set: a "
-            "SlurmJob in a namespace of no tenant is refused, and each tenant's limits are "
-            "enforced before submit."
+            "mountSources, maxTimeLimit, slurmUser, uid, defaultCluster, clusters}]. Unset: "
+            "single-tenant; set: a SlurmJob in a namespace of no tenant is refused, and each "
+            "tenant's limits are enforced before submit."
         ),
     )
     templates_dir: Path | None = Field(
