@@ -183,13 +183,13 @@ def test_a_missing_clusters_file_is_refused(tmp_path: Path) -> None:
 
 
 class Two:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, **settings: Any) -> None:
         self.store = MemoryStore()
         self.slurm = {"east": MemorySlurm(), "west": MemorySlurm()}
         self.metrics = Metrics()
         members = [
             Controller(
-                make_settings(root / name, cluster_name=name),
+                make_settings(root / name, cluster_name=name, **settings),
                 self.store,
                 None,  # type: ignore[arg-type]  # the in-memory Slurm replaces the transport
                 self.metrics,
@@ -277,3 +277,64 @@ async def test_a_status_of_a_one_cluster_release_stays_with_the_first(tmp_path: 
     assert west.followed() == []
     two.fleet.observe_body(body, deleted=True)
     assert two.fleet.followed() == []
+
+
+def _tenants(root: Path) -> Path:
+    path = root / "tenants.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "tenants": [
+                    {
+                        "name": "team-a",
+                        "namespaces": ["team-a"],
+                        "accounts": ["a-east"],
+                        "partitions": ["debug"],
+                        "defaultCluster": "west",
+                        "clusters": {"east": {}, "west": {"accounts": ["a-west"]}},
+                    },
+                    {
+                        "name": "team-b",
+                        "namespaces": ["team-b"],
+                        "accounts": ["b"],
+                        "partitions": ["debug"],
+                        "clusters": {"east": {}},
+                    },
+                ]
+            }
+        )
+    )
+    return path
+
+
+async def test_tenants_default_cluster_and_per_cluster_limits(tmp_path: Path) -> None:
+    two = Two(tmp_path, tenants_file=_tenants(tmp_path))
+    sent: list[Any] = []
+    west = two.slurm["west"]
+    submit = west.submit
+
+    async def capture(req: Any) -> Any:
+        sent.append(req)
+        return await submit(req)
+
+    west.submit = capture  # type: ignore[method-assign]
+    ref = two.store.create("defaulted", cpu_spec())  # no spec.cluster: team-a's default
+    await two.reconcile(ref)
+    [attempt] = two.store.status(ref).attempts
+    assert attempt.cluster == "west"
+    [req] = sent
+    assert req.account == "a-west"  # west's section of team-a
+    assert not two.slurm["east"].jobs
+
+
+async def test_a_tenant_off_its_clusters_is_refused_with_nothing_sent(tmp_path: Path) -> None:
+    two = Two(tmp_path, tenants_file=_tenants(tmp_path))
+    ref = two.store.create("elsewhere", {**cpu_spec(), "cluster": "west"}, namespace="team-b")
+    await two.reconcile(ref)
+    status = two.store.status(ref)
+    ready = get_condition(status.conditions, "Ready")
+    assert ready is not None
+    assert ready.reason == Reason.INVALID_SPEC
+    assert "spec.cluster: tenant team-b may use clusters east; not west" in (ready.message or "")
+    assert not two.slurm["west"].jobs
+    assert not two.slurm["east"].jobs

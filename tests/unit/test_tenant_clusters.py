@@ -581,7 +581,15 @@ def test_site_load_checks_section_sources_against_the_registry(tmp_path: Path) -
     # make_settings' runtime lives in runtimes/.
     bad = write(tmp_path, {"tenants": [team(clusters={"west": {"mountSources": ["runtimes"]}})]})
     with pytest.raises(CatalogError, match=r"clusters\.west\.mountSources: .*runtimes folder"):
-        Site.load(make_settings(tmp_path, tenants_file=bad))
+        Site.load(make_settings(tmp_path, tenants_file=bad), clusters=["default", "west"])
+
+
+def test_site_load_refuses_a_cluster_the_operator_does_not_have(tmp_path: Path) -> None:
+    path = write(tmp_path, {"tenants": [team(clusters={"west": {}})]})
+    with pytest.raises(
+        CatalogError, match=r"unknown cluster 'west' \(the clusters file names default\)"
+    ):
+        Site.load(make_settings(tmp_path, tenants_file=path))
 
 
 def test_another_tenants_sources_on_any_cluster_stay_its_own(tmp_path: Path) -> None:

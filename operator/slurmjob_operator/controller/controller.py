@@ -53,7 +53,7 @@ class Controller:
         self.transport = transport
         self.metrics = metrics
         self.token = token or make_token_provider(settings)
-        self.site = Site.load(settings)
+        self.site = Site.load(settings, self.clusters.names)
         # A tenant whose jobs could never be sent as its user, or whose files could never be
         # shared with it, is refused here rather than job by job.
         self.site.check_tenant_users()

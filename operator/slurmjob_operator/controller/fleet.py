@@ -38,7 +38,7 @@ class Fleet:
         tenant_default = None
         tenants = self.default.site.tenants
         if tenants is not None and not view.status.attempts:
-            tenant_default = _default_cluster(tenants, view.ref.namespace)
+            tenant_default = tenants.default_cluster(view.ref.namespace)
         name = self.clusters.place(
             view.spec_cluster, [a.cluster for a in view.status.attempts], tenant_default
         )
@@ -75,8 +75,3 @@ class Fleet:
             total.update(member.phase_counts())
         return dict(total)
 
-
-def _default_cluster(tenants: Any, namespace: str) -> str | None:
-    # `Tenants.default_cluster` where the tenants file names one per tenant.
-    getter = getattr(tenants, "default_cluster", None)
-    return getter(namespace) if callable(getter) else None

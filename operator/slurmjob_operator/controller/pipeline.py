@@ -4,7 +4,7 @@ version's submit body and the preflight checks, in the one order every caller us
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +47,16 @@ class Site:
     """The tenants file; None: single-tenant (every namespace's jobs are taken)."""
 
     @classmethod
-    def load(cls, settings: Settings) -> Site:
+    def load(cls, settings: Settings, clusters: Sequence[str] | None = None) -> Site:
+        """The site as the part for cluster `settings.cluster_name` sees it: the tenants'
+        limits and users on that cluster. `clusters`: every cluster's name, which the
+        tenants file may use (None: that one alone)."""
         registry = load_runtime_registry(settings.runtime_registry_file)
-        tenants = load_tenants(settings.tenants_file)
+        known = list(clusters) if clusters is not None else [settings.cluster_name]
+        tenants = load_tenants(settings.tenants_file, clusters=known)
         if tenants is not None and settings.tenants_file is not None:
             check_against_registry(tenants, registry, settings.tenants_file)
+            tenants = tenants.for_cluster(settings.cluster_name)
         return cls(
             settings=settings,
             registry=registry,
