@@ -173,6 +173,12 @@ class Soak:
         settings = Settings.from_env(self.direct_env)
         async with open_transport(settings) as transport:
             client: SlurmClient = await connect(settings, transport)
+            if await client.has_accounting():
+                # Ended jobs leave the controller MinJobAge after their end: ask accounting
+                # too (by name, merged by job id), or a purged job would look lost.
+                unique = sorted(set(names))
+                found = await asyncio.gather(*(client.find_by_name(n) for n in unique))
+                return dict(zip(unique, found, strict=True))
             listing = await client.list_jobs()
             out: dict[str, list[SlurmJobView]] = {n: [] for n in names}
             for job in listing.jobs:
@@ -278,9 +284,10 @@ class Soak:
         for t in trials:
             if t is not killer and t.final_at is None:
                 t.collateral = True
-        victim.start()
         if len(self.ops) > 1:
             # The standby takes the Lease once it has seen no renewal for the lease duration.
+            # The killed one comes back after that, as a new pod would: started at once under
+            # its own identity it would take its own Lease back, as a restarted container does.
             gone = victim.env["SLURMJOB_LEASE_IDENTITY"]
             limit = killed_at + 4 * HA_LEASE[0]
             while time.monotonic() < limit and self.holder() in ("", gone):
@@ -289,6 +296,7 @@ class Soak:
             self.takeovers.append(took)
             if took > HA_LEASE[0] + 2 * HA_LEASE[2] + 1:
                 killer.problems.append(f"takeover took {took:.1f} s")
+        victim.start()
 
     def run_batch(self, number: int, trials: list[Trial]) -> None:
         for t in trials:
