@@ -14,35 +14,29 @@ cluster has no accounting; the `Unknown` path there is covered by the unit tests
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.faults.proxy import Action, FaultProxy
+from tests.faults.proxy import Action
 from tests.integration.helpers import OPERATOR
 from tests.integration.sitefiles import site_env
 from tests.integration.test_exactly_once import (
     FINAL,
-    REST_TIMEOUT,
     Bench,
     _attempts,
     _condition,
     _status,
+    running_bench,
 )
-from tests.integration.test_operator_e2e import CRD, Operator, cpu_spec
+from tests.integration.test_operator_e2e import CRD, cpu_spec
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.config import Settings
 from slurmjob_operator.core.jobview import JobSource, SlurmJobView
-from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.connect import connect, open_transport
 from slurmjob_operator.times import rfc3339
 
 pytestmark = pytest.mark.integration
@@ -54,55 +48,16 @@ PURGE_WITHIN = 150  # s: MinJobAge 20 + one 60 s purge cycle, with room for a sl
 def bench(
     kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Bench]:
-    testbed = slurm_2605
-    assert testbed.has_accounting
+    assert slurm_2605.has_accounting
     kube.apply(CRD)
     kube.wait_established("slurmjobs.slurmjob.io")
-    tmp = tmp_path_factory.mktemp("acct")
-    namespace = f"acct-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", namespace)
-    direct = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp),
-        **kube.env(),
-        **site_env(testbed, "apptainer", tmp),
-        "SLURMJOB_POLL_INTERVAL": "1",
-        "SLURMJOB_METRICS_PORT": "0",
-        "SLURMJOB_DELETE_TIMEOUT": "20",
-    }
-    proxy = FaultProxy(testbed.rest_url).start()
-    env = {
-        **direct,
-        "SLURMJOB_SLURM_REST_URL": proxy.url,
-        "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
-    }
-    op = Operator(kube, testbed, namespace, env, tmp / "operator.log")
-    op.start()
-    try:
-        yield Bench(op, proxy, testbed, direct)
-    finally:
-        proxy.clear()
-        if op.proc is not None and op.proc.poll() is None:
-            kube.kubectl(
-                "delete", "slurmjobs", "--all", "-n", namespace, "--timeout=40s",
-                check=False, timeout=50,
-            )  # fmt: skip
-        op.stop()
-        proxy.stop()
-        print(f"--- operator log ({namespace}) ---\n{op.log_tail(150)}")
-        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    with running_bench(kube, slurm_2605, tmp_path_factory.mktemp("acct"), "acct") as bench:
+        yield bench
 
 
 def _views(bench: Bench, job_names: list[str]) -> dict[str, list[SlurmJobView]]:
     """Per name: the controller's jobs and the accounting records, asked straight."""
-
-    async def ask() -> dict[str, list[SlurmJobView]]:
-        settings = Settings.from_env(bench.direct_env)
-        async with open_transport(settings) as transport:
-            client: SlurmClient = await connect(settings, transport)
-            return {n: await client.find_by_name(n) for n in job_names}
-
-    return asyncio.run(ask())
+    return {name: bench.slurm_jobs(name) for name in job_names}
 
 
 def _wait_purged(bench: Bench, job_names: list[str]) -> dict[str, list[SlurmJobView]]:

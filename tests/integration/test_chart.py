@@ -26,7 +26,9 @@ from tests.integration.test_operator_e2e import CRD, OPERATOR, Operator, cpu_spe
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
+from slurmjob_operator.config import Settings
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.clusters import load_clusters
 from slurmjob_operator.site.tenants import Tenants
 
 pytestmark = pytest.mark.integration
@@ -126,6 +128,58 @@ def free_port() -> int:
 
 
 # ----------------------------------------------------------------------- lint and render
+
+
+def _readme_values(tmp_path: Path) -> Path:
+    """The site-values.yaml of the README's Helm quick start, as a file."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("cat > site-values.yaml <<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
+    path = tmp_path / "site-values.yaml"
+    # The one placeholder a reader fills in.
+    path.write_text(block.replace("<64 hex digits>", "ab" * 32) + "\n")
+    return path
+
+
+def test_the_readmes_values_render_two_replicas_and_two_clusters(
+    kube: KubeTestbed, tmp_path: Path
+) -> None:
+    docs = render(kube, "-f", str(_readme_values(tmp_path)))
+    dep = deployment(docs)
+    assert dep["spec"]["replicas"] == 2
+    env = env_of(docs)
+    assert env["SLURMJOB_CLUSTER_NAME"] == "hpc"
+    assert env["SLURMJOB_CLUSTERS_FILE"] == "/etc/slurmjob/clusters/clusters.yaml"
+    (clusters_map,) = [
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-clusters")
+    ]
+    data = yaml.safe_load(clusters_map["data"]["clusters.yaml"])
+    assert data == {
+        "clusters": [
+            {"name": "hpc"},
+            {
+                "name": "west",
+                "restUrl": "https://slurmrestd.west.internal:6820",
+                "partition": "a100",
+                "jwtFile": "/etc/slurmjob/clusters/west/token",
+            },
+        ]
+    }
+    # The operator's own loader takes the rendered file as it is.
+    rendered = tmp_path / "clusters.yaml"
+    rendered.write_text(clusters_map["data"]["clusters.yaml"])
+    base = Settings(slurm_rest_url="https://slurmrestd.hpc.internal:6820", clusters_file=rendered)
+    hpc, west = load_clusters(base)
+    assert (hpc.name, west.name) == ("hpc", "west")
+    assert west.settings.slurm_jwt_file == Path("/etc/slurmjob/clusters/west/token")
+    # Its token is projected next to the clusters file, from its own Secret.
+    sources = volumes(docs)["clusters"]["projected"]["sources"]
+    assert {
+        "secret": {"name": "slurmrestd-west-jwt", "items": [{"key": "token", "path": "west/token"}]}
+    } in sources
+    c = container(docs)
+    assert {"name": "clusters", "mountPath": "/etc/slurmjob/clusters", "readOnly": True} in c[
+        "volumeMounts"
+    ]
 
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=_ids)

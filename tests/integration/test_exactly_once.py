@@ -22,12 +22,14 @@ v0.0.38, by name and comment alone):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -196,7 +198,17 @@ def bench(
         "slurm_2605" if request.param == "26.05" else "slurm_2205"
     )
     tmp = tmp_path_factory.mktemp(f"eo{testbed.name.replace('.', '')}")
-    namespace = f"eo-{testbed.name.replace('.', '')}-{uuid.uuid4().hex[:6]}"
+    with running_bench(kube, testbed, tmp, f"eo-{testbed.name.replace('.', '')}") as bench:
+        yield bench
+
+
+@contextlib.contextmanager
+def running_bench(
+    kube: KubeTestbed, testbed: SlurmTestbed, tmp: Path, prefix: str
+) -> Iterator[Bench]:
+    """An operator in a namespace of its own, reaching `testbed`'s slurmrestd through a
+    fault proxy; on the way out its SlurmJobs are deleted while it still runs."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", namespace)
     direct = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -13,12 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import CLUSTER_NAME_RE as SPEC_CLUSTER_NAME_RE
 from slurmjob_operator.api.status import get_condition
 from slurmjob_operator.config import CLUSTER_NAME_RE, ConfigError, RuntimeProfile, Settings
 from slurmjob_operator.controller import Controller, RetryLater
 from slurmjob_operator.controller.fleet import Fleet
+from slurmjob_operator.controller.pipeline import render_manifest
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.metrics import Metrics
@@ -338,3 +340,19 @@ async def test_a_tenant_off_its_clusters_is_refused_with_nothing_sent(tmp_path: 
     assert "spec.cluster: tenant team-b may use clusters east; not west" in (ready.message or "")
     assert not two.slurm["west"].jobs
     assert not two.slurm["east"].jobs
+
+
+def test_render_renders_as_the_cluster_the_job_goes_to(tmp_path: Path) -> None:
+    base = make_settings(tmp_path, slurm_partition="east-part")
+    path = _file(tmp_path, {"clusters": [{"name": "east"}, {"name": "west", "partition": "a100"}]})
+    settings = base.model_copy(update={"clusters_file": path})
+
+    def partition(spec: dict[str, Any]) -> Any:
+        manifest = {"metadata": {"name": "r", "namespace": "team-a"}, "spec": spec}
+        body = render_manifest(manifest, api_version="v0.0.45", settings=settings)
+        return body["job"]["partition"]
+
+    assert partition(cpu_spec()) == "east-part"
+    assert partition(cpu_spec(cluster="west")) == "a100"
+    with pytest.raises(SpecError, match=r"spec.cluster: 'north' is not a cluster"):
+        partition(cpu_spec(cluster="north"))

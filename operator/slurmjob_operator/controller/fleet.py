@@ -74,4 +74,3 @@ class Fleet:
         for member in self.members:
             total.update(member.phase_counts())
         return dict(total)
-

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
@@ -18,6 +18,7 @@ from slurmjob_operator.site.catalogs import (
     load_gpu_series,
     load_runtime_registry,
 )
+from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
@@ -203,14 +204,25 @@ def render_manifest(
     reach the attempt's secrets file, never the body.
     """
     settings = settings or Settings.from_env()
-    site = Site.load(settings)
     spec = parse_spec(manifest.get("spec"))
     meta = manifest.get("metadata") or {}
+    # With several clusters, as the cluster the operator would send it to renders it.
+    sites = load_clusters(settings)
+    clusters = cluster_names(sites)
+    first = Site.load(sites[0].settings, clusters.names)
+    namespace = str(meta.get("namespace") or "default")
+    tenant_default = first.tenants.default_cluster(namespace) if first.tenants else None
+    wanted = clusters.place(spec.cluster, [], tenant_default)
+    refused = clusters.refusal(spec.cluster, wanted)
+    if refused is not None:
+        raise SpecError([refused])
+    chosen = next(s for s in sites if s.name == wanted)
+    site = first if chosen is sites[0] else Site.load(chosen.settings, clusters.names)
     secrets = {e.name: f"<secret {e.name}>" for e in spec.secret_env}
     prepared = prepare_attempt(
         spec,
         site,
-        namespace=str(meta.get("namespace") or "default"),
+        namespace=namespace,
         name=str(meta.get("name") or "unnamed"),
         uid=uid or str(meta.get("uid") or PLACEHOLDER_UID),
         attempt=attempt,
