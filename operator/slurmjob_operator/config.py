@@ -129,6 +129,23 @@ class Settings(BaseSettings):
     slurm_rest_timeout: float = Field(
         default=30.0, gt=0, description="Seconds before a slurmrestd request times out."
     )
+    slurm_message_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "slurmctld's MessageTimeout in seconds (slurm.conf; Slurm's default is 10): part of "
+            "the fencing window after which an unconfirmed submit may be proven absent."
+        ),
+    )
+    absence_margin: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "Seconds added to SLURMJOB_SLURM_REST_TIMEOUT + SLURMJOB_SLURM_MESSAGE_TIMEOUT: "
+            "the fencing window after which an unconfirmed submit found neither in the "
+            "controller nor in accounting is proven absent and the next attempt submitted."
+        ),
+    )
     slurm_partition: str | None = Field(
         default=None, description="Partition used when spec.partition is empty."
     )

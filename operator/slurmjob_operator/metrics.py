@@ -66,6 +66,8 @@ class Metrics:
     * `submissions_total{result}`: submit POSTs by outcome (`SUBMISSION_RESULTS`).
     * `adoptions_total{how}`: jobs found again instead of submitted (e.g. `how="name"`).
     * `duplicates_total`: Slurm jobs cancelled because they duplicated an attempt.
+    * `proven_absent_total`, `late_submits_cancelled_total`: unconfirmed submits proven absent
+      (`core.absence`), and jobs of such attempts that appeared later and were cancelled.
     * `transitions_total{phase}`: phase changes, by the new phase.
     * `slurmrestd_request_seconds{endpoint,method,status_class}`: latency histogram; endpoint
       is the path template, status_class "2xx".."5xx", "timeout" or "error".
@@ -98,6 +100,17 @@ class Metrics:
             f"{PREFIX}_duplicates",
             "Slurm jobs cancelled because they carried the identity of an attempt that "
             "already had an (older) job.",
+            registry=reg,
+        )
+        self.proven_absent_total = Counter(
+            f"{PREFIX}_proven_absent",
+            "Unconfirmed submits proven absent (neither in the controller nor in accounting "
+            "after the fencing window), whose next attempt went out without a person.",
+            registry=reg,
+        )
+        self.late_submits_cancelled_total = Counter(
+            f"{PREFIX}_late_submits_cancelled",
+            "Jobs of attempts proven absent that appeared after all and were cancelled.",
             registry=reg,
         )
         self.transitions_total = Counter(

@@ -159,6 +159,9 @@ class MemorySlurm:
     submitted: list[str] = field(default_factory=list)
     bulk_cancel: bool = True
     state_sweep: bool = True
+    # `GET /diag`'s dbd_agent_queue_size, one reading per call (the last one repeats); an
+    # exception in the list is raised by that call.
+    dbd_queues: list[int | None | Exception] = field(default_factory=lambda: [0])
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -308,7 +311,23 @@ class MemorySlurm:
 
     async def do_find_by_name(self, name: str, user: str | None) -> list[SlurmJobView]:
         self._record(f"find_by_name {name}", user)
-        return sorted(self.named(name), key=lambda j: j.job_id)
+        # Purged jobs are found only where accounting answers, as with the real client.
+        kept = (
+            self.named(name)
+            if self.accounting
+            else [j for j in self.jobs.values() if j.name == name]
+        )
+        return sorted(kept, key=lambda j: j.job_id)
+
+    async def has_accounting(self) -> bool:
+        return self.accounting
+
+    async def dbd_queue(self) -> int | None:
+        self._record("diag", None)
+        reading = self.dbd_queues.pop(0) if len(self.dbd_queues) > 1 else self.dbd_queues[0]
+        if isinstance(reading, Exception):
+            raise reading
+        return reading
 
     async def do_get_job_accounting(self, ref: int | str, user: str | None) -> list[SlurmJobView]:
         self._record(f"accounting {ref}", user)

@@ -44,6 +44,7 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         (QUEUED, False),
         (reconcile.submitted(RECORDED, 7, 1, NOW, adopted=True).status, False),
         (reconcile.declared_lost(UNSENT, 1, NOW).status, False),
+        (reconcile.proven_absent(UNSENT, 70.0, 1, NOW).status, False),
         (following.lost(QUEUED, "gone", 1, NOW).status, False),
         (
             reconcile.not_submitted(RECORDED, Reason.SUBMIT_INTERRUPTED, "again", 1, NOW).status,

@@ -124,6 +124,15 @@ class Attempt(_Model):
             "person checked by hand and declared lost, so a new attempt may be submitted."
         ),
     )
+    proven_absent_at: str | None = Field(
+        default=None,
+        json_schema_extra=_RFC3339,
+        description=(
+            "When the operator proved this unconfirmed attempt absent from Slurm (neither in "
+            "the controller nor in accounting after the fencing window): a new attempt "
+            "follows, and a job of this attempt that appears later is cancelled."
+        ),
+    )
     retry_of: int | None = Field(
         default=None, ge=1, description="Number of the attempt this one retries."
     )

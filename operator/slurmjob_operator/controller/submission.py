@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following, refuse_stranger
@@ -35,12 +37,14 @@ from slurmjob_operator.controller.pipeline import (
 )
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
+from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
 from slurmjob_operator.core.decisions import (
     AdoptAction,
     Failure,
     Hold,
     Retry,
     adoption,
+    belongs,
     declared_lost_now,
     failed_step,
     gate,
@@ -52,11 +56,13 @@ from slurmjob_operator.core.jobview import SlurmJobView, leader
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
+    DECLARE_LOST_ANNOTATION,
     Step,
     confirmed,
     declared_lost,
     next_step,
     not_submitted,
+    proven_absent,
     record_attempt,
     submitted,
     unconfirmed,
@@ -142,6 +148,13 @@ class Submission:
         every cluster's name (this one is `settings.cluster_name`)."""
         self.cluster = settings.cluster_name
         self.clusters = clusters or Clusters((self.cluster,))
+        self.window = Window(
+            settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
+        )
+        # (uid, attempt) -> monotonic time this process first found the unconfirmed attempt
+        # nowhere: any request for it was sent before (by this process, or by one that died
+        # or stopped leading before this one took over).
+        self._unfound_since: dict[tuple[str, int], float] = {}
         self.settings = settings
         self.site = site
         self.edge = edge
@@ -389,10 +402,15 @@ class Submission:
                 view,
                 not_submitted(status, Reason.SUBMIT_INTERRUPTED, text, view.generation, utc_now()),
             )
+        key = (view.ref.uid, attempt.number)
         if decision.action is AdoptAction.WAIT:
-            text = "the job is not visible in Slurm yet"
+            gave_way = await self._prove_absent(view, client, attempt, key)
+            if gave_way is not None:
+                return gave_way
+            text = f"the job is not visible in Slurm yet; {self._way_out(client, attempt)}"
             await self.edge.apply(view, unconfirmed(status, text, view.generation, utc_now()))
             raise RetryLater(f"job {attempt.job_name} not found yet", self.settings.poll_interval)
+        self._unfound_since.pop(key, None)
         keep = decision.keep
         assert keep is not None
         for duplicate in decision.duplicates:
@@ -414,6 +432,52 @@ class Submission:
         )
         await self._confirm(view)
         return None
+
+    def _way_out(self, client: SlurmClient, attempt: Attempt) -> str:
+        if mode(client.accounting) is Mode.PROOF:
+            return (
+                "with accounting answering it is proven absent, and the next attempt submitted, "
+                f"once not found {self.window.seconds:.0f} s after it could last have been sent"
+            )
+        return (
+            "without accounting only a person can declare it lost, after checking Slurm: "
+            f"annotate {DECLARE_LOST_ANNOTATION}={attempt.number}"
+        )
+
+    async def _prove_absent(
+        self, view: ResourceView, client: SlurmClient, attempt: Attempt, key: tuple[str, int]
+    ) -> ResourceView | None:
+        """The view with the attempt proven absent (`core.absence`), or None: not yet, not
+        provable here, or found after all (the next search adopts it)."""
+        now = time.monotonic()
+        waited = now - self._unfound_since.setdefault(key, now)
+        step = next_check(waited, self.window, await client.has_accounting())
+        if step is not Next.PROVE:
+            return None
+        try:
+            before = await client.dbd_queue()
+            found = await client.find_by_name(attempt.job_name)
+            after = await client.dbd_queue()
+        except SlurmError as exc:
+            log.info("proving %s absent: %s", attempt.job_name, exc)
+            return None
+        mine = any(belongs(job, view.ref.uid, attempt) for job in found)
+        outcome = verdict(before, mine, after)
+        if outcome is not Verdict.PROVEN:
+            if outcome is Verdict.LAGGING:
+                log.info(
+                    "%s not proven absent: slurmctld has job records queued for slurmdbd "
+                    "(%s before the lookup, %s after)",
+                    attempt.job_name,
+                    before,
+                    after,
+                )
+            return None
+        self._unfound_since.pop(key, None)
+        self.metrics.proven_absent_total.inc()
+        return await self.edge.apply(
+            view, proven_absent(view.status, waited, view.generation, utc_now())
+        )
 
     # -- hold and release -----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     SUBMISSION_UNCONFIRMED = "SubmissionUnconfirmed"
     SUBMIT_INTERRUPTED = "SubmitInterrupted"
     DECLARED_LOST = "DeclaredLost"
+    PROVEN_ABSENT = "ProvenAbsent"
     INVALID_SPEC = "InvalidSpec"
     TENANT_UNKNOWN = "TenantUnknown"
     RUNTIME_ARTIFACT_INVALID = "RuntimeArtifactInvalid"
@@ -89,6 +90,11 @@ REASON_MEANINGS: dict[Reason, str] = {
         "sent: it is submitted again."
     ),
     Reason.DECLARED_LOST: "A person declared the unconfirmed attempt lost (annotation).",
+    Reason.PROVEN_ABSENT: (
+        "The unconfirmed attempt was found neither in the controller nor in accounting once "
+        "the fencing window had passed, with slurmctld's queue to slurmdbd empty: it was "
+        "never created, and the next attempt is submitted without a person."
+    ),
     Reason.INVALID_SPEC: "The spec cannot run on this site; the message names the field.",
     Reason.TENANT_UNKNOWN: (
         "The site has a tenants file and the SlurmJob's namespace belongs to no tenant: "
@@ -130,6 +136,7 @@ WRITTEN: frozenset[Written] = frozenset(
         (C.SUBMITTED, _U, R.SUBMISSION_UNCONFIRMED),
         (C.READY, _F, R.SUBMISSION_UNCONFIRMED),
         (C.SUBMITTED, _F, R.DECLARED_LOST),
+        (C.SUBMITTED, _F, R.PROVEN_ABSENT),
         *(
             (cond, _F, reason)
             for cond in (C.SUBMITTED, C.READY)

@@ -56,7 +56,9 @@ def next_step(status: SlurmJobStatus) -> Step:
         return Step.RETRY
     if attempt.job_id is None:
         # A person declared this unconfirmed submission lost: the only way past adoption.
-        return Step.SUBMIT if attempt.declared_lost else Step.ADOPT
+        # Declared lost by a person, or proven absent: the only ways past adoption.
+        gone = attempt.declared_lost or attempt.proven_absent_at is not None
+        return Step.SUBMIT if gone else Step.ADOPT
     if not attempt.confirmed:
         return Step.CONFIRM
     return Step.TRACK
@@ -249,6 +251,37 @@ def confirmed(status: SlurmJobStatus, sluid: str | None) -> SlurmJobStatus:
         return status
     attempt = attempt.model_copy(update={"confirmed": True, "sluid": sluid or attempt.sluid})
     return status.model_copy(update={"attempts": replace_attempt(status, attempt)})
+
+
+def proven_absent(
+    status: SlurmJobStatus, waited: float, generation: int | None, now: datetime
+) -> Transition:
+    """The unconfirmed attempt is proven never created (`core.absence`): stop searching,
+    allow a new attempt, as a person's declaration does."""
+    attempt = status.current_attempt
+    if attempt is None or attempt.job_id is not None:
+        return Transition(status)
+    attempt = attempt.model_copy(
+        update={"proven_absent_at": rfc3339(now), "reason": Reason.PROVEN_ABSENT}
+    )
+    text = (
+        f"attempt {attempt.number} ({attempt.job_name}) proven absent: after {waited:.0f} s "
+        "neither slurmctld nor accounting has it, and slurmctld has nothing queued for "
+        "slurmdbd; its files are kept; a new attempt follows"
+    )
+    new = with_conditions(
+        status,
+        [(SUBMITTED, "False", Reason.PROVEN_ABSENT, text)],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "attempts": replace_attempt(status, attempt),
+            "phase": Phase.PENDING,
+            "message": text,
+        }
+    )
+    return Transition(new, (Event(WARNING, Reason.PROVEN_ABSENT, text),))
 
 
 def declared_lost(status: SlurmJobStatus, generation: int | None, now: datetime) -> Transition:

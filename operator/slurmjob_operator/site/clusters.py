@@ -32,6 +32,7 @@ PER_CLUSTER: dict[str, str] = {
     "jwt_key_file": "slurm_jwt_key_file",
     "jwt_lifespan": "slurm_jwt_lifespan",
     "rest_timeout": "slurm_rest_timeout",
+    "message_timeout": "slurm_message_timeout",
     "tls_verify": "slurm_tls_verify",
     "ca_bundle": "slurm_ca_bundle",
     "partition": "slurm_partition",
@@ -61,6 +62,7 @@ class ClusterEntry(BaseModel):
     jwt_key_file: Path | None = None
     jwt_lifespan: int | None = None
     rest_timeout: float | None = None
+    message_timeout: float | None = None
     tls_verify: bool | None = None
     ca_bundle: Path | None = None
     partition: str | None = None

@@ -51,7 +51,12 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.exchange import OnRequest, Requester
 from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
-from slurmjob_operator.slurm.nodes import NodeInfo, parse_nodes, parse_partition_names
+from slurmjob_operator.slurm.nodes import (
+    NodeInfo,
+    parse_dbd_queue,
+    parse_nodes,
+    parse_partition_names,
+)
 
 DEFAULT_LOOKBACK = timedelta(days=7)
 _NO_CHANGE_TEXT = "no job changes"
@@ -342,6 +347,13 @@ class SlurmClient:
             "DELETE", template, template, body=self._dialect.kill_jobs_body(sent)
         )
         return answer.parse(lambda p: self._dialect.parse_kill_jobs(p, sent), template, "DELETE")
+
+    async def dbd_queue(self) -> int | None:
+        """Job records slurmctld has yet to send to slurmdbd (`GET /diag`); None when the
+        answer does not say."""
+        template = self._slurm("/diag")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_dbd_queue, template)
 
     async def list_partitions(self) -> list[str]:
         """Names of the partitions the controller knows."""

@@ -58,3 +58,13 @@ def parse_partition_names(payload: Mapping[str, Any]) -> list[str]:
         for p in payload.get("partitions") or []
         if isinstance(p, Mapping) and p.get("name")
     ]
+
+
+def parse_dbd_queue(payload: Mapping[str, Any]) -> int | None:
+    """`statistics.dbd_agent_queue_size` of `GET /slurm/V/diag`: the records slurmctld still
+    has to send to slurmdbd (None when the answer does not say, or says nonsense)."""
+    stats = payload.get("statistics")
+    value = stats.get("dbd_agent_queue_size") if isinstance(stats, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value

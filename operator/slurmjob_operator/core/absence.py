@@ -1,0 +1,78 @@
+"""When an unconfirmed submit may be proven absent, so that the next attempt needs no person.
+
+After a submit whose answer was lost the job may exist. It is proven absent only where the
+proof is sound:
+
+- the fencing window has passed since the request could last have been sent: the slurmrestd
+  request timeout (how long a sender waits), plus slurmctld's `MessageTimeout` (how long
+  slurmctld may take with it), plus a margin;
+- accounting answers through slurmrestd: a job that ran and was purged from the controller is
+  still there (without accounting a purged job looks exactly like one never created);
+- slurmctld has nothing queued for slurmdbd (`dbd_agent_queue_size` 0 in `GET /diag`), both
+  before the lookup and again after it: job records reach slurmdbd asynchronously, so a job
+  purged from the controller while its record waits in that queue would be in neither;
+- and the lookup by exact name (controller and accounting) found no job of the attempt.
+
+Anything else leaves the attempt unconfirmed, searched for every poll interval, and the
+`slurmjob.io/declare-lost` annotation remains the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """How a cluster's unconfirmed submits end when nothing is found."""
+
+    PROOF = "proof"  # proven absent after the window (accounting answers)
+    MANUAL = "manual"  # a person declares them lost (no accounting)
+
+
+class Next(StrEnum):
+    WAIT = "wait"  # the window has not passed: search again later
+    MANUAL = "manual"  # no sound proof here: only a person can declare it lost
+    PROVE = "prove"  # check the dbd queue, look up, check the queue again
+
+
+class Verdict(StrEnum):
+    FOUND = "found"  # a job of the attempt exists: adopt it
+    LAGGING = "lagging"  # slurmctld has records queued for slurmdbd (or did not say)
+    PROVEN = "proven"  # absent: the next attempt may be submitted
+
+
+@dataclass(frozen=True)
+class Window:
+    """The fencing window, in seconds."""
+
+    rest_timeout: float
+    message_timeout: float
+    margin: float
+
+    @property
+    def seconds(self) -> float:
+        return self.rest_timeout + self.message_timeout + self.margin
+
+
+def mode(accounting: bool | None) -> Mode:
+    return Mode.PROOF if accounting else Mode.MANUAL
+
+
+def next_check(waited: float, window: Window, accounting: bool | None) -> Next:
+    """`waited`: seconds since the request could last have been sent (for this process: since
+    it first found the attempt unconfirmed and not in Slurm)."""
+    if not accounting:
+        return Next.MANUAL
+    if waited < window.seconds:
+        return Next.WAIT
+    return Next.PROVE
+
+
+def verdict(queue_before: int | None, found: bool, queue_after: int | None) -> Verdict:
+    """From the two `dbd_agent_queue_size` readings around the lookup (None: not given)."""
+    if found:
+        return Verdict.FOUND
+    if queue_before != 0 or queue_after != 0:
+        return Verdict.LAGGING
+    return Verdict.PROVEN
