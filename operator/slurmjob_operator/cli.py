@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,6 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INVALID = 2
 # `run` lost the Lease: the process ends at once (nothing it started may go on).
-EXIT_LEADERSHIP_LOST = 3
 
 
 class InputError(ValueError):
@@ -118,11 +116,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         return EXIT_OK
     from slurmjob_operator.election import run_with_lease
 
-    clean = asyncio.run(run_with_lease(settings, namespaces=args.namespace, liveness=args.liveness))
-    if not clean:
-        # Leadership lost: nothing this process started may go on; a restart stands by anew.
-        logging.shutdown()
-        os._exit(EXIT_LEADERSHIP_LOST)
+    # A lost Lease ends the process inside (exit status 3): nothing it started may go on.
+    asyncio.run(run_with_lease(settings, namespaces=args.namespace, liveness=args.liveness))
     return EXIT_OK
 
 
