@@ -19,7 +19,7 @@ import yaml
 
 from slurmjob_operator import GROUP, KIND, VERSION
 from slurmjob_operator.api.errors import SpecError
-from slurmjob_operator.config import ConfigError
+from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.catalogs import CatalogError
 from slurmjob_operator.site.render import RenderError
 from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
@@ -87,12 +87,26 @@ class _QuietWatchHandler(logging.Filter):
         return "Handler 'watched' succeeded" not in record.getMessage()
 
 
+def _check_site(settings: Settings) -> None:
+    """Every cluster's settings and site files as the operator will load them, before the
+    Lease is sought: a bad file stops the process (exit 2 names it) instead of a leader whose
+    startup fails over and over."""
+    from slurmjob_operator.controller.pipeline import Site
+    from slurmjob_operator.site.clusters import cluster_names, load_clusters
+
+    sites = load_clusters(settings)
+    names = cluster_names(sites, settings.cluster_name).names
+    for site in sites:
+        Site.load(site.settings, names).check_tenant_users()
+
+
 def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     import kopf
 
     from slurmjob_operator.config import Settings
 
     settings = Settings.from_env()  # refuse bad settings before kopf starts (exit 2 names it)
+    _check_site(settings)
     import slurmjob_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(
