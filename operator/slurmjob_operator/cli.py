@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 
 from slurmjob_operator import GROUP, KIND, VERSION
 from slurmjob_operator.api.errors import SpecError
-from slurmjob_operator.config import ConfigError
+from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.catalogs import CatalogError
 from slurmjob_operator.site.render import RenderError
 from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
@@ -29,7 +28,6 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INVALID = 2
 # `run` lost the Lease: the process ends at once (nothing it started may go on).
-EXIT_LEADERSHIP_LOST = 3
 
 
 class InputError(ValueError):
@@ -89,12 +87,26 @@ class _QuietWatchHandler(logging.Filter):
         return "Handler 'watched' succeeded" not in record.getMessage()
 
 
+def _check_site(settings: Settings) -> None:
+    """Every cluster's settings and site files as the operator will load them, before the
+    Lease is sought: a bad file stops the process (exit 2 names it) instead of a leader whose
+    startup fails over and over."""
+    from slurmjob_operator.controller.pipeline import Site
+    from slurmjob_operator.site.clusters import cluster_names, load_clusters
+
+    sites = load_clusters(settings)
+    names = cluster_names(sites, settings.cluster_name).names
+    for site in sites:
+        Site.load(site.settings, names).check_tenant_users()
+
+
 def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     import kopf
 
     from slurmjob_operator.config import Settings
 
     settings = Settings.from_env()  # refuse bad settings before kopf starts (exit 2 names it)
+    _check_site(settings)
     import slurmjob_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(
@@ -118,11 +130,8 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         return EXIT_OK
     from slurmjob_operator.election import run_with_lease
 
-    clean = asyncio.run(run_with_lease(settings, namespaces=args.namespace, liveness=args.liveness))
-    if not clean:
-        # Leadership lost: nothing this process started may go on; a restart stands by anew.
-        logging.shutdown()
-        os._exit(EXIT_LEADERSHIP_LOST)
+    # A lost Lease ends the process inside (exit status 3): nothing it started may go on.
+    asyncio.run(run_with_lease(settings, namespaces=args.namespace, liveness=args.liveness))
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
@@ -42,6 +43,10 @@ from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
+
+
+#: The exit status of a leader that lost its Lease (the pod restarts it as a standby).
+EXIT_LEADERSHIP_LOST = 3
 
 
 class LeadershipLost(Exception):
@@ -329,7 +334,14 @@ async def run_with_lease(
 
     try:
         grace = (settings.lease_duration - settings.lease_renew_deadline) / 2
-        return await run_elected(elector, lead, grace=grace)
+        clean = await run_elected(elector, lead, grace=grace)
+        if not clean:
+            # Now, not after the cleanup below: the label, the connections and the event
+            # loop's teardown (which waits for worker threads) could take the process past the
+            # moment the standby may take over. A restarted container labels itself first.
+            logging.shutdown()
+            os._exit(EXIT_LEADERSHIP_LOST)
+        return clean
     finally:
         if labels is not None:
             await labels.flush(settings.lease_retry_period)

@@ -45,14 +45,23 @@ TWO = Clusters(("east", "west"))
         (None, [], "gone", "east"),  # a tenant default no longer configured
         ("west", ["east"], None, "east"),  # where the attempts went, whatever the spec says
         (None, ["west", "east"], "west", "east"),  # the latest attempt's
-        (None, [None], "west", "east"),  # a one-cluster release's attempt: the first's
-        ("west", ["retired"], None, "east"),  # a cluster no longer configured
+        (None, [None], "west", None),  # a one-cluster release's: which one cannot be told
+        ("west", ["retired"], None, None),  # a cluster no longer configured: nobody's
     ],
 )
 def test_placement(
-    spec_cluster: str | None, attempts: list[str | None], tenant_default: str | None, placed: str
+    spec_cluster: str | None,
+    attempts: list[str | None],
+    tenant_default: str | None,
+    placed: str | None,
 ) -> None:
     assert TWO.place(spec_cluster, attempts, tenant_default) == placed
+
+
+def test_an_unnamed_attempt_belongs_to_the_cluster_named_as_the_one_cluster_was() -> None:
+    assert Clusters(("east", "west"), legacy="west").place(None, [None]) == "west"
+    assert Clusters(("east", "west"), legacy="default").place(None, [None]) is None
+    assert Clusters(("only",), legacy="default").place(None, [None]) == "only"
 
 
 @given(
@@ -64,9 +73,12 @@ def test_placement_is_always_a_known_cluster_and_sticks_to_the_attempts(
     spec: str | None, attempts: list[str | None], tenant: str | None
 ) -> None:
     placed = TWO.place(spec, attempts, tenant)
-    assert placed in TWO.names
-    if attempts and attempts[-1] in TWO.names:
+    if not attempts:
+        assert placed in TWO.names
+    elif attempts[-1] in TWO.names:
         assert placed == attempts[-1]
+    else:  # never another cluster's job on this one
+        assert placed is None
 
 
 def test_refusal_names_the_field_and_the_known_clusters() -> None:
@@ -185,7 +197,7 @@ def test_a_missing_clusters_file_is_refused(tmp_path: Path) -> None:
 
 
 class Two:
-    def __init__(self, root: Path, **settings: Any) -> None:
+    def __init__(self, root: Path, clusters: Clusters = TWO, **settings: Any) -> None:
         self.store = MemoryStore()
         self.slurm = {"east": MemorySlurm(), "west": MemorySlurm()}
         self.metrics = Metrics()
@@ -197,11 +209,11 @@ class Two:
                 self.metrics,
                 token=StubToken(),  # type: ignore[arg-type]
                 link=self.slurm[name],  # type: ignore[arg-type]
-                clusters=TWO,
+                clusters=clusters,
             )
-            for name in TWO.names
+            for name in clusters.names
         ]
-        self.fleet = Fleet(members, TWO)
+        self.fleet = Fleet(members, clusters)
 
     async def reconcile(self, ref: Any) -> None:
         body = self.store.objects[(ref.namespace, ref.name)]
@@ -263,22 +275,44 @@ async def test_a_cluster_that_is_down_marks_only_its_own_jobs(tmp_path: Path) ->
     assert get_condition(two.store.status(refs["west"]).conditions, "SlurmReachable") is None
 
 
-async def test_a_status_of_a_one_cluster_release_stays_with_the_first(tmp_path: Path) -> None:
-    two = Two(tmp_path)
-    ref = two.store.create("old", {**cpu_spec()})
+def _old_status(two: Two, name: str, cluster: str | None) -> Any:
+    ref = two.store.create(name, cpu_spec())
     body = two.store.objects[(ref.namespace, ref.name)]
-    body["status"] = {
-        "phase": "Running",
-        "slurmJobId": 7,
-        "attempts": [{"number": 1, "jobName": "sj-old", "jobId": 7, "confirmed": True}],
-    }
-    assert two.fleet.owner(ResourceView.of(body)).name == "east"
+    attempt = {"number": 1, "jobName": f"sj-{name}", "jobId": 7, "confirmed": True}
+    if cluster is not None:
+        attempt["cluster"] = cluster
+    body["status"] = {"phase": "Running", "slurmJobId": 7, "attempts": [attempt]}
+    return ref, body
+
+
+async def test_a_status_of_a_one_cluster_release_stays_with_its_cluster(tmp_path: Path) -> None:
+    two = Two(tmp_path, clusters=Clusters(("east", "west"), legacy="west"))
+    _, body = _old_status(two, "old", None)
+    assert two.fleet.owner(ResourceView.of(body)).name == "west"  # type: ignore[union-attr]
     two.fleet.observe_body(body)
     east, west = two.fleet.members
-    assert [t.job_id for t in east.followed()] == [7]
-    assert west.followed() == []
+    assert east.followed() == []
+    assert [t.job_id for t in west.followed()] == [7]
     two.fleet.observe_body(body, deleted=True)
     assert two.fleet.followed() == []
+
+
+@pytest.mark.parametrize("cluster", [None, "retired"])
+async def test_an_attempt_of_no_configured_cluster_is_left_alone(
+    tmp_path: Path, cluster: str | None
+) -> None:
+    two = Two(tmp_path)  # two clusters, none named as the old one cluster was
+    ref, body = _old_status(two, "orphan", cluster)
+    two.fleet.observe_body(body)
+    assert two.fleet.followed() == []  # no cluster's lookups may call its job lost
+    with pytest.raises(RetryLater, match="not one of this operator's"):
+        await two.fleet.reconcile(ref, body)
+    # Deleting it keeps the finalizer: its job may still run where it was sent.
+    with pytest.raises(RetryLater):
+        await two.fleet.finalize(body)
+    assert [r for _, r, _ in two.store.events] == ["ClusterUnknown"]
+    assert not two.slurm["east"].calls
+    assert not two.slurm["west"].calls
 
 
 def _tenants(root: Path) -> Path:
@@ -356,3 +390,55 @@ def test_render_renders_as_the_cluster_the_job_goes_to(tmp_path: Path) -> None:
     assert partition(cpu_spec(cluster="west")) == "a100"
     with pytest.raises(SpecError, match=r"spec.cluster: 'north' is not a cluster"):
         partition(cpu_spec(cluster="north"))
+
+
+def test_a_cluster_with_its_own_slurmrestd_never_gets_the_operators_token(tmp_path: Path) -> None:
+    base = Settings(
+        slurm_rest_url="http://east:6820",
+        slurm_jwt_file=tmp_path / "east.token",
+        slurm_ca_bundle=tmp_path / "east-ca.pem",
+        slurm_partition="batch",
+    )
+    bare = _file(
+        tmp_path, {"clusters": [{"name": "east"}, {"name": "west", "restUrl": "https://w"}]}
+    )
+    with pytest.raises(ConfigError, match=r"clusters\[1\]: jwtFile or jwtKeyFile is required"):
+        load_clusters(base.model_copy(update={"clusters_file": bare}))
+    own = _file(
+        tmp_path,
+        {
+            "clusters": [
+                {"name": "east"},
+                {
+                    "name": "west",
+                    "restUrl": "https://w",
+                    "jwtKeyFile": str(tmp_path / "w.key"),
+                    "partition": None,
+                },
+                {"name": "same", "restUrl": "http://east:6820"},  # the same server: inherits
+            ]
+        },
+    )
+    _, west, same = load_clusters(base.model_copy(update={"clusters_file": own}))
+    assert west.settings.slurm_jwt_file is None
+    assert west.settings.slurm_jwt_key_file == tmp_path / "w.key"
+    assert west.settings.slurm_ca_bundle is None  # east's CA is east's
+    assert west.settings.slurm_partition is None  # an explicit null unsets the shared default
+    assert same.settings.slurm_jwt_file == tmp_path / "east.token"
+    assert same.settings.slurm_ca_bundle == tmp_path / "east-ca.pem"
+
+
+async def test_a_tenant_off_the_first_cluster_goes_to_the_first_it_may_use(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    tenant = {
+        "name": "team-w",
+        "namespaces": ["team-w"],
+        "accounts": ["w"],
+        "partitions": ["debug"],
+    }
+    path.write_text(json.dumps({"tenants": [{**tenant, "clusters": {"west": {}}}]}))
+    two = Two(tmp_path, tenants_file=path)
+    ref = two.store.create("w", cpu_spec(), namespace="team-w")
+    await two.reconcile(ref)
+    [attempt] = two.store.status(ref).attempts
+    assert attempt.cluster == "west"

@@ -12,11 +12,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
 
-from slurmjob_operator.api.model import Model as _Model
+from slurmjob_operator.api.model import Model
 from slurmjob_operator.times import rfc3339
+
+
+class _Model(Model):
+    # A status a newer release wrote is read by this one (a rollback, or two releases side by
+    # side during an upgrade): fields it does not know are left out, not refused.
+    model_config = ConfigDict(**{**Model.model_config, "extra": "ignore"})
+
 
 # metav1.Condition's own limits and patterns, so a condition the operator writes is also a
 # valid Kubernetes condition.

@@ -43,6 +43,7 @@ class Controller:
         token: TokenProvider | None = None,
         link: ClientSource | None = None,
         clusters: Clusters | None = None,
+        submit_slots: FairLimiter[str] | None = None,
     ) -> None:
         """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
         (None: this one alone)."""
@@ -67,8 +68,9 @@ class Controller:
         self._following = Following(
             settings, self._edge, self.slurm, self.reconcile, backoff, job_uid=self.site.job_uid
         )
-        # One for the process: submits in progress at once, the waiting ones by namespace.
-        self.submit_slots = FairLimiter[str](
+        # One for the process (the fleet's clusters share it): submits in progress at once,
+        # the waiting ones by namespace.
+        self.submit_slots = submit_slots or FairLimiter[str](
             settings.submit_concurrency, on_waiting=metrics.waiting_submissions.set
         )
         self._submission = Submission(
@@ -113,6 +115,9 @@ class Controller:
         await self._following.report_reachability(
             self.registry.followed(), reachable, reason, message
         )
+
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        await self._edge.event(ref, type_, reason, message)
 
     def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
         """Every watch event: what the poller must follow."""

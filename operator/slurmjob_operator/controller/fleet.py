@@ -8,6 +8,7 @@ kopf's handlers talk to; it holds no state of its own besides the members.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +16,13 @@ from typing import Any
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
+from slurmjob_operator.controller.resource import RetryLater
 from slurmjob_operator.core.placement import Clusters
+
+log = logging.getLogger(__name__)
+
+# Seconds between two looks at a resource whose cluster is not configured.
+UNPLACED_RETRY = 300.0
 
 
 class Fleet:
@@ -26,44 +33,76 @@ class Fleet:
         self.clusters = clusters
         self.members = members
         self._by_name = {m.name: m for m in members}
+        self._told: set[str] = set()  # uids whose unplaced attempt was reported
 
     @property
     def default(self) -> Controller:
         return self.members[0]
 
-    def owner(self, view: ResourceView) -> Controller:
-        """The controller of the cluster the resource belongs to."""
-        if len(self.members) == 1:
-            return self.default
+    def owner(self, view: ResourceView) -> Controller | None:
+        """The controller of the cluster the resource belongs to; None when its attempt's
+        cluster is not configured (`core.placement`)."""
         tenant_default = None
         tenants = self.default.site.tenants
         if tenants is not None and not view.status.attempts:
             tenant_default = tenants.default_cluster(view.ref.namespace)
+            tenant = tenants.get(view.ref.namespace)
+            if tenant_default is None and tenant is not None and tenant.clusters:
+                # A tenant kept off the first cluster goes to the first it may use, rather
+                # than being refused for a spec.cluster its user never wrote.
+                allowed = [c for c in tenant.clusters if c in self.clusters.names]
+                if allowed and self.clusters.default not in allowed:
+                    tenant_default = allowed[0]
         name = self.clusters.place(
             view.spec_cluster, [a.cluster for a in view.status.attempts], tenant_default
         )
-        return self._by_name[name]
+        return self._by_name[name] if name is not None else None
 
-    def _of(self, body: Mapping[str, Any]) -> Controller:
-        return self.owner(ResourceView.of(body))
+    async def _unplaced(self, view: ResourceView) -> None:
+        attempt = view.status.current_attempt
+        cluster = attempt.cluster if attempt is not None else None
+        message = (
+            f"attempt {attempt.number if attempt else '?'} was submitted to cluster "
+            f"{cluster or '(unnamed)'}, which is not one of this operator's "
+            f"({', '.join(self.clusters.names)}): it is neither followed nor cancelled "
+            "until that cluster is configured again"
+            + (
+                " (an unnamed attempt belongs to the cluster named SLURMJOB_CLUSTER_NAME)"
+                if cluster is None
+                else ""
+            )
+        )
+        if view.ref.uid not in self._told:
+            self._told.add(view.ref.uid)
+            log.warning("%s/%s: %s", view.ref.namespace, view.ref.name, message)
+            await self.default.event(view.ref, "Warning", "ClusterUnknown", message)
+        raise RetryLater(message, UNPLACED_RETRY)
 
     async def reconcile(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
-        await self._of(body).reconcile(ref, body)
+        view = ResourceView.of(body)
+        owner = self.owner(view)
+        if owner is None:
+            await self._unplaced(view)
+            return
+        await owner.reconcile(ref, body)
 
     async def finalize(self, body: Mapping[str, Any]) -> None:
-        await self._of(body).finalize(body)
+        view = ResourceView.of(body)
+        owner = self.owner(view)
+        if owner is None:
+            # The finalizer stays: its job may still run on the cluster that is gone.
+            await self._unplaced(view)
+            return
+        await owner.finalize(body)
 
     def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
-        if deleted:
-            for member in self.members:
-                member.observe_body(body, deleted=True)
-            return
-        owner = self._of(body)
-        owner.observe_body(body)
-        # A resource is followed by one cluster's part only (its placement never changes
+        owner = None if deleted else self.owner(ResourceView.of(body))
+        # A resource is followed by one cluster's part at most (its placement never changes
         # once an attempt is recorded; before that nothing follows it anywhere).
         for member in self.members:
-            if member is not owner:
+            if member is owner:
+                member.observe_body(body)
+            else:
                 member.observe_body(body, deleted=True)
 
     def followed(self) -> list[Tracked]:

@@ -208,11 +208,11 @@ def render_manifest(
     meta = manifest.get("metadata") or {}
     # With several clusters, as the cluster the operator would send it to renders it.
     sites = load_clusters(settings)
-    clusters = cluster_names(sites)
+    clusters = cluster_names(sites, settings.cluster_name)
     first = Site.load(sites[0].settings, clusters.names)
     namespace = str(meta.get("namespace") or "default")
     tenant_default = first.tenants.default_cluster(namespace) if first.tenants else None
-    wanted = clusters.place(spec.cluster, [], tenant_default)
+    wanted = clusters.choose(spec.cluster, tenant_default)
     refused = clusters.refusal(spec.cluster, wanted)
     if refused is not None:
         raise SpecError([refused])

@@ -329,9 +329,27 @@ class Submission:
                 staging_dir=str(staging),
                 generation=view.generation,
                 now=utc_now(),
-                cluster=self.cluster,
+                # Named only with several clusters: a status the previous release (one
+                # cluster) cannot read would stop it following its jobs after a rollback.
+                cluster=self.cluster if len(self.clusters.names) > 1 else None,
             ),
         )
+        current = view.status.current_attempt
+        if len(self.clusters.names) > 1 and (current is None or current.cluster != self.cluster):
+            # The apiserver pruned the field (a CRD older than this release): the attempt
+            # would be followed on whichever cluster an unnamed attempt belongs to.
+            text = (
+                "the installed SlurmJob CRD drops status.attempts[].cluster, which several "
+                "clusters need: apply the CRD of this release (kubectl apply --server-side -f "
+                "charts/slurmjob-operator/crds/); nothing was sent"
+            )
+            log.error("%s/%s: %s", view.ref.namespace, view.ref.name, text)
+            # Before anything is staged or sent: the attempt is forgotten, as if never made.
+            await self.edge.apply(
+                view,
+                not_submitted(view.status, Reason.SUBMIT_FAILED, text, view.generation, utc_now()),
+            )
+            raise RetryLater(text, self._backoff)
         try:
             await asyncio.to_thread(stage, prepared, self.settings)
             # As the tenant's Slurm user: the job is its, and runs as its uid.

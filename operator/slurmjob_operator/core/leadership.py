@@ -13,6 +13,7 @@ which the write-ahead record and adoption make safe.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -96,7 +97,8 @@ def next_move(
 
 
 def _seconds(timing: Timing) -> int:
-    return max(1, round(timing.lease_duration))
+    # Up, never down: a standby must not count a shorter lease than the leader keeps to.
+    return max(1, math.ceil(timing.lease_duration))
 
 
 def still_leading(last_renewed: float | None, now: float, timing: Timing) -> bool:

@@ -13,6 +13,7 @@ import kopf
 from slurmjob_operator import GROUP
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.kube import KubeApi
@@ -45,17 +46,30 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     config = Settings.from_env()
     sites = load_clusters(config)
-    clusters = cluster_names(sites)
+    clusters = cluster_names(sites, config.cluster_name)
     kube = await KubeApi.connect()
     # Under leader election `run` made it before the Lease was won (a standby serves the
     # leader gauge too); kopf passes it in the memo.
     metrics = memo.get("metrics") or Metrics()
     if config.metrics_port and not metrics.serving:
         metrics.start_http_server(config.metrics_port)
-    members = [
-        Controller(site.settings, kube, open_transport(site.settings), metrics, clusters=clusters)
-        for site in sites
-    ]
+    slots = FairLimiter[str](config.submit_concurrency, on_waiting=metrics.waiting_submissions.set)
+    members: list[Controller] = []
+    opened = []
+    try:
+        for site in sites:
+            opened.append(open_transport(site.settings))
+            members.append(
+                Controller(
+                    site.settings, kube, opened[-1], metrics, clusters=clusters, submit_slots=slots
+                )
+            )
+    except BaseException:
+        # kopf retries a failed startup: nothing opened here may be left behind.
+        for transport in opened:
+            await transport.close()
+        await kube.close()
+        raise
     fleet = Fleet(members, clusters)
     memo.controller = fleet
     memo.pollers = [

@@ -47,6 +47,9 @@ PER_CLUSTER: dict[str, str] = {
 }
 # One way to authenticate: a cluster that names one does not inherit the other.
 _CREDENTIALS = ("jwt_file", "jwt_key_file")
+# What belongs to one slurmrestd: a cluster with a slurmrestd of its own never inherits it
+# (the operator's token or signing key must not be sent to another server unasked).
+_SERVER_BOUND = (*_CREDENTIALS, "ca_bundle")
 
 
 class ClusterEntry(BaseModel):
@@ -90,11 +93,18 @@ class ClusterSite:
     settings: Settings
 
 
-def _overrides(entry: ClusterEntry) -> dict[str, Any]:
-    given = entry.model_dump(exclude={"name"}, exclude_none=True)
+def _overrides(entry: ClusterEntry, base: Settings, where: str) -> dict[str, Any]:
+    # Every key written, null included: `partition: null` unsets the shared default here.
+    given = entry.model_dump(exclude={"name"}, exclude_unset=True)
     out: dict[str, Any] = {PER_CLUSTER[key]: value for key, value in given.items()}
-    if any(key in given for key in _CREDENTIALS):
-        for key in _CREDENTIALS:
+    own_server = given.get("rest_url") not in (None, base.slurm_rest_url)
+    if own_server and not any(given.get(key) for key in _CREDENTIALS):
+        raise ConfigError(
+            f"{where}: jwtFile or jwtKeyFile is required with a restUrl of its own (the "
+            "operator's own token is never sent to another slurmrestd)"
+        )
+    if own_server or any(key in given for key in _CREDENTIALS):
+        for key in _SERVER_BOUND if own_server else _CREDENTIALS:
             out.setdefault(PER_CLUSTER[key], None)
     return out
 
@@ -104,7 +114,7 @@ def cluster_settings(base: Settings, entry: ClusterEntry, where: str) -> Setting
     entry and the key)."""
     values = {
         **base.model_dump(),
-        **_overrides(entry),
+        **_overrides(entry, base, where),
         "cluster_name": entry.name,
         "clusters_file": None,
     }
@@ -162,5 +172,6 @@ def load_clusters(settings: Settings) -> list[ClusterSite]:
     ]
 
 
-def cluster_names(sites: list[ClusterSite]) -> Clusters:
-    return Clusters(tuple(site.name for site in sites))
+def cluster_names(sites: list[ClusterSite], legacy: str | None = None) -> Clusters:
+    """`legacy`: SLURMJOB_CLUSTER_NAME, the cluster an attempt that names none belongs to."""
+    return Clusters(tuple(site.name for site in sites), legacy)
