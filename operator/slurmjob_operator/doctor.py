@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from slurmjob_operator.config import AUTO, ConfigError, Settings
+from slurmjob_operator.core.absence import Mode, Window, mode
 from slurmjob_operator.site.artifacts import ArtifactError, artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
@@ -300,6 +301,7 @@ async def _check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Rep
 
         await _step(report, "partition", _partition)
         await _check_accounting(ready, report)
+        _check_absence_mode(settings, ready, report)
         if series.series:
             try:
                 nodes = await ready.list_nodes()
@@ -337,6 +339,28 @@ async def _check_accounting(client: SlurmClient, report: Report) -> None:
             "no accounting through slurmrestd: a job purged from slurmctld (MinJobAge after "
             "its end) while the operator is away ends Unknown (JobLost), and a lost submit "
             "whose job was purged is not found again",
+        )
+
+
+def _check_absence_mode(settings: Settings, client: SlurmClient, report: Report) -> None:
+    """How an unconfirmed submit that is found nowhere ends on this cluster."""
+    window = Window(
+        settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
+    )
+    if mode(client.accounting) is Mode.PROOF:
+        report.add(
+            "exactly-once",
+            Outcome.OK,
+            f"proof mode: an unconfirmed submit found neither in slurmctld nor in accounting "
+            f"{window.seconds:.0f} s after it was sent (rest timeout + MessageTimeout + "
+            "margin), with nothing queued for slurmdbd, is proven absent and resubmitted",
+        )
+    else:
+        report.add(
+            "exactly-once",
+            Outcome.WARN,
+            "manual mode (no accounting): an unconfirmed submit found nowhere waits for a "
+            "person to check Slurm and set the slurmjob.io/declare-lost annotation",
         )
 
 

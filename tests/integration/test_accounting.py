@@ -36,7 +36,7 @@ from tests.integration.test_operator_e2e import CRD, cpu_spec
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
-from slurmjob_operator.core.jobview import JobSource, SlurmJobView
+from slurmjob_operator.core.jobview import BaseState, JobSource, SlurmJobView
 from slurmjob_operator.times import rfc3339
 
 pytestmark = pytest.mark.integration
@@ -158,3 +158,74 @@ def test_doctor_says_whether_purged_jobs_can_be_read(
         assert "/slurmdb/v0.0.45" in checks["accounting"]["detail"]
     else:
         assert "JobLost" in checks["accounting"]["detail"]
+
+
+# -- proven absent: no person needed -------------------------------------------------------
+
+# A fencing window of 3 + 2 + 2 = 7 s (the REST timeout, MessageTimeout and the margin).
+SHORT_WINDOW = {"SLURMJOB_SLURM_MESSAGE_TIMEOUT": "2", "SLURMJOB_ABSENCE_MARGIN": "2"}
+
+
+@pytest.fixture(scope="module")
+def proof_bench(
+    kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bench]:
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+    tmp = tmp_path_factory.mktemp("proof")
+    with running_bench(kube, slurm_2605, tmp, "proof", SHORT_WINDOW) as bench:
+        yield bench
+
+
+@pytest.mark.slurm2605
+def test_a_submit_that_never_reached_slurm_is_proven_absent(proof_bench: Bench) -> None:
+    bench = proof_bench
+    name = bench.name("reset")
+    fault = bench.fault(name, Action.RESET)  # the connection reset, nothing forwarded
+    bench.op.apply(name, cpu_spec(["true"]))
+    assert fault.finished.wait(30)
+    obj = bench.op.wait_phase(name, *FINAL, within=90)
+    assert _status(obj)["phase"] == "Succeeded", json.dumps(_status(obj), indent=1)
+    first, second = _attempts(obj)
+    assert first.get("provenAbsentAt")
+    assert not first.get("declaredLost")
+    assert first.get("jobId") is None
+    assert second["jobId"]
+    assert "slurmjob.io/declare-lost" not in (obj["metadata"].get("annotations") or {})
+    assert bench.proxy.submits_forwarded(first["jobName"]) == 0
+    assert bench.proxy.submits_forwarded(second["jobName"]) == 1
+    assert bench.slurm_jobs(first["jobName"]) == []
+    assert "ProvenAbsent" in bench.reasons(name)
+
+
+@pytest.mark.slurm2605
+def test_a_submit_released_after_the_window_is_cancelled_as_late(proof_bench: Bench) -> None:
+    bench = proof_bench
+    name = bench.name("late")
+    fault = bench.fault(name, Action.HOLD_REQUEST)  # held in the proxy, not yet at slurmrestd
+    # Attempt 1's job (if it ever runs) sleeps long; attempt 2's ends soon after.
+    script = 'case "$SLURM_JOB_NAME" in *-a1) sleep 120;; *) sleep 15;; esac'
+    bench.op.apply(name, cpu_spec(["bash", "-c", script]))
+    assert fault.matched.wait(30)
+    obj = bench.wait(
+        name,
+        lambda o: len(_attempts(o)) == 2 and bool(_attempts(o)[1].get("jobId")),
+        "attempt 2 submitted after attempt 1 was proven absent",
+        within=60,
+    )
+    first = _attempts(obj)[0]
+    assert first.get("provenAbsentAt")
+    fault.release(deliver=True)  # the proxy lets the old request through, too late
+    assert fault.finished.wait(30)
+    assert fault.forwarded.is_set()
+    done = bench.op.wait_phase(name, *FINAL, within=90)
+    assert _status(done)["phase"] == "Succeeded", json.dumps(_status(done), indent=1)
+    events = [e for e in bench.op.events(name) if e["reason"] == "LateSubmitCancelled"]
+    assert events, bench.reasons(name)
+    [late] = bench.slurm_jobs(first["jobName"])
+    assert late.base_state is BaseState.CANCELLED
+    assert str(late.job_id) in events[0]["message"]
+    assert "fencing window of 7 s" in events[0]["message"]
+    # Not a duplicate of attempt 2: that one ran to its end.
+    [kept] = bench.slurm_jobs(_attempts(done)[1]["jobName"])
+    assert kept.base_state is BaseState.COMPLETED

@@ -204,7 +204,11 @@ def bench(
 
 @contextlib.contextmanager
 def running_bench(
-    kube: KubeTestbed, testbed: SlurmTestbed, tmp: Path, prefix: str
+    kube: KubeTestbed,
+    testbed: SlurmTestbed,
+    tmp: Path,
+    prefix: str,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Bench]:
     """An operator in a namespace of its own, reaching `testbed`'s slurmrestd through a
     fault proxy; on the way out its SlurmJobs are deleted while it still runs."""
@@ -224,6 +228,7 @@ def running_bench(
         **direct,
         "SLURMJOB_SLURM_REST_URL": proxy.url,
         "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
+        **(extra_env or {}),
     }
     op = Operator(kube, testbed, namespace, env, tmp / "operator.log")
     op.start()

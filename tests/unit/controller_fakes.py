@@ -161,7 +161,7 @@ class MemorySlurm:
     state_sweep: bool = True
     # `GET /diag`'s dbd_agent_queue_size, one reading per call (the last one repeats); an
     # exception in the list is raised by that call.
-    dbd_queues: list[int | None | Exception] = field(default_factory=lambda: [0])
+    dbd_queues: list[int | Exception | None] = field(default_factory=lambda: [0])
 
     @property
     def dialect(self) -> SimpleNamespace:

@@ -66,7 +66,14 @@ class Controller:
         # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
         backoff = max(1.0, min(30.0, settings.poll_interval * 5))
         self._following = Following(
-            settings, self._edge, self.slurm, self.reconcile, backoff, job_uid=self.site.job_uid
+            settings,
+            self._edge,
+            self.slurm,
+            self.reconcile,
+            backoff,
+            job_uid=self.site.job_uid,
+            acting=lambda ref: self.slurm_as(self.site.slurm_user(ref.namespace)),
+            on_late=metrics.late_submits_cancelled_total.inc,
         )
         # One for the process (the fleet's clusters share it): submits in progress at once,
         # the waiting ones by namespace.

@@ -14,6 +14,8 @@ from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
+from slurmjob_operator.controller.slurmlink import cancel_quietly
+from slurmjob_operator.core.absence import Window, late_candidates
 from slurmjob_operator.core.decisions import (
     IDENTITY_MISMATCH,
     belongs,
@@ -28,19 +30,22 @@ from slurmjob_operator.core.following import (
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.jobview import ACTIVE_STATES, SlurmJobView
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmUnsupported
+from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, read_attempt_logs
 from slurmjob_operator.storage.staging import remove_secrets
 from slurmjob_operator.times import parse_rfc3339, utc_now
 
 log = logging.getLogger(__name__)
+
+#: The Event of a late job of an attempt proven absent, cancelled (`core.absence`).
+LATE_SUBMIT_CANCELLED = "LateSubmitCancelled"
 
 
 async def refuse_stranger(
@@ -77,10 +82,18 @@ class Following:
         backoff: float,
         *,
         job_uid: Callable[[str], int | None] = lambda namespace: None,
+        acting: Callable[[ObjectRef], Awaitable[SlurmClient]] | None = None,
+        on_late: Callable[[], None] = lambda: None,
     ) -> None:
         """`job_uid(namespace)`: the uid that namespace's logs belong to when it is not the
-        settings' job user (a tenant's own uid)."""
+        settings' job user (a tenant's own uid); `acting(ref)`: the client that cancels the
+        resource's jobs (its tenant's Slurm user); `on_late`: counts a late submit cancelled."""
         self.settings = settings
+        self._acting = acting
+        self._on_late = on_late
+        self._window = Window(
+            settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
+        )
         self._job_uid = job_uid
         self.edge = edge
         self.slurm = slurm
@@ -149,6 +162,8 @@ class Following:
             else:
                 obs = observe(views)
                 transition = observed(status, obs, generation, now)
+        if not logs_only:
+            await self._cancel_late(view, status)
         new = transition.status
         logs: Logs | None = None
         if attempt.staging_dir:
@@ -169,6 +184,39 @@ class Following:
         if transition.status.next_attempt_at is not None:
             self._retry_later(view.ref, transition.status.next_attempt_at)
         return True
+
+    async def _cancel_late(self, view: ResourceView, status: SlurmJobStatus) -> None:
+        """A job of an attempt proven absent that shows up after all (its request held in a
+        proxy longer than the fencing window) duplicates the newer attempt: cancel it and say
+        that the window was too short. Looked for at each fold, for a while after the proof."""
+        now = utc_now()
+        for attempt in late_candidates(status.attempts, now, self._window):
+            try:
+                client = await self.slurm()
+                found = await client.find_by_name(attempt.job_name)
+            except SlurmError as exc:
+                log.info("looking for late jobs of %s: %s", attempt.job_name, exc)
+                continue
+            late = [
+                job
+                for job in found
+                if belongs(job, view.ref.uid, attempt) and job.base_state in ACTIVE_STATES
+            ]
+            for job in late:
+                acting = await (self._acting(view.ref) if self._acting else self.slurm())
+                await cancel_quietly(acting, job.job_id)
+                self._on_late()
+                proven = parse_rfc3339(attempt.proven_absent_at)
+                after = (now - proven).total_seconds() if proven else 0.0
+                text = (
+                    f"Slurm job {job.job_id} of attempt {attempt.number} appeared {after:.0f} s "
+                    "after that attempt was proven absent (its request was held longer than "
+                    f"the fencing window of {self._window.seconds:.0f} s: raise "
+                    "SLURMJOB_ABSENCE_MARGIN); cancelled as a duplicate of attempt "
+                    f"{status.attempts[-1].number}"
+                )
+                log.warning("%s/%s: %s", view.ref.namespace, view.ref.name, text)
+                await self.edge.event(view.ref, "Warning", LATE_SUBMIT_CANCELLED, text)
 
     def _after_failure(
         self,

@@ -19,8 +19,13 @@ Anything else leaves the attempt unconfirmed, searched for every poll interval, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.times import parse_rfc3339
 
 
 class Mode(StrEnum):
@@ -76,3 +81,21 @@ def verdict(queue_before: int | None, found: bool, queue_after: int | None) -> V
     if queue_before != 0 or queue_after != 0:
         return Verdict.LAGGING
     return Verdict.PROVEN
+
+
+#: How long after a proof a late job of that attempt is still looked for: 20 fencing windows,
+#: at least 10 minutes (a request held that much longer is not expected from any proxy).
+LATE_HORIZON_WINDOWS = 20
+LATE_HORIZON_FLOOR = timedelta(minutes=10)
+
+
+def late_candidates(attempts: Sequence[Attempt], now: datetime, window: Window) -> list[Attempt]:
+    """The attempts proven absent recently enough that a late job of theirs is looked for
+    (and cancelled as a duplicate of the newer attempt, which is not among them)."""
+    horizon = max(timedelta(seconds=window.seconds * LATE_HORIZON_WINDOWS), LATE_HORIZON_FLOOR)
+    out: list[Attempt] = []
+    for attempt in attempts[:-1]:
+        proven = parse_rfc3339(attempt.proven_absent_at)
+        if proven is not None and now - proven <= horizon:
+            out.append(attempt)
+    return out
