@@ -81,7 +81,14 @@ KILLS = ("kill-before-post", "kill-after-post", "kill-after-status")
 NETWORK = ("none", "drop", "delay", "502-after", "500-after", "reset", "502-before", "duplicate")
 ADOPTING = ("drop", "delay", "502-after", "500-after", "duplicate", "kill-after-post")
 FINAL = ("Succeeded", "Failed", "Cancelled", "Unknown")
-HA_LEASE = (4.0, 3.0, 0.5)  # --ha: lease duration, renew deadline, retry period (s)
+HA_LEASE = (4.0, 3.0, 0.5)
+COMMANDS = {
+    # A duplicate must outlive the adoption to be cancelled: it runs a while.
+    "duplicate": ["sleep", "20"],
+    # The late job (attempt 1's, let through after attempt 2 went out) must still run when
+    # attempt 2's end is folded, which is where it is looked for.
+    "late": ["bash", "-c", 'case "$SLURM_JOB_NAME" in *-a1) sleep 90;; *) sleep 20;; esac'],
+}  # --ha: lease duration, renew deadline, retry period (s)
 
 
 @dataclass
@@ -100,6 +107,9 @@ class Trial:
     attempts: int = 0
     adopted: bool = False
     declared_lost: int = 0
+    proven_absent: int = 0
+    late_released: bool = False
+    late_outcome: str | None = None
     collateral: bool = False
     replayed: bool = False
     duplicate_outcome: str | None = None
@@ -142,6 +152,9 @@ class Soak:
             **self.direct_env,
             "SLURMJOB_SLURM_REST_URL": self.proxy.url,
             "SLURMJOB_SLURM_REST_TIMEOUT": str(REST_TIMEOUT),
+            # The fencing window of absence proofs: 3 + 2 + 2 = 7 s (the defaults give 70 s).
+            "SLURMJOB_SLURM_MESSAGE_TIMEOUT": "2",
+            "SLURMJOB_ABSENCE_MARGIN": "2",
         }
         if args.ha:
             # One Lease, two identities: the pair elects one leader.
@@ -227,8 +240,7 @@ class Soak:
                 "apiVersion": "slurmjob.io/v1alpha1",
                 "kind": "SlurmJob",
                 "metadata": {"name": t.name, "namespace": self.namespace},
-                # A duplicate must outlive the adoption to be cancelled: it runs a while.
-                "spec": cpu_spec(["sleep", "20"] if t.kind == "duplicate" else ["true"]),
+                "spec": cpu_spec(COMMANDS.get(t.kind, ["true"])),
             }
             for t in trials
         ]
@@ -250,6 +262,7 @@ class Soak:
             "502-before": (Action.ANSWER_5XX, {"status": 502}),
             "duplicate": (Action.HOLD_RESPONSE, {}),
             "kill-before-post": (Action.HOLD_REQUEST, {}),
+            "late": (Action.HOLD_REQUEST, {}),
             "kill-after-post": (Action.HOLD_RESPONSE, {}),
         }
         if trial.kind in kinds:
@@ -313,6 +326,16 @@ class Soak:
             # Hooks first: the operator gives up on a held exchange after REST_TIMEOUT.
             for t in trials:
                 fault = t.fault
+                if (
+                    t.kind == "late"
+                    and fault is not None
+                    and not t.late_released
+                    and len(t.status.get("attempts") or []) >= 2
+                ):
+                    # The operator proved attempt 1 absent and sent attempt 2: now the proxy
+                    # lets the old request through, after the window.
+                    t.late_released = True
+                    fault.release(deliver=True)
                 if t.kind == "duplicate" and fault and fault.answered.is_set() and not t.replayed:
                     t.replayed = True
                     status, _ = self.proxy.replay(fault.hits[0])
@@ -383,8 +406,14 @@ class Soak:
             t.final_at = now
             t.phase = status["phase"]
             return
-        # The person of the design: unconfirmed for a while, and Slurm has no such job.
-        if attempts and attempts[-1].get("jobId") is None and not attempts[-1].get("declaredLost"):
+        # The person of the design: unconfirmed for a while, and Slurm has no such job (not
+        # with --no-person: the operator must prove such attempts absent itself).
+        if (
+            not self.args.no_person
+            and attempts
+            and attempts[-1].get("jobId") is None
+            and not attempts[-1].get("declaredLost")
+        ):
             key = attempts[-1]["jobName"]
             since = unconfirmed_since.setdefault(key, now)
             if now - since >= self.args.declare_after:
@@ -414,13 +443,25 @@ class Soak:
             for a in attempts:
                 leaders = jobs.get(a["jobName"], {})
                 # The operator's own duplicates: jobs beyond one, less the one the soak made.
-                injected = 1 if t.replayed and a["number"] == 1 else 0
+                injected = 1 if (t.replayed or t.late_released) and a["number"] == 1 else 0
                 if len(leaders) - injected > 1:
                     t.duplicates += len(leaders) - injected - 1
                     t.problems.append(f"{a['jobName']}: {len(leaders)} jobs")
                 if a.get("declaredLost") and leaders:
                     t.lost = True
                     t.problems.append(f"{a['jobName']} declared lost but Slurm has it")
+                if a.get("provenAbsentAt"):
+                    t.proven_absent += 1
+                    if leaders and t.kind == "late" and a["number"] == 1:
+                        # The late job the soak let through: it must have been cancelled.
+                        if all(v.base_state is BaseState.CANCELLED for v in leaders.values()):
+                            t.late_outcome = "cancelled"
+                        else:
+                            t.late_outcome = "ran"
+                            t.problems.append(f"{a['jobName']}: the late job was not cancelled")
+                    elif leaders:
+                        t.lost = True
+                        t.problems.append(f"{a['jobName']} proven absent but Slurm has it")
             if attempts:
                 last = attempts[-1]
                 leaders = jobs.get(last["jobName"], {})
@@ -449,7 +490,8 @@ class Soak:
     # -- the whole run --------------------------------------------------------------------
 
     def draw(self, batch: int, size: int, first: int) -> list[Trial]:
-        kinds = [self.rng.choice(NETWORK) for _ in range(size)]
+        network = (*NETWORK, "late") if self.args.no_person else NETWORK
+        kinds = [self.rng.choice(network) for _ in range(size)]
         if self.rng.random() < self.args.kill_share:
             kinds[self.rng.randrange(size)] = self.rng.choice(KILLS)
         return [
@@ -512,6 +554,13 @@ def _dups(trials: list[Trial]) -> str:
     return f"{sum(t.duplicate_outcome == 'cancelled' for t in made)} of {len(made)}"
 
 
+def _late(trials: list[Trial]) -> str:
+    released = [t for t in trials if t.late_released]
+    if not released:
+        return "-"
+    return f"{sum(t.late_outcome == 'cancelled' for t in released)} of {len(released)}"
+
+
 _REPORTED = [f.name for f in fields(Trial) if f.name not in ("fault", "status")]
 
 
@@ -520,27 +569,30 @@ def report(trials: list[Trial], soaks: list[Soak], elapsed: float) -> dict[str, 
     for t in trials:
         rows[(t.cluster, t.kind)].append(t)
     lines = [
-        "| cluster | fault | trials | adopted | declared lost | collateral kills | duplicates "
-        "| lost | injected duplicates cancelled | adoption s (median / p95 / max) "
+        "| cluster | fault | trials | adopted | declared lost | proven absent | collateral kills "
+        "| duplicates | lost | injected duplicates cancelled | late submits cancelled "
+        "| adoption s (median / p95 / max) "
         "| total s (median / p95 / max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "|" + " --- |" * 13,
     ]
     for (cluster, kind), ts in sorted(rows.items()):
         adoption = [t.time_to_adoption for t in ts if t.time_to_adoption is not None]
         totals = [t.total for t in ts if t.total is not None]
         lines.append(
             f"| {cluster} | {kind} | {len(ts)} | {sum(t.adopted for t in ts)} "
-            f"| {sum(t.declared_lost for t in ts)} | {sum(t.collateral for t in ts)} "
+            f"| {sum(t.declared_lost for t in ts)} | {sum(t.proven_absent for t in ts)} "
+            f"| {sum(t.collateral for t in ts)} "
             f"| {sum(t.duplicates for t in ts)} | {sum(t.lost for t in ts)} "
-            f"| {_dups(ts)} | {_fmt(adoption)} | {_fmt(totals)} |"
+            f"| {_dups(ts)} | {_late(ts)} | {_fmt(adoption)} | {_fmt(totals)} |"
         )
     adoption = [t.time_to_adoption for t in trials if t.time_to_adoption is not None]
     totals = [t.total for t in trials if t.total is not None]
     lines.append(
         f"| all | all | {len(trials)} | {sum(t.adopted for t in trials)} "
-        f"| {sum(t.declared_lost for t in trials)} | {sum(t.collateral for t in trials)} "
+        f"| {sum(t.declared_lost for t in trials)} | {sum(t.proven_absent for t in trials)} "
+        f"| {sum(t.collateral for t in trials)} "
         f"| {sum(t.duplicates for t in trials)} | {sum(t.lost for t in trials)} "
-        f"| {_dups(trials)} | {_fmt(adoption)} | {_fmt(totals)} |"
+        f"| {_dups(trials)} | {_late(trials)} | {_fmt(adoption)} | {_fmt(totals)} |"
     )
     table = "\n".join(lines)
     print()
@@ -597,6 +649,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every trial here")
     parser.add_argument(
         "--ha", action="store_true", help="two operators on one Lease; kills hit the leader"
+    )
+    parser.add_argument(
+        "--no-person",
+        action="store_true",
+        help="never set declare-lost: the operator must prove lost submits absent (needs "
+        "accounting); adds the 'late' trial kind (a held submit released after the window)",
     )
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the operator subprocess is stopped and the batch deleted.
