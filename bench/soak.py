@@ -23,6 +23,12 @@ person of the design: an attempt unconfirmed for `--declare-after` seconds whose
 Slurm does not know (asked straight, not through the proxy) is declared lost with the
 `slurmjob.io/declare-lost` annotation.
 
+With `--no-person` nobody sets the annotation: an attempt unconfirmed and found nowhere must
+be proven absent by the operator (the test cluster has accounting; the fencing window is
+3 + 2 + 2 = 7 s), and the trial kind `late` joins the draw: the submit is held in the proxy
+until the operator has proven attempt 1 absent and sent attempt 2, then let through; the job
+it creates must be cancelled (column "late submits cancelled", never counted as a duplicate).
+
 With `--ha` two `run` processes share one Lease (lease 4 s, renew deadline 3 s, retry 0.5 s):
 a kill trial SIGKILLs whichever holds the Lease, at the same points, and restarts it as the
 standby; the time from the kill to the other's holding the Lease is the takeover, reported
