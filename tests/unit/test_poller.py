@@ -14,10 +14,10 @@ import pytest
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.controller import Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobView
+from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.sweep import RECHECK_CYCLES
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import JobListResult
