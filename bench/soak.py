@@ -183,6 +183,7 @@ class Soak:
         else:
             self.ops = [Operator(kube, testbed, self.namespace, env, self.workdir / "operator.log")]
         self.takeovers: list[float] = []
+        self.done: list[Trial] = []  # finished batches' trials, kept if the run is stopped
         self.kills = 0
         self.restarts_of_slurm = 0
 
@@ -509,7 +510,7 @@ class Soak:
         self.kube.kubectl("create", "namespace", self.namespace)
         for op in self.ops:
             op.start()
-        done: list[Trial] = []
+        done = self.done
         try:
             batch = 0
             while len(done) < trials_total:
@@ -675,7 +676,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.cluster or ["26.05"]:
         soak = Soak(args, kube, start_cluster(name, reuse=True))
         soaks.append(soak)
-        trials += soak.run(args.trials)
+        try:
+            trials += soak.run(args.trials)
+        except (KeyboardInterrupt, SystemExit):
+            # Stopped (Ctrl-C, SIGTERM): report the batches that finished.
+            print("stopped: reporting the finished batches", flush=True)
+            trials += soak.done
+            break
     summary = report(trials, soaks, time.monotonic() - started)
     print(f"machine: {summary['machine']}")
     if args.json:
