@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -144,7 +144,14 @@ def _check_series(series: GpuSeriesCatalog, nodes: list[NodeInfo], report: Repor
             )
 
 
-def _check_tenancy(settings: Settings, registry: RuntimeRegistry, report: Report) -> None:
+def _check_tenancy(
+    settings: Settings,
+    registry: RuntimeRegistry,
+    report: Report,
+    clusters: Sequence[str] | None = None,
+) -> None:
+    """The tenants as the part for `settings.cluster_name` sees them (`clusters`: every
+    cluster's name, which the file may use; None: that one alone)."""
     path = settings.tenants_file
     if path is None:
         report.add(
@@ -155,9 +162,10 @@ def _check_tenancy(settings: Settings, registry: RuntimeRegistry, report: Report
         )
         return
     try:
-        tenants = load_tenants(path)
+        tenants = load_tenants(path, clusters=list(clusters or [settings.cluster_name]))
         if tenants is not None:
             check_against_registry(tenants, registry, path)
+            tenants = tenants.for_cluster(settings.cluster_name)
     except CatalogError as exc:
         report.add("tenancy", Outcome.FAIL, str(exc))
         return
@@ -376,20 +384,21 @@ async def run_doctor(environ: dict[str, str] | None = None) -> Report:
     except ConfigError as exc:
         report.add("clusters", Outcome.FAIL, str(exc))
         return report
+    names = [site.name for site in sites]
     if len(sites) == 1:
-        await _check_cluster(sites[0].settings, report, tenancy=True)
+        await _check_cluster(sites[0].settings, report, names)
         return report
-    report.add("clusters", Outcome.OK, ", ".join(site.name for site in sites))
-    for index, site in enumerate(sites):
-        # Every cluster's checks, named for it: "slurmrestd[west]".
+    report.add("clusters", Outcome.OK, ", ".join(names))
+    for site in sites:
+        # Every cluster's checks, named for it: "slurmrestd[west]" (its tenants' users too).
         own = Report()
-        await _check_cluster(site.settings, own, tenancy=index == 0)
+        await _check_cluster(site.settings, own, names)
         for check in own.checks:
             report.add(f"{check.name}[{site.name}]", check.outcome, check.detail)
     return report
 
 
-async def _check_cluster(settings: Settings, report: Report, *, tenancy: bool) -> None:
+async def _check_cluster(settings: Settings, report: Report, clusters: Sequence[str]) -> None:
     report.add("settings", Outcome.OK, f"runtime profile {settings.slurm_runtime_profile.value}")
     catalogs_ok = True
     registry, series = RuntimeRegistry(), GpuSeriesCatalog()
@@ -405,8 +414,7 @@ async def _check_cluster(settings: Settings, report: Report, *, tenancy: bool) -
             Outcome.OK,
             f"{len(registry.runtimes)} runtime(s), {len(series.series)} GPU series",
         )
-    if tenancy:  # the tenants file is the process's: checked once
-        _check_tenancy(settings, registry, report)
+    _check_tenancy(settings, registry, report, clusters)
     await _check_slurm(settings, series, report)
     _check_storage(settings, report)
     if catalogs_ok:

@@ -442,3 +442,33 @@ async def test_a_tenant_off_the_first_cluster_goes_to_the_first_it_may_use(tmp_p
     await two.reconcile(ref)
     [attempt] = two.store.status(ref).attempts
     assert attempt.cluster == "west"
+
+
+def test_doctor_reads_the_tenants_as_each_cluster_sees_them(tmp_path: Path) -> None:
+    from slurmjob_operator.doctor import Outcome, Report, _check_tenancy
+    from slurmjob_operator.site.catalogs import RuntimeRegistry
+
+    path = tmp_path / "tenants.yaml"
+    tenant = {"name": "team-a", "namespaces": ["team-a"], "accounts": ["a"], "partitions": ["p"]}
+    path.write_text(
+        json.dumps(
+            {"tenants": [{**tenant, "clusters": {"east": {}, "west": {"slurmUser": "alice"}}}]}
+        )
+    )
+
+    def check(cluster: str, clusters: list[str]) -> dict[str, Any]:
+        report = Report()
+        settings = Settings(tenants_file=path, cluster_name=cluster)
+        _check_tenancy(settings, RuntimeRegistry(), report, clusters)
+        return {c.name: c for c in report.checks}
+
+    east = check("east", ["east", "west"])
+    assert east["tenancy"].outcome is Outcome.OK
+    assert east["tenant users"].outcome is Outcome.WARN  # no slurmUser on east
+    west = check("west", ["east", "west"])
+    # On west the tenant has a Slurm user of its own, which needs the signing key.
+    assert west["tenant users"].outcome is Outcome.FAIL
+    assert "team-a" in west["tenant users"].detail
+    unknown = check("east", ["east"])  # the file names a cluster this operator does not have
+    assert unknown["tenancy"].outcome is Outcome.FAIL
+    assert "unknown cluster 'west'" in unknown["tenancy"].detail
