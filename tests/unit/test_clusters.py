@@ -472,3 +472,76 @@ def test_doctor_reads_the_tenants_as_each_cluster_sees_them(tmp_path: Path) -> N
     unknown = check("east", ["east"])  # the file names a cluster this operator does not have
     assert unknown["tenancy"].outcome is Outcome.FAIL
     assert "unknown cluster 'west'" in unknown["tenancy"].detail
+
+
+# -- what a hostile namespace (or a hostile status writer) can do with the routing ------------
+
+
+async def test_a_status_claiming_another_clusters_job_neither_folds_nor_cancels_it(
+    tmp_path: Path,
+) -> None:
+    two = Two(tmp_path)
+    # A job on west that belongs to another resource (another namespace's, say).
+    victim = two.store.create("victim", {**cpu_spec(), "cluster": "west"}, namespace="team-b")
+    await two.reconcile(victim)
+    await two.reconcile(victim)
+    [theirs] = two.store.status(victim).attempts
+    assert theirs.job_id is not None
+    # A resource whose status claims that job on west (a status is only a claim).
+    ref, body = _old_status(two, "thief", "west")
+    body["status"]["attempts"][0]["jobId"] = theirs.job_id
+    body["status"]["slurmJobId"] = theirs.job_id
+    two.fleet.observe_body(body)
+    west = two.fleet.members[1]
+    [item] = [t for t in west.followed() if t.ref == ref]
+    views = await two.slurm["west"].get_job(theirs.job_id)
+    await west.refresh(item, views)
+    assert "JobIdentityMismatch" in [r for _, r, _ in two.store.events]
+    assert two.store.status(ref).phase is None or two.store.status(ref).phase.value == "Running"
+    body = two.store.objects[(ref.namespace, ref.name)]
+    body["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    with contextlib.suppress(RetryLater):
+        await two.fleet.finalize(body)
+    # Never cancelled, on either cluster.
+    assert two.slurm["west"].jobs[theirs.job_id].base_state.value != "CANCELLED"
+    assert not [c for c in two.slurm["west"].calls if c.startswith("cancel")]
+    assert not two.slurm["east"].calls
+
+
+@pytest.mark.parametrize("cluster", [42, ["west"], "x" * 5000, "West", "-west", ""])
+async def test_a_hostile_spec_cluster_is_refused_with_nothing_sent(
+    tmp_path: Path, cluster: Any
+) -> None:
+    two = Two(tmp_path)
+    ref = two.store.create("odd", {**cpu_spec(), "cluster": cluster})
+    await two.reconcile(ref)
+    status = two.store.status(ref)
+    ready = get_condition(status.conditions, "Ready")
+    assert ready is not None
+    assert ready.reason == Reason.INVALID_SPEC
+    assert "spec.cluster" in (ready.message or "")
+    assert len(ready.message or "") < 2000  # the value is not echoed whole
+    assert not two.slurm["east"].jobs
+    assert not two.slurm["west"].jobs
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ({"statistics": {"dbd_agent_queue_size": 0}}, 0),
+        ({"statistics": {"dbd_agent_queue_size": 17}}, 17),
+        ({"statistics": {"dbd_agent_queue_size": -1}}, None),  # nonsense proves nothing
+        ({"statistics": {"dbd_agent_queue_size": False}}, None),  # a bool is no count
+        ({"statistics": {"dbd_agent_queue_size": "0"}}, None),
+        ({"statistics": {"dbd_agent_queue_size": 0.0}}, None),
+        ({"statistics": {}}, None),
+        ({"statistics": []}, None),
+        ({}, None),
+    ],
+)
+def test_a_hostile_diag_answer_never_reads_as_an_empty_queue(
+    payload: dict[str, Any], expected: int | None
+) -> None:
+    from slurmjob_operator.slurm.nodes import parse_dbd_queue
+
+    assert parse_dbd_queue(payload) == expected

@@ -104,19 +104,22 @@ class Controller:
         """The client acting as Slurm user `user` (a tenant's slurmUser; None: the operator)."""
         return await self._link.client_for(user)
 
-    async def reconcile(self, ref: ObjectRef, body: Mapping[str, Any] | None = None) -> None:
+    async def reconcile(
+        self, ref: ObjectRef, body: Mapping[str, Any] | ResourceView | None = None
+    ) -> None:
         """Drive the submission side one step; raises RetryLater when it must run again.
-        `body`: the resource as the watch delivered it, when there is one (kopf's handlers)."""
-        await self._submission.reconcile(ref, ResourceView.of(body) if body is not None else None)
+        `body`: the resource as the watch delivered it, when there is one (kopf's handlers;
+        the fleet passes the view it parsed to route it)."""
+        await self._submission.reconcile(ref, _view(body) if body is not None else None)
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
     ) -> None:
         await self._following.refresh(tracked, views, logs_only=logs_only)
 
-    async def finalize(self, body: Mapping[str, Any]) -> None:
+    async def finalize(self, body: Mapping[str, Any] | ResourceView) -> None:
         """Deletion; raises RetryLater while the job is still ending."""
-        await self._deletion.finalize(ResourceView.of(body))
+        await self._deletion.finalize(_view(body))
 
     async def report_reachability(self, reachable: bool, reason: Reason, message: str) -> None:
         await self._following.report_reachability(
@@ -126,8 +129,16 @@ class Controller:
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         await self._edge.event(ref, type_, reason, message)
 
-    def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+    def observe_body(
+        self, body: Mapping[str, Any] | ResourceView, *, deleted: bool = False
+    ) -> None:
         """Every watch event: what the poller must follow."""
+        if isinstance(body, ResourceView):
+            if deleted:
+                self._edge.forget(body.ref)
+            else:
+                self._edge.observe(body.ref, body.status)
+            return
         ref = ObjectRef.of(body)
         if deleted:
             self._edge.forget(ref)
@@ -139,3 +150,7 @@ class Controller:
 
     def phase_counts(self) -> Mapping[str, int]:
         return self.registry.phase_counts()
+
+
+def _view(body: Mapping[str, Any] | ResourceView) -> ResourceView:
+    return body if isinstance(body, ResourceView) else ResourceView.of(body)

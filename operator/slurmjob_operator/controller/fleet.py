@@ -84,7 +84,7 @@ class Fleet:
         if owner is None:
             await self._unplaced(view)
             return
-        await owner.reconcile(ref, body)
+        await owner.reconcile(ref, view)  # the view parsed here, not parsed again
 
     async def finalize(self, body: Mapping[str, Any]) -> None:
         view = ResourceView.of(body)
@@ -93,17 +93,16 @@ class Fleet:
             # The finalizer stays: its job may still run on the cluster that is gone.
             await self._unplaced(view)
             return
-        await owner.finalize(body)
+        await owner.finalize(view)
 
     def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
-        owner = None if deleted else self.owner(ResourceView.of(body))
+        # Every watch event of every SlurmJob: parsed once for the routing and the owner.
+        view = ResourceView.of(body)
+        owner = None if deleted else self.owner(view)
         # A resource is followed by one cluster's part at most (its placement never changes
         # once an attempt is recorded; before that nothing follows it anywhere).
         for member in self.members:
-            if member is owner:
-                member.observe_body(body)
-            else:
-                member.observe_body(body, deleted=True)
+            member.observe_body(view, deleted=member is not owner)
 
     def followed(self) -> list[Tracked]:
         return [item for member in self.members for item in member.followed()]

@@ -253,57 +253,54 @@ def confirmed(status: SlurmJobStatus, sluid: str | None) -> SlurmJobStatus:
     return status.model_copy(update={"attempts": replace_attempt(status, attempt)})
 
 
+def _gave_way(
+    status: SlurmJobStatus,
+    update: dict[str, object],
+    reason: Reason,
+    text: str,
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """The unconfirmed attempt stops being searched for (`update` says why, on the attempt);
+    a new attempt may be submitted. A confirmed one is never given up."""
+    attempt = status.current_attempt
+    if attempt is None or attempt.job_id is not None:
+        return Transition(status)
+    attempt = attempt.model_copy(update={**update, "reason": reason})
+    new = with_conditions(status, [(SUBMITTED, "False", reason, text)], generation, now).model_copy(
+        update={
+            "attempts": replace_attempt(status, attempt),
+            "phase": Phase.PENDING,
+            "message": text,
+        }
+    )
+    return Transition(new, (Event(WARNING, reason, text),))
+
+
+def _named(status: SlurmJobStatus) -> str:
+    attempt = status.current_attempt
+    return f"attempt {attempt.number} ({attempt.job_name})" if attempt else "the attempt"
+
+
 def proven_absent(
     status: SlurmJobStatus, waited: float, generation: int | None, now: datetime
 ) -> Transition:
     """The unconfirmed attempt is proven never created (`core.absence`): stop searching,
     allow a new attempt, as a person's declaration does."""
-    attempt = status.current_attempt
-    if attempt is None or attempt.job_id is not None:
-        return Transition(status)
-    attempt = attempt.model_copy(
-        update={"proven_absent_at": rfc3339(now), "reason": Reason.PROVEN_ABSENT}
-    )
     text = (
-        f"attempt {attempt.number} ({attempt.job_name}) proven absent: after {waited:.0f} s "
-        "neither slurmctld nor accounting has it, and slurmctld has nothing queued for "
-        "slurmdbd; its files are kept; a new attempt follows"
+        f"{_named(status)} proven absent: after {waited:.0f} s neither slurmctld nor "
+        "accounting has it, and slurmctld has nothing queued for slurmdbd; its files are "
+        "kept; a new attempt follows"
     )
-    new = with_conditions(
-        status,
-        [(SUBMITTED, "False", Reason.PROVEN_ABSENT, text)],
-        generation,
-        now,
-    ).model_copy(
-        update={
-            "attempts": replace_attempt(status, attempt),
-            "phase": Phase.PENDING,
-            "message": text,
-        }
+    return _gave_way(
+        status, {"proven_absent_at": rfc3339(now)}, Reason.PROVEN_ABSENT, text, generation, now
     )
-    return Transition(new, (Event(WARNING, Reason.PROVEN_ABSENT, text),))
 
 
 def declared_lost(status: SlurmJobStatus, generation: int | None, now: datetime) -> Transition:
     """The annotation names the unconfirmed attempt: stop searching, allow a new attempt."""
-    attempt = status.current_attempt
-    if attempt is None or attempt.job_id is not None:
-        return Transition(status)
-    attempt = attempt.model_copy(update={"declared_lost": True, "reason": Reason.DECLARED_LOST})
     text = (
-        f"attempt {attempt.number} ({attempt.job_name}) declared lost through the "
-        f"{DECLARE_LOST_ANNOTATION} annotation; its files are kept; a new attempt follows"
+        f"{_named(status)} declared lost through the {DECLARE_LOST_ANNOTATION} annotation; "
+        "its files are kept; a new attempt follows"
     )
-    new = with_conditions(
-        status,
-        [(SUBMITTED, "False", Reason.DECLARED_LOST, text)],
-        generation,
-        now,
-    ).model_copy(
-        update={
-            "attempts": replace_attempt(status, attempt),
-            "phase": Phase.PENDING,
-            "message": text,
-        }
-    )
-    return Transition(new, (Event(WARNING, Reason.DECLARED_LOST, text),))
+    return _gave_way(status, {"declared_lost": True}, Reason.DECLARED_LOST, text, generation, now)
