@@ -333,3 +333,23 @@ async def test_flush_writes_a_state_not_yet_written() -> None:
     writer.tell(False)
     await writer.flush(within=1)
     assert label.writes == [False]
+
+
+async def test_a_standby_is_healthy_while_it_can_read_the_lease() -> None:
+    """Both replicas are Ready: a standby that never leads must pass its probes, or every
+    rollout and node drain would stall on it; one that cannot reach the apiserver fails them."""
+    server, clock = LeaseServer(), Clock()
+    leader, _ = elector(server, clock, "a")
+    standby, view = elector(server, clock, "b")
+    assert standby.healthy() is False  # nothing heard yet
+    assert await leader.step() is True
+    assert await standby.step() is False
+    assert standby.healthy() is True
+    assert standby.leading is False
+    view.cut = True
+    clock.now += TIMING.lease_duration
+    with pytest.raises(ConnectionError):
+        await standby.step()
+    assert standby.healthy() is True  # within two lease durations of the last answer
+    clock.now += TIMING.lease_duration
+    assert standby.healthy() is False
