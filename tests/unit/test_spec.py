@@ -140,6 +140,9 @@ VALID: list[Case] = [
     ),
     Case("workdir-root", changed(cpu_spec(), workingDir="/")),
     Case("retry", changed(cpu_spec(), retry={"limit": 3})),
+    Case("array", changed(cpu_spec(), array={"count": 20, "parallelism": 3})),
+    Case("array-one-task", changed(cpu_spec(), array={"count": 1})),
+    Case("array-gpu-multi-node", changed(gpu_spec(), array={"count": 10_000})),
     # Only exactly ':' and a first word starting with '-' are srun's; the rest is the command's.
     Case(
         "command-dashes-and-colons-later",
@@ -159,6 +162,26 @@ VALID: list[Case] = [
 ]
 
 INVALID: list[Case] = [
+    Case(
+        "array-of-a-het-job",
+        changed(het_spec(), array={"count": 4}),
+        "spec.array",
+        "an array has exactly one pool",
+    ),
+    Case("array-empty", changed(cpu_spec(), array={"count": 0}), "spec.array.count", "greater than or equal to 1"),
+    Case("array-too-big", changed(cpu_spec(), array={"count": 10_001}), "spec.array.count", "less than or equal to 10000"),
+    Case(
+        "array-parallelism-zero",
+        changed(cpu_spec(), array={"count": 4, "parallelism": 0}),
+        "spec.array.parallelism",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "array-unknown-field",
+        changed(cpu_spec(), array={"count": 4, "tasks": "0-3"}),
+        "spec.array.tasks",
+        "Extra inputs are not permitted",
+    ),
     Case(
         "framework-image",
         changed(cpu_spec(), framework__image="python:3.11"),

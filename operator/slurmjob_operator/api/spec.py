@@ -13,10 +13,11 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.api.retry import RetrySpec
+from slurmjob_operator.api.status import MAX_ARRAY_TASKS
 from slurmjob_operator.api.scriptwords import (
     ABSOLUTE_PATH_RE,
     MAX_COMMAND_WORDS,
@@ -219,6 +220,25 @@ class DataSpec(_Model):
         return value
 
 
+class ArraySpec(_Model):
+    """Run the command as a Slurm job array: `count` tasks, indices 0 to count-1."""
+
+    count: int = Field(
+        ge=1,
+        le=MAX_ARRAY_TASKS,
+        description=(
+            "Number of tasks; each gets its index in SLURM_ARRAY_TASK_ID and "
+            "SLURMJOB_ARRAY_INDEX, and its own log files (stdout-<index>.log)."
+        ),
+    )
+    parallelism: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ARRAY_TASKS,
+        description="At most this many tasks run at once (default: as many as Slurm allows).",
+    )
+
+
 class Mode(StrEnum):
     BATCH = "Batch"
     PLAYGROUND = "Playground"
@@ -293,6 +313,13 @@ class SlurmJobSpec(_Model):
     qos: str | None = Field(default=None, description="Slurm QOS.")
     time_limit: TimeLimit | None = None
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
+    array: ArraySpec | None = Field(
+        default=None,
+        description=(
+            "Run as a job array of one pool; a retry resubmits only the tasks that did not "
+            "succeed, under their own indices."
+        ),
+    )
     data: DataSpec = Field(default_factory=DataSpec, description="Platform data references.")
     mode: Mode = Field(
         default=Mode.BATCH, description="Only Batch: Playground and Deployment are refused."
@@ -384,6 +411,15 @@ class SlurmJobSpec(_Model):
         if self.is_cpu_only and not self.framework.is_custom:
             raise ValueError("a CPU-only job (gpusPerNode: 0) must use framework custom/custom")
         return self
+
+    @field_validator("array")
+    @classmethod
+    def _array_of_one_pool(cls, value: ArraySpec | None, info: ValidationInfo) -> ArraySpec | None:
+        # `pools` is declared earlier, so it is validated (or missing, when it failed) here.
+        pools = info.data.get("pools")
+        if value is not None and pools is not None and len(pools) > 1:
+            raise ValueError("an array has exactly one pool: Slurm has no heterogeneous arrays")
+        return value
 
     @property
     def is_cpu_only(self) -> bool:

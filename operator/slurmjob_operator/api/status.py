@@ -36,6 +36,14 @@ _RFC3339: JsonDict = {"format": "date-time"}
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
+#: The most tasks one SlurmJob array may have (`spec.array.count`). The status keeps the
+#: indices of each attempt and their outcomes as compact text: in the worst case (every other
+#: task failing) about six characters per index, and the whole object must stay well inside
+#: etcd's limit of 1.5 MiB. (Slurm's own default MaxArraySize is 1001.)
+MAX_ARRAY_TASKS = 10_000
+#: The longest compact text of indices below MAX_ARRAY_TASKS ("0,2,4,...,9998").
+MAX_INDEX_TEXT = 6 * MAX_ARRAY_TASKS
+
 
 class Phase(StrEnum):
     """A one-word summary for `kubectl get`; the conditions carry the detail."""
@@ -81,6 +89,46 @@ class Condition(_Model):
     )
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+class TaskEnd(_Model):
+    """How one task of an array ended, kept once seen: Slurm forgets an ended task's record
+    (MinJobAge) while its array still runs, and the retry rules may need it later."""
+
+    index: int = Field(ge=0, description="The task's index (SLURM_ARRAY_TASK_ID).")
+    native_state: str | None = Field(default=None, description="Slurm's base state of the task.")
+    native_flags: list[str] = Field(
+        default_factory=list, max_length=32, description="Slurm's state flags of the task."
+    )
+    reason: str | None = Field(default=None, description="The condition reason it ended with.")
+    slurm_reason: str | None = Field(default=None, description="Slurm's state reason.")
+    exit_code: int | None = Field(default=None, description="Exit code of the task.")
+    signal: int | None = Field(default=None, ge=0, description="Signal that ended the task.")
+    infrastructure: bool = Field(
+        default=False, description="Whether the cluster, not the program, failed it."
+    )
+
+
+class ArrayAttempt(_Model):
+    """The tasks of an array that one attempt ran, and how those that ended did. Indices are
+    compact lists of ranges ("0-19", "5,13")."""
+
+    indices: str = Field(max_length=MAX_INDEX_TEXT, description="Task indices this attempt submitted.")
+    succeeded: str = Field(
+        default="", max_length=MAX_INDEX_TEXT, description="Indices of its tasks that succeeded."
+    )
+    failed: str = Field(
+        default="",
+        max_length=MAX_INDEX_TEXT,
+        description="Indices of its tasks that ended without success (failed or cancelled).",
+    )
+    cancelled: bool = Field(
+        default=False,
+        description="Whether every task that ended without success was cancelled (none failed).",
+    )
+    first_failed: TaskEnd | None = Field(
+        default=None, description="The lowest-index task that ended without success."
     )
 
 
@@ -147,6 +195,9 @@ class Attempt(_Model):
         default=None,
         description="What the retry rules decided when this attempt failed: Retry, Ignore or Fail.",
     )
+    array: ArrayAttempt | None = Field(
+        default=None, description="For a job array: the tasks this attempt ran and their ends."
+    )
 
 
 class LogTail(_Model):
@@ -167,6 +218,32 @@ class LogTail(_Model):
 class Logs(_Model):
     stdout: LogTail | None = Field(default=None, description="Standard output of the job.")
     stderr: LogTail | None = Field(default=None, description="Standard error of the job.")
+
+
+class ArrayStatus(_Model):
+    """A job array's tasks by state, across attempts (a task that succeeded in an earlier
+    attempt counts as succeeded)."""
+
+    total: int = Field(ge=0, description="Tasks of the array (spec.array.count).")
+    pending: int = Field(default=0, ge=0, description="Tasks waiting to start.")
+    running: int = Field(default=0, ge=0, description="Tasks running (or still finishing).")
+    succeeded: int = Field(default=0, ge=0, description="Tasks that succeeded.")
+    failed: int = Field(
+        default=0, ge=0, description="Tasks of the current attempt that ended without success."
+    )
+    failed_indices: str = Field(
+        default="",
+        max_length=MAX_INDEX_TEXT,
+        description="Their indices, as ranges (e.g. 5,13): what a retry resubmits.",
+    )
+    log_index: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "The task whose log tails status.logs holds: the first failed one, else the first "
+            "running one, else the first of the attempt."
+        ),
+    )
 
 
 class SlurmJobStatus(_Model):
@@ -194,6 +271,9 @@ class SlurmJobStatus(_Model):
     )
     message: str | None = Field(default=None, description="Human-readable summary.")
     logs: Logs | None = Field(default=None, description="Tails of the job's log files.")
+    array: ArrayStatus | None = Field(
+        default=None, description="For a job array: its tasks by state."
+    )
     next_attempt_at: str | None = Field(
         default=None,
         json_schema_extra=_RFC3339,

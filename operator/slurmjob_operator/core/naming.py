@@ -23,6 +23,10 @@ ENV_FILE = "job.env"
 SECRETS_FILE = "secrets.env"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
+#: A job array's tasks each write their own pair, named by `array_log_file`; Slurm expands `%a`
+#: in the paths of the submit to the task's index.
+ARRAY_STDOUT_PATTERN = "stdout-%a.log"
+ARRAY_STDERR_PATTERN = "stderr-%a.log"
 
 JOB_NAME_MAX = 200
 COMMENT_TAG = "slurmjob.io"
@@ -83,6 +87,23 @@ def parse_comment(text: str | None) -> JobIdentity | None:
     if attempt < 1:
         return None
     return JobIdentity(match["ns"], match["name"], match["uid"], attempt)
+
+
+def array_log_file(stream: str, index: int) -> str:
+    """`stdout-<index>.log` / `stderr-<index>.log`: the log file of one task of an array, in
+    its attempt's staging directory (what Slurm makes of `ARRAY_*_PATTERN`)."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError(f"stream {stream!r} is neither stdout nor stderr")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index {index!r} is not a task index")
+    return f"{stream}-{index}.log"
+
+
+def log_files(index: int | None) -> tuple[str, str]:
+    """The (stdout, stderr) file names of a plain job (None) or of one task of an array."""
+    if index is None:
+        return STDOUT_FILE, STDERR_FILE
+    return array_log_file("stdout", index), array_log_file("stderr", index)
 
 
 def resource_dir(storage_root: Path, namespace: str, name: str, uid: str) -> Path:

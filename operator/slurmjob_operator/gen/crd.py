@@ -208,6 +208,12 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             ".pools",
             _INVALID,
         ),
+        Rule(
+            "!has(self.array) || size(self.pools) == 1",
+            "an array has exactly one pool: Slurm has no heterogeneous arrays",
+            ".array",
+            _INVALID,
+        ),
     ),
 }
 
