@@ -14,6 +14,12 @@ made as (None: the operator). A job belongs to the user who submitted it, and, a
 cluster whose operator user is no Slurm operator or admin, only that user may cancel, hold
 or release it (`SlurmRejected` "Access/permission denied"); `admins` lifts that.
 
+Job arrays are kept as Slurm 26.05 keeps them (see tests/data/slurm-captures/slurm-26.05.5):
+the array's own record (its id the submit's answer) stands for the pending tasks by its task
+string; `start_tasks` gives each started task a record of its own, with a new job id, and the
+last task to start takes over the array's own record. `/jobs/state` answers a pending task as
+"<array id>_<index>" and a started one as "<its own job id>_<index>".
+
 `submit_delay` slows every submit by that many seconds (the POST in flight), and
 `submitting` / `max_submitting` count the submits in flight now and at most; `submitted`
 lists the job names of the submits made, in the order their POSTs completed.
@@ -44,6 +50,7 @@ from slurmjob_operator.core.jobview import (
     JobStateEntry,
     SlurmJobView,
 )
+from slurmjob_operator.core.indices import compact, expand
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
@@ -159,6 +166,7 @@ class MemorySlurm:
     submitted: list[str] = field(default_factory=list)
     bulk_cancel: bool = True
     state_sweep: bool = True
+    arrays_submitted: list[str] = field(default_factory=list)  # each array submit's `array`
     # `GET /diag`'s dbd_agent_queue_size, one reading per call (the last one repeats); an
     # exception in the list is raised by that call.
     dbd_queues: list[int | Exception | None] = field(default_factory=lambda: [0])
@@ -203,6 +211,54 @@ class MemorySlurm:
             }
         )
 
+    def array_records(self, array_id: int) -> list[SlurmJobView]:
+        return [j for j in self.jobs.values() if j.array_job_id == array_id]
+
+    def task(self, array_id: int, index: int) -> SlurmJobView:
+        [job] = [j for j in self.array_records(array_id) if j.array_task_id == index]
+        return job
+
+    def pending_tasks(self, array_id: int) -> list[int]:
+        own = self.jobs[array_id]
+        return expand(own.array_tasks.partition("%")[0]) if own.array_tasks else []
+
+    def start_tasks(self, array_id: int, indices: Sequence[int]) -> list[int]:
+        """Start pending tasks of an array: their job ids (the last one left takes the
+        array's own record, as Slurm does)."""
+        started = []
+        for index in indices:
+            own = self.jobs[array_id]
+            pending = self.pending_tasks(array_id)
+            assert index in pending, f"task {index} of {array_id} is not pending"
+            rest = [i for i in pending if i != index]
+            running: dict[str, Any] = {
+                "raw_state": ("RUNNING",),
+                "base_state": BaseState.RUNNING,
+                "nodes": "n1",
+                "array_task_id": index,
+                "array_tasks": None,
+            }
+            if not rest:
+                self.jobs[array_id] = own.model_copy(update=running)
+                started.append(array_id)
+                continue
+            limit = own.array_tasks.partition("%")[2] if own.array_tasks else ""
+            self.jobs[array_id] = own.model_copy(
+                update={"array_tasks": compact(rest) + (f"%{limit}" if limit else "")}
+            )
+            job_id = self.next_id
+            self.next_id += 1
+            self.jobs[job_id] = own.model_copy(
+                update={"job_id": job_id, "sluid": f"s{job_id:08d}", **running}
+            )
+            started.append(job_id)
+        return started
+
+    def end_task(
+        self, array_id: int, index: int, state: str = "COMPLETED", code: int | None = 0
+    ) -> None:
+        self.set_state(self.task(array_id, index).job_id, state, code)
+
     def purge(self, job_id: int) -> None:
         """Slurm forgets the job (MinJobAge); accounting keeps it."""
         self.purged[job_id] = self.jobs.pop(job_id)
@@ -232,7 +288,7 @@ class MemorySlurm:
 
     async def jobs_state(
         self, job_ids: Sequence[int] | None = None, *, batch: int = 500
-    ) -> dict[int, JobStateEntry]:
+    ) -> list[JobStateEntry]:
         return await self.do_jobs_state(job_ids, None)
 
     async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
@@ -256,7 +312,12 @@ class MemorySlurm:
             raw_state=("PENDING",),
             base_state=BaseState.PENDING,
             working_directory=req.working_directory,
+            array_job_id=job_id if req.array else None,
+            array_tasks=req.array,
+            standard_output=req.standard_output,
         )
+        if req.array:
+            self.arrays_submitted.append(req.array)
         return job_id
 
     def _may_change(self, job: SlurmJobView, user: str | None) -> None:
@@ -307,7 +368,10 @@ class MemorySlurm:
             raise SlurmTransient("slurmctld is busy")
         if ref in self.impostors:
             return [self.impostors[ref]]
-        return [self._find(ref)]
+        job = self._find(ref)
+        if job.array_job_id == job.job_id:  # an array's id answers every task of it
+            return self.array_records(job.job_id)
+        return [job]
 
     async def do_find_by_name(self, name: str, user: str | None) -> list[SlurmJobView]:
         self._record(f"find_by_name {name}", user)
@@ -336,7 +400,7 @@ class MemorySlurm:
         return [
             j.model_copy(update={"source": JobSource.ACCOUNTING})
             for j in self.purged.values()
-            if ref in (j.job_id, j.sluid)
+            if ref in (j.job_id, j.sluid, j.array_job_id)
         ]
 
     async def do_hold(self, job_id: int, held: bool, user: str | None) -> tuple[()]:
@@ -346,25 +410,43 @@ class MemorySlurm:
 
     async def do_jobs_state(
         self, job_ids: Sequence[int] | None, user: str | None
-    ) -> dict[int, JobStateEntry]:
+    ) -> list[JobStateEntry]:
         self._record("jobs_state", user)
-        return {
-            job.job_id: JobStateEntry(
-                raw_job_id=str(job.job_id),
-                job_id=job.job_id,
-                raw_state=job.raw_state,
-                base_state=job.base_state,
-            )
-            for job in self.jobs.values()
-            if job_ids is None or job.job_id in job_ids
-        }
+        entries: list[JobStateEntry] = []
+        for job in self.jobs.values():
+            asked = job_ids is None or job.job_id in job_ids or job.array_job_id in job_ids
+            if not asked:
+                continue
+            if job.array_job_id is None:
+                tasks: list[tuple[int, int | None]] = [(job.job_id, None)]
+            elif job.array_task_id is not None:
+                tasks = [(job.job_id, job.array_task_id)]
+            else:
+                tasks = [(job.job_id, i) for i in self.pending_tasks(job.job_id)]
+            for job_id, task in tasks:
+                entries.append(
+                    JobStateEntry(
+                        raw_job_id=str(job_id) if task is None else f"{job_id}_{task}",
+                        job_id=job_id,
+                        array_task=None if task is None else str(task),
+                        raw_state=job.raw_state,
+                        base_state=job.base_state,
+                    )
+                )
+        return entries
 
     async def do_cancel(self, ref: int | str, user: str | None) -> None:
         self._record(f"cancel {ref}", user)
         job = self._find(ref)
         self._may_change(job, user)
-        if not job.is_final:
-            self.set_state(job.job_id, "CANCELLED")
+        self._cancel_job(job)
+
+    def _cancel_job(self, job: SlurmJobView) -> None:
+        """As scancel: an array's id cancels every task of the array."""
+        targets = self.array_records(job.job_id) if job.array_job_id == job.job_id else [job]
+        for target in targets:
+            if not target.is_final:
+                self.set_state(target.job_id, "CANCELLED")
 
     async def do_cancel_many(self, refs: Sequence[int | str], user: str | None) -> BulkCancelResult:
         """`DELETE /jobs`: each id's failure in the answer, as Slurm 26.05 reports them."""
@@ -382,8 +464,7 @@ class MemorySlurm:
             except SlurmRejected as exc:
                 refused.append((ref, SlurmMessage(error_number=1, error=str(exc))))
                 continue
-            if not job.is_final:
-                self.set_state(job.job_id, "CANCELLED")
+            self._cancel_job(job)
         return BulkCancelResult(
             sent=tuple(sent), missing=frozenset(missing), refused=tuple(refused)
         )
@@ -427,7 +508,7 @@ class MemoryUserClient:
 
     async def jobs_state(
         self, job_ids: Sequence[int] | None = None, *, batch: int = 500
-    ) -> dict[int, JobStateEntry]:
+    ) -> list[JobStateEntry]:
         return await self.slurm.do_jobs_state(job_ids, self.user)
 
     async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:

@@ -20,6 +20,14 @@ S2205 = SAMPLES / "slurm-22.05"
 S2605 = SAMPLES / "slurm-26.05"
 
 
+CAPTURES = SAMPLES.parent / "slurm-captures" / "slurm-26.05.5"
+
+
+def capture(name: str) -> Any:
+    """One of this project's own captures of Slurm 26.05.5 (tests/data/slurm-captures)."""
+    return json.loads((CAPTURES / name).read_text(encoding="utf-8"))
+
+
 def sample(relative: str) -> Any:
     return json.loads((SAMPLES / relative).read_text(encoding="utf-8"))
 

@@ -111,9 +111,9 @@ async def test_a_read_that_hangs_is_given_up_and_the_tail_kept(
     release = threading.Event()
     real = read_attempt_logs
 
-    def hang(*args: Any) -> Any:
+    def hang(*args: Any, **kwargs: Any) -> Any:
         release.wait(10)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(following_module, "read_attempt_logs", hang)
     monkeypatch.setattr(following_module, "READ_TIMEOUT", 0.2)

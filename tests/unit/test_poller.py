@@ -51,7 +51,7 @@ class FakeClient:
 
     async def jobs_state(
         self, ids: Sequence[int] | None = None, *, batch: int = 500
-    ) -> dict[int, JobStateEntry]:
+    ) -> list[JobStateEntry]:
         """As the real client: one request per `batch` ids, or one for every job (then the
         controller's other jobs too, `others` of them)."""
         if ids is None:
@@ -61,8 +61,8 @@ class FakeClient:
             for _ in range(0, len(ids), batch):
                 self._count("jobs_state")
             wanted = ids
-        return {
-            i: JobStateEntry(
+        return [
+            JobStateEntry(
                 raw_job_id=str(i),
                 job_id=i,
                 raw_state=(self.states.get(i, "PENDING"),),
@@ -70,7 +70,7 @@ class FakeClient:
             )
             for i in wanted
             if i in self.states or i >= 10**6
-        }
+        ]
 
     def lifecycle_ref(self, job_id: int, sluid: str | None) -> int | str:
         return job_id

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -47,6 +48,8 @@ GOLDEN = Path(__file__).parent / "golden"
 PROFILES = [RuntimeProfile.ENROOT_PYXIS, RuntimeProfile.APPTAINER]
 SHAPES = ["cpu", "gpu", "het"]
 CASES = [(p, s) for s in SHAPES for p in PROFILES]
+# "array": the cpu job as a 20-task array (its script differs from the cpu job's only there).
+GOLDEN_CASES = [*CASES, *((p, "array") for p in PROFILES)]
 
 
 def golden_settings(profile: RuntimeProfile) -> Settings:
@@ -59,18 +62,21 @@ def golden_settings(profile: RuntimeProfile) -> Settings:
 
 def golden_render(profile: RuntimeProfile, shape: str) -> Any:
     settings = golden_settings(profile)
+    array = shape == "array"
+    cpu = shape in ("cpu", "array")
     spec = make_spec(
-        shape,
+        "cpu" if array else shape,
         account="ml",
         qos="normal",
         timeLimit="4h",
-        partition="cpu" if shape == "cpu" else None,
+        partition="cpu" if cpu else None,
+        **({"array": {"count": 20, "parallelism": 3}} if array else {}),
     )
     ctx = make_context(
         spec,
         settings,
         fixed_artifact(profile_format(profile)),
-        partition="cpu" if shape == "cpu" else "gpu",
+        partition="cpu" if cpu else "gpu",
         exclusive={"learner": True} if shape == "het" else {},
     )
     return render_attempt(spec, ctx)
@@ -79,6 +85,8 @@ def golden_render(profile: RuntimeProfile, shape: str) -> Any:
 def golden_json(rendered: Any) -> str:
     launch = rendered.launch.model_dump(mode="json")
     launch["script"] = "<see the .sh golden file>"
+    if launch["array"] is None:  # the field is younger than the golden files of plain jobs
+        del launch["array"]
     files = {
         name: {
             "mode": oct(staged.mode),
@@ -90,7 +98,7 @@ def golden_json(rendered: Any) -> str:
     return json.dumps({"launch": launch, "files": files}, indent=2, sort_keys=True) + "\n"
 
 
-@pytest.mark.parametrize(("profile", "shape"), CASES)
+@pytest.mark.parametrize(("profile", "shape"), GOLDEN_CASES)
 def test_golden(profile: RuntimeProfile, shape: str) -> None:
     rendered = golden_render(profile, shape)
     stem = f"{shape}-{profile.value}"
@@ -107,7 +115,7 @@ def test_golden(profile: RuntimeProfile, shape: str) -> None:
         assert text == path.read_text(encoding="utf-8"), f"{path} differs (UPDATE_GOLDEN=1)"
 
 
-@pytest.mark.parametrize(("profile", "shape"), CASES)
+@pytest.mark.parametrize(("profile", "shape"), GOLDEN_CASES)
 def test_golden_script_parses(profile: RuntimeProfile, shape: str) -> None:
     script = golden_render(profile, shape).launch.script
     result = subprocess.run(["bash", "-n"], input=script.encode(), capture_output=True)
@@ -115,7 +123,7 @@ def test_golden_script_parses(profile: RuntimeProfile, shape: str) -> None:
 
 
 @pytest.mark.skipif(find_shellcheck() is None, reason="shellcheck is not installed")
-@pytest.mark.parametrize(("profile", "shape"), CASES)
+@pytest.mark.parametrize(("profile", "shape"), GOLDEN_CASES)
 def test_golden_script_shellcheck(profile: RuntimeProfile, shape: str) -> None:
     script = golden_render(profile, shape).launch.script
     assert shellcheck_script(script, severity="warning") == []
@@ -515,3 +523,59 @@ def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 143, err
     assert time.monotonic() - begin < 10
     assert not (rendered.staging_dir / "secrets.env").exists()
+
+
+def _array_attempt(tmp_path: Path, indices: tuple[int, ...] | None = None) -> Any:
+    settings = stand_in_settings(tmp_path, slurm_runtime_profile=RuntimeProfile.APPTAINER)
+    artifact = write_artifact(settings, profile_format(RuntimeProfile.APPTAINER))
+    spec = make_spec("cpu", command=["python", "-c", "print(1)"], array={"count": 20})
+    ctx = dataclasses.replace(make_context(spec, settings, artifact), array_indices=indices)
+    return spec, settings, render_attempt(spec, ctx)
+
+
+def test_an_array_task_gets_its_index(tmp_path: Path) -> None:
+    spec, settings, rendered = _array_attempt(tmp_path)
+    assert rendered.launch.array == "0-19"
+    assert rendered.launch.standard_output.endswith("/stdout-%a.log")
+    assert rendered.launch.standard_error.endswith("/stderr-%a.log")
+    run = run_attempt(
+        rendered,
+        settings,
+        tmp_path / "work",
+        nodes=(("n1",),),
+        extra_env={
+            "SLURM_ARRAY_TASK_ID": "7",
+            "SLURM_ARRAY_JOB_ID": "4242",
+        },
+    )
+    assert run.returncode == 0, run.stderr
+    assert command_step(run, spec.command).env["SLURMJOB_ARRAY_INDEX"] == "7"
+
+
+def test_an_array_script_without_a_task_id_stops_before_the_command(tmp_path: Path) -> None:
+    spec, settings, rendered = _array_attempt(tmp_path)
+    run = run_attempt(rendered, settings, tmp_path / "work", nodes=(("n1",),))
+    assert run.returncode != 0
+    assert "SLURM_ARRAY_TASK_ID" in run.stderr
+    assert not [s for s in run.steps if s.argv[-len(spec.command) :] == spec.command]
+
+
+def test_a_retry_submits_its_own_indices(tmp_path: Path) -> None:
+    _, _, rendered = _array_attempt(tmp_path, (5, 13))
+    assert rendered.launch.array == "5,13"
+    with pytest.raises(RenderError, match="some of 0 to 19"):
+        _array_attempt(tmp_path, (5, 20))
+    with pytest.raises(RenderError, match="some of 0 to 19"):
+        _array_attempt(tmp_path, ())
+
+
+def test_a_plain_job_takes_no_indices(tmp_path: Path) -> None:
+    settings = stand_in_settings(tmp_path, slurm_runtime_profile=RuntimeProfile.APPTAINER)
+    artifact = write_artifact(settings, profile_format(RuntimeProfile.APPTAINER))
+    spec = make_spec("cpu")
+    ctx = dataclasses.replace(make_context(spec, settings, artifact), array_indices=(1,))
+    with pytest.raises(RenderError, match="not an array"):
+        render_attempt(spec, ctx)
+    plain = render_attempt(spec, make_context(spec, settings, artifact))
+    assert plain.launch.array is None
+    assert "SLURMJOB_ARRAY_INDEX" not in plain.launch.script

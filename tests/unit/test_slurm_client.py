@@ -22,7 +22,16 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.http import HttpTransport
 
 from .raw_http import GET_404_2605, SUBMIT_422_2605, raw_server
-from .slurm_fakes import S2205, S2605, FakeSlurm, StaticToken, cpu_request, envelope, sample
+from .slurm_fakes import (
+    S2205,
+    S2605,
+    FakeSlurm,
+    StaticToken,
+    capture,
+    cpu_request,
+    envelope,
+    sample,
+)
 
 Calls = list[tuple[str, str, str, float]]
 
@@ -349,10 +358,36 @@ async def test_jobs_state_batches_repeated_parameters(fake: FakeSlurm, session: 
         [("job_id", "11"), ("job_id", "12")],
         [("job_id", "13"), ("job_id", "14")],
     ]
-    assert sorted(result) == [11, 12, 13, 14]
-    assert result[13].raw_job_id == "12+1"
-    assert result[13].het_job_offset == 1
-    assert result[12].base_state is BaseState.RUNNING
+    by_component = {e.component_job_id: e for e in result}
+    assert sorted(by_component) == [11, 12, 13, 14]
+    assert len(result) == 4
+    assert by_component[13].raw_job_id == "12+1"
+    assert by_component[13].het_job_offset == 1
+    assert by_component[12].base_state is BaseState.RUNNING
+
+
+async def test_jobs_state_keeps_every_task_of_an_array(fake: FakeSlurm, session: Any) -> None:
+    """The captured answer for an array's id: one entry per task, pending ones under the
+    array's id, each started one under its own job id (Slurm 26.05.5)."""
+    captured = capture("resp_state_array_running.json")
+
+    async def handler(request: Any) -> Any:
+        from aiohttp import web
+
+        assert request.query.getall("job_id") == ["1"]
+        return web.json_response(captured)
+
+    fake.routes[("GET", f"{V45}/jobs/state")] = handler
+    result = await client(fake, session).jobs_state([1])
+    assert sorted((e.job_id, e.array_task) for e in result) == [
+        (1, "2"),
+        (1, "3"),
+        (1, "4"),
+        (1, "5"),
+        (2, "0"),
+        (3, "1"),
+    ]
+    assert {e.array_task: e.base_state for e in result}["0"] is BaseState.RUNNING
 
 
 async def test_jobs_state_isolates_unknown_ids(fake: FakeSlurm, session: Any) -> None:
@@ -371,8 +406,8 @@ async def test_jobs_state_isolates_unknown_ids(fake: FakeSlurm, session: Any) ->
 
     fake.routes[("GET", f"{V45}/jobs/state")] = handler
     result = await client(fake, session).jobs_state([1, 2, 3, 4])
-    assert sorted(result) == [1, 2, 4]
-    assert all(e.is_final for e in result.values())
+    assert sorted(e.job_id for e in result) == [1, 2, 4]
+    assert all(e.is_final for e in result)
 
 
 async def test_jobs_state_unsupported_on_v38(fake: FakeSlurm, session: Any) -> None:

@@ -168,8 +168,18 @@ INVALID: list[Case] = [
         "spec.array",
         "an array has exactly one pool",
     ),
-    Case("array-empty", changed(cpu_spec(), array={"count": 0}), "spec.array.count", "greater than or equal to 1"),
-    Case("array-too-big", changed(cpu_spec(), array={"count": 10_001}), "spec.array.count", "less than or equal to 10000"),
+    Case(
+        "array-empty",
+        changed(cpu_spec(), array={"count": 0}),
+        "spec.array.count",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "array-too-big",
+        changed(cpu_spec(), array={"count": 10_001}),
+        "spec.array.count",
+        "less than or equal to 10000",
+    ),
     Case(
         "array-parallelism-zero",
         changed(cpu_spec(), array={"count": 4, "parallelism": 0}),

@@ -17,7 +17,6 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.api.retry import RetrySpec
-from slurmjob_operator.api.status import MAX_ARRAY_TASKS
 from slurmjob_operator.api.scriptwords import (
     ABSOLUTE_PATH_RE,
     MAX_COMMAND_WORDS,
@@ -28,6 +27,7 @@ from slurmjob_operator.api.scriptwords import (
     path_problem,
     reserved_env_name,
 )
+from slurmjob_operator.api.status import MAX_ARRAY_TASKS
 
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

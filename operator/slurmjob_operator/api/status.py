@@ -114,21 +114,23 @@ class ArrayAttempt(_Model):
     """The tasks of an array that one attempt ran, and how those that ended did. Indices are
     compact lists of ranges ("0-19", "5,13")."""
 
-    indices: str = Field(max_length=MAX_INDEX_TEXT, description="Task indices this attempt submitted.")
+    indices: str = Field(
+        max_length=MAX_INDEX_TEXT, description="Task indices this attempt submitted."
+    )
     succeeded: str = Field(
         default="", max_length=MAX_INDEX_TEXT, description="Indices of its tasks that succeeded."
     )
     failed: str = Field(
+        default="", max_length=MAX_INDEX_TEXT, description="Indices of its tasks that failed."
+    )
+    cancelled: str = Field(
         default="",
         max_length=MAX_INDEX_TEXT,
-        description="Indices of its tasks that ended without success (failed or cancelled).",
-    )
-    cancelled: bool = Field(
-        default=False,
-        description="Whether every task that ended without success was cancelled (none failed).",
+        description="Indices of its tasks that were cancelled (or preempted).",
     )
     first_failed: TaskEnd | None = Field(
-        default=None, description="The lowest-index task that ended without success."
+        default=None,
+        description="The lowest-index task that failed, else the lowest cancelled one.",
     )
 
 
@@ -228,13 +230,17 @@ class ArrayStatus(_Model):
     pending: int = Field(default=0, ge=0, description="Tasks waiting to start.")
     running: int = Field(default=0, ge=0, description="Tasks running (or still finishing).")
     succeeded: int = Field(default=0, ge=0, description="Tasks that succeeded.")
-    failed: int = Field(
-        default=0, ge=0, description="Tasks of the current attempt that ended without success."
+    failed: int = Field(default=0, ge=0, description="Tasks of the current attempt that failed.")
+    cancelled: int = Field(
+        default=0, ge=0, description="Tasks of the current attempt that were cancelled."
     )
     failed_indices: str = Field(
         default="",
         max_length=MAX_INDEX_TEXT,
-        description="Their indices, as ranges (e.g. 5,13): what a retry resubmits.",
+        description=(
+            "Indices of the failed and cancelled tasks, as ranges (e.g. 5,13): what a retry "
+            "resubmits."
+        ),
     )
     log_index: int | None = Field(
         default=None,

@@ -73,6 +73,7 @@ class Canceller:
         self._limit = asyncio.Semaphore(concurrency)
         self._asks: dict[str | None, list[_Ask]] = {}
         self._waits: dict[int, list[asyncio.Future[None]]] = defaultdict(list)
+        self._arrays: set[int] = set()  # the waited-for ids that are job arrays
         self._tasks: set[asyncio.Task[None]] = set()
         self._watching = False
         self._bulk = True  # until the server shows it has no bulk cancel
@@ -151,11 +152,13 @@ class Canceller:
 
     # -- wait --------------------------------------------------------------------------------
 
-    async def until_final(self, job_id: int, within: float) -> bool:
-        """Whether job `job_id` (every het component) ended, or Slurm forgot it, within
-        `within` seconds."""
+    async def until_final(self, job_id: int, within: float, *, array: bool = False) -> bool:
+        """Whether job `job_id` (every het component; every task of an `array`) ended, or
+        Slurm forgot it, within `within` seconds."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waits[job_id].append(future)
+        if array:
+            self._arrays.add(job_id)
         if not self._watching:
             self._watching = True
             self._spawn(self._watch())
@@ -171,6 +174,7 @@ class Canceller:
                 await asyncio.sleep(self.tick)
                 for job_id in [i for i, fs in self._waits.items() if all(f.done() for f in fs)]:
                     del self._waits[job_id]
+                    self._arrays.discard(job_id)
                 if not self._waits:
                     return
                 try:
@@ -179,6 +183,7 @@ class Canceller:
                     log.warning("waiting for cancelled jobs: slurmrestd: %s", exc)
                     continue
                 for job_id in ended:
+                    self._arrays.discard(job_id)
                     for future in self._waits.pop(job_id, []):
                         _settle(future)
         finally:
@@ -186,8 +191,21 @@ class Canceller:
 
     async def _ended(self, client: SlurmClient, job_ids: Sequence[int]) -> Iterable[int]:
         if client.dialect.supports_jobs_state:
-            groups = group_states((await client.jobs_state(job_ids)).values())
-            return [i for i in job_ids if i not in groups or all(e.is_final for e in groups[i])]
+            entries = await client.jobs_state(job_ids)
+            groups = group_states(entries)
+            # A started task of an array answers under its own job id, which was not asked
+            # for: such an entry is some asked array's. While one is live, no array is done.
+            asked = set(job_ids)
+            tasks_live = any(
+                e.array_task is not None and e.job_id not in asked and not e.is_final
+                for e in entries
+            )
+            return [
+                i
+                for i in job_ids
+                if (i not in groups or all(e.is_final for e in groups[i]))
+                and not (tasks_live and i in self._arrays)
+            ]
         done = await asyncio.gather(*(self._ended_one(client, i) for i in job_ids))
         return [i for i, ended in zip(job_ids, done, strict=True) if ended]
 

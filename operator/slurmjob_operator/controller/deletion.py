@@ -19,6 +19,7 @@ from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
+from slurmjob_operator.core.arrays import shown_index
 from slurmjob_operator.core.decisions import belongs, stranger
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.transition import Transition
@@ -71,7 +72,9 @@ class Deletion:
                 await self._end_job(ref, client, attempt)
                 fresh = await self.edge.fresh(ref)
                 if fresh is not None and attempt.staging_dir:
-                    logs = await self.following.logs(fresh, attempt)
+                    logs = await self.following.logs(
+                        fresh, attempt, index=shown_index(fresh.status)
+                    )
                     if logs is not None:
                         tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
                         await self.edge.apply(fresh, Transition(tails))
@@ -100,7 +103,11 @@ class Deletion:
             await self.canceller.cancel(self._user(ref), target)
         except SlurmNotFound:
             return
-        if await self.canceller.until_final(attempt.job_id, self.settings.delete_timeout):
+        # An array's id stands for all its tasks: cancelled together, waited for together.
+        array = attempt.array is not None
+        if await self.canceller.until_final(
+            attempt.job_id, self.settings.delete_timeout, array=array
+        ):
             via = f" through its SLUID {target}" if isinstance(target, str) else ""
             text = f"Slurm job {attempt.job_id} cancelled{via} on deletion"
             await self.edge.event(ref, "Normal", "Cancelled", text)

@@ -16,6 +16,12 @@ from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.absence import Window, late_candidates
+from slurmjob_operator.core.arrays import (
+    ArrayObservation,
+    array_total,
+    observe_array,
+    shown_index,
+)
 from slurmjob_operator.core.decisions import (
     IDENTITY_MISMATCH,
     belongs,
@@ -26,11 +32,12 @@ from slurmjob_operator.core.following import (
     lost,
     not_retried,
     observed,
+    observed_array,
     reachability,
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import ACTIVE_STATES, SlurmJobView
+from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
@@ -159,6 +166,10 @@ class Following:
                     generation,
                     now,
                 )
+            elif attempt.array is not None:
+                seen = await self._observe_array(view.ref.uid, status, attempt, views)
+                obs = seen.observation
+                transition = observed_array(status, seen, generation, now)
             else:
                 obs = observe(views)
                 transition = observed(status, obs, generation, now)
@@ -167,7 +178,7 @@ class Following:
         new = transition.status
         logs: Logs | None = None
         if attempt.staging_dir:
-            logs = await self.logs(view, attempt)
+            logs = await self.logs(view, attempt, index=shown_index(new))
             if logs is not None:
                 new = with_logs(new, logs, self.settings.status_tail_bytes)
             if obs is not None and obs.final:
@@ -184,6 +195,35 @@ class Following:
         if transition.status.next_attempt_at is not None:
             self._retry_later(view.ref, transition.status.next_attempt_at)
         return True
+
+    async def _observe_array(
+        self,
+        uid: str,
+        status: SlurmJobStatus,
+        attempt: Attempt,
+        views: Sequence[SlurmJobView],
+    ) -> ArrayObservation:
+        """The array's tasks as Slurm's views show them. Tasks the controller no longer has
+        (it forgets ended tasks while the array runs) and the attempt does not remember are
+        looked for in accounting, when there is one."""
+        assert attempt.array is not None
+        total = array_total(status.attempts)
+        seen = observe_array(views, attempt.array, total=total)
+        if not seen.unseen or any(v.source is JobSource.ACCOUNTING for v in views):
+            return seen
+        try:
+            records = await self._from_accounting(uid, attempt)
+        except SlurmError as exc:
+            log.info("array %s: accounting: %s", attempt.job_id, exc)
+            return seen
+        found = [
+            r
+            for r in records
+            if r.array_task_id in seen.unseen and belongs(r, uid, attempt) and r.is_final
+        ]
+        if not found:
+            return seen
+        return observe_array([*views, *found], attempt.array, total=total)
 
     async def _cancel_late(self, view: ResourceView, status: SlurmJobStatus) -> None:
         """A job of an attempt proven absent that shows up after all (its request held in a
@@ -259,8 +299,11 @@ class Following:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def logs(self, view: ResourceView, attempt: Attempt) -> Logs | None:
-        """The attempt's log tails; None (keep what the status has) when they cannot be read
+    async def logs(
+        self, view: ResourceView, attempt: Attempt, *, index: int | None = None
+    ) -> Logs | None:
+        """The attempt's log tails (of its task `index`, for an array); None (keep what the
+        status has) when they cannot be read
         or are refused (`storage.nofollow`), when the read takes longer than `READ_TIMEOUT`
         (one job's storage must not hold up the others), or when the secret values to redact
         them are not known. The directory is derived from the resource, not the status."""
@@ -268,7 +311,7 @@ class Following:
         base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
         redact = await self.edge.redactions(view)
         owner = self._job_uid(ref.namespace)
-        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact, owner)
+        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact, owner, index=index)
         try:
             return await asyncio.wait_for(read, READ_TIMEOUT)
         except TimeoutError:  # an OSError too: first

@@ -139,6 +139,7 @@ def prepare_attempt(
     attempt: int,
     api_version: str,
     secret_values: Mapping[str, str],
+    array_indices: Sequence[int] | None = None,
 ) -> PreparedAttempt:
     """Resolve, render, build the submit body and run the preflight checks.
 
@@ -162,6 +163,7 @@ def prepare_attempt(
         partition=resolution.partition,
         settings=site.settings,
         secret_values=secret_values,
+        array_indices=tuple(array_indices) if array_indices is not None else None,
     )
     rendered = render_attempt(spec, ctx)
     body = dialect_for(api_version).submit_body(rendered.launch)

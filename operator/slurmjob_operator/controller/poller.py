@@ -24,8 +24,8 @@ from datetime import UTC, datetime, timedelta
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceGone
-from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader, group_states
-from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader
+from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.sweep import RECHECK_CYCLES, STATE_BATCH, sweep_all
 from slurmjob_operator.slurm.auth import TokenError
@@ -52,6 +52,19 @@ def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
     return tuple(sorted(tuple(sorted(e.raw_state)) for e in entries))
 
 
+def array_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
+    """The same for an array: each task's index and raw state (a sweep's entries, or the
+    views of a listing; the two are never compared with each other)."""
+    rows: list[tuple[str, ...]] = []
+    for e in entries:
+        if isinstance(e, JobStateEntry):
+            rows.append((e.array_task or "", *sorted(e.raw_state)))
+        else:
+            task = "" if e.array_task_id is None else str(e.array_task_id)
+            rows.append((task, e.array_tasks or "", *sorted(e.raw_state)))
+    return tuple(sorted(rows))
+
+
 class Poller:
     def __init__(
         self,
@@ -75,6 +88,10 @@ class Poller:
         self._next_since: datetime | None = None
         self._cluster_jobs: int | None = None  # entries of the last unfiltered sweep
         self._filtered_sweeps = 0  # since the last unfiltered one
+        # A started array task answers a sweep under its own job id: learnt from the array's
+        # details, so that its entries count for the array (`_attributed`).
+        self._task_of: dict[int, int] = {}  # task's own job id -> its array's id
+        self._keys: dict[int, StateKey] = {}  # this cycle's keys of the arrays read again
 
     async def run(self) -> None:
         interval = self.controller.settings.poll_interval
@@ -151,9 +168,13 @@ class Poller:
             )
 
     def _forget_untracked(self, tracked: dict[int, list[Tracked]]) -> None:
+        self._keys.clear()
         for job_id in list(self._seen):
             if job_id not in tracked:
                 self._seen.pop(job_id, None)
+        for task, array in list(self._task_of.items()):
+            if array not in tracked:
+                del self._task_of[task]
         uids = {item.ref.uid for items in tracked.values() for item in items}
         for uid in list(self._logs):
             if uid not in uids:
@@ -166,7 +187,13 @@ class Poller:
         request and a write. A wrong guess costs one detail read, never a missed change: the
         sweep's state is compared with it."""
         for job_id, items in tracked.items():
-            if job_id not in self._seen and len(items) == 1 and items[0].native:
+            # An array's recorded state is one task's: its sweep entries are read again once.
+            if (
+                job_id not in self._seen
+                and len(items) == 1
+                and items[0].native
+                and not items[0].array
+            ):
                 self._seen[job_id] = (items[0].native,)
             for item in items:
                 if item.running and item.ref.uid not in self._logs:
@@ -179,13 +206,17 @@ class Poller:
         out: dict[int, list[SlurmJobView] | None] = {}
         if client.dialect.supports_jobs_state:
             entries = await self._sweep(client, tracked)
-            groups = group_states(entries.values())
+            groups, strays = self._attributed(entries, tracked)
             for job_id, items in tracked.items():
                 group = groups.get(job_id)
-                if group is None or self._seen.get(job_id) != state_key(group):
+                array = any(item.array for item in items)
+                key = array_key(group or ()) if array else state_key(group or ())
+                if group is None or self._seen.get(job_id) != key:
                     details = await self._details(client, items[0])
                     if not isinstance(details, _Skip):
                         out[job_id] = details
+                        if array and details:
+                            self._keys[job_id] = self._learn(job_id, details, group, strays)
             return out
         # Moved forward only once the listing and every refresh went through (see cycle), so
         # a change inside a failed cycle's window is not lost behind a 304.
@@ -200,15 +231,55 @@ class Poller:
                 details = await self._details(client, items[0])
                 if not isinstance(details, _Skip):
                     out[job_id] = details
-            elif self._seen.get(job_id) != state_key(views):
-                out[job_id] = views
+            else:
+                array = any(item.array for item in items)
+                key = array_key(views) if array else state_key(views)
+                if self._seen.get(job_id) != key:
+                    out[job_id] = views
+                    if array:
+                        self._keys[job_id] = key
         return out
+
+    def _attributed(
+        self, entries: Iterable[JobStateEntry], tracked: Mapping[int, object]
+    ) -> tuple[dict[int, list[JobStateEntry]], dict[int, list[JobStateEntry]]]:
+        """A sweep's entries by tracked job id (an array's started tasks under the array, as
+        far as their ids were learnt), and the rest by their own id."""
+        groups: dict[int, list[JobStateEntry]] = defaultdict(list)
+        strays: dict[int, list[JobStateEntry]] = defaultdict(list)
+        for entry in entries:
+            if entry.job_id in tracked:
+                groups[entry.job_id].append(entry)
+            elif entry.array_task is not None and self._task_of.get(entry.job_id) in tracked:
+                groups[self._task_of[entry.job_id]].append(entry)
+            else:
+                strays[entry.job_id].append(entry)
+        return groups, strays
+
+    def _learn(
+        self,
+        array_id: int,
+        views: Sequence[SlurmJobView],
+        group: Sequence[JobStateEntry] | None,
+        strays: Mapping[int, list[JobStateEntry]],
+    ) -> StateKey:
+        """Remember the own job ids of the array's started tasks; the key of the sweep's
+        entries for the array, those of the tasks just learnt included (so a task that just
+        started costs one detail read, not two)."""
+        entries = list(group or ())
+        for view in views:
+            if view.job_id != array_id and view.array_job_id == array_id:
+                if view.job_id not in self._task_of:
+                    entries += strays.get(view.job_id, [])
+                self._task_of[view.job_id] = array_id
+        return array_key(entries)
 
     async def _sweep(
         self, client: SlurmClient, tracked: dict[int, list[Tracked]]
-    ) -> dict[int, JobStateEntry]:
+    ) -> list[JobStateEntry]:
         """`/jobs/state` for the tracked jobs: filtered batches, or one unfiltered request
-        once that is cheaper (`core.sweep`)."""
+        once that is cheaper (`core.sweep`). An array's id counts as one: filtered by it, Slurm
+        answers every task of the array."""
         known = self._cluster_jobs if self._filtered_sweeps < RECHECK_CYCLES else None
         if sweep_all(len(tracked), known, batch=STATE_BATCH):
             entries = await client.jobs_state(None)
@@ -249,7 +320,8 @@ class Poller:
             log.exception("cannot refresh %s/%s", item.ref.namespace, item.ref.name)
             return False
         if views is not None and not logs_only:
-            self._seen[item.job_id] = state_key(views)
+            key = self._keys.get(item.job_id)
+            self._seen[item.job_id] = key if key is not None else state_key(views)
         self._logs[item.ref.uid] = self._signature(item)
         self._logs_read[item.ref.uid] = time.monotonic()
         return True
@@ -262,7 +334,7 @@ class Poller:
         settings = self.controller.settings
         root = settings.storage_root
         base = attempt_dir(root, item.ref, item.attempt, item.staging_dir)
-        out, err = tail_signatures(root, base, (STDOUT_FILE, STDERR_FILE), job_owner(settings))
+        out, err = tail_signatures(root, base, log_files(item.log_index), job_owner(settings))
         return (out, err)
 
     def _logs_due(self, item: Tracked, now: float) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
+from slurmjob_operator.core.arrays import shown_index
 from slurmjob_operator.core.following import is_lost
 from slurmjob_operator.core.reconcile import SLURM_REACHABLE
 
@@ -28,6 +29,10 @@ class Tracked:
     # The SlurmReachable condition's (status, reason) as recorded: a reachability report
     # visits only the resources whose condition it changes (after a restart: none).
     reachable: tuple[str, str] | None = None
+    # A job array: its tasks answer a state sweep under their own job ids (`poller`), and the
+    # log files looked at are those of task `log_index`.
+    array: bool = False
+    log_index: int | None = None
 
 
 def follows(status: SlurmJobStatus) -> bool:
@@ -69,6 +74,8 @@ class Registry:
                 native=tuple(sorted(native)),
                 running=status.phase is Phase.RUNNING,
                 reachable=(cond.status, cond.reason) if cond is not None else None,
+                array=attempt.array is not None,
+                log_index=shown_index(status),
             )
         else:
             self._tracked.pop(ref.uid, None)

@@ -38,6 +38,7 @@ from slurmjob_operator.controller.pipeline import (
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
+from slurmjob_operator.core.arrays import next_indices
 from slurmjob_operator.core.decisions import (
     AdoptAction,
     Failure,
@@ -279,7 +280,7 @@ class Submission:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
 
     async def _prepare(
-        self, view: ResourceView, number: int
+        self, view: ResourceView, number: int, indices: list[int] | None
     ) -> tuple[SlurmClient, PreparedAttempt]:
         """Everything before the attempt is recorded; raises one of PREPARE_ERRORS. The client
         is the one to submit with: as the Slurm user of the tenant the spec was resolved for."""
@@ -305,6 +306,7 @@ class Submission:
             attempt=number,
             api_version=client.version,
             secret_values=secrets,
+            array_indices=indices,
         )
         # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
         await asyncio.to_thread(verify_runtime, prepared, self.settings)
@@ -313,8 +315,15 @@ class Submission:
 
     async def _submit(self, view: ResourceView) -> None:
         number = len(view.status.attempts) + 1
+        spec = view.spec
+        # A job array's retry submits only the tasks that did not succeed (`core.arrays`).
+        indices = (
+            next_indices(view.status.attempts, spec.array.count)
+            if spec is not None and spec.array is not None
+            else None
+        )
         try:
-            client, prepared = await self._prepare(view, number)
+            client, prepared = await self._prepare(view, number, indices)
         except PREPARE_ERRORS as exc:
             await self._failed(view, exc, recorded=False)
             return
@@ -332,6 +341,7 @@ class Submission:
                 # Named only with several clusters: a status the previous release (one
                 # cluster) cannot read would stop it following its jobs after a rollback.
                 cluster=self.cluster if len(self.clusters.names) > 1 else None,
+                array_indices=indices,
             ),
         )
         current = view.status.current_attempt

@@ -17,7 +17,7 @@ from typing import Literal
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus, get_condition
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.following import suspension
-from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, leader
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, job_of, leader
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
@@ -209,11 +209,12 @@ def carries(job: SlurmJobView, uid: str, attempt: Attempt) -> bool:
 def belongs(job: SlurmJobView, uid: str, attempt: Attempt) -> bool:
     """Whether `job` is this attempt's job: it has the attempt's job name, its comment
     carries the attempt (`carries`) and, once the attempt has a job id, it is that job (a
-    heterogeneous component by its leader's id). A job id alone is only a claim: ids are
-    reused, and a status `jobId` can be written by anyone with status write access."""
+    heterogeneous component by its leader's id, an array task by its array's). A job id
+    alone is only a claim: ids are reused, and a status `jobId` can be written by anyone with
+    status write access."""
     if job.name != attempt.job_name or not carries(job, uid, attempt):
         return False
-    return attempt.job_id is None or (job.het_job_id or job.job_id) == attempt.job_id
+    return attempt.job_id is None or job_of(job) == attempt.job_id
 
 
 def stranger(views: Sequence[SlurmJobView], uid: str, attempt: Attempt) -> SlurmJobView | None:
@@ -241,8 +242,8 @@ def mismatch_text(job: SlurmJobView, uid: str, attempt: Attempt, refused: str) -
             differs.append(f"its comment names attempt {ident.attempt} of this resource")
     else:
         differs.append("its comment names another resource")
-    if attempt.job_id is not None and (job.het_job_id or job.job_id) != attempt.job_id:
-        differs.append(f"Slurm answered for job {job.het_job_id or job.job_id}")
+    if attempt.job_id is not None and job_of(job) != attempt.job_id:
+        differs.append(f"Slurm answered for job {job_of(job)}")
     return (
         f"Slurm job {attempt.job_id} is not attempt {attempt.number}'s job "
         f"({'; '.join(differs) or 'it does not match'}): expected job name "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.core.arrays import ArrayObservation, array_total
 from slurmjob_operator.core.logtail import capped_logs
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
@@ -77,6 +78,21 @@ def observed(
         }
     )
     return Transition(new, phase_event(status.phase, phase, obs.reason, obs.message))
+
+
+def observed_array(
+    status: SlurmJobStatus, seen: ArrayObservation, generation: int | None, now: datetime
+) -> Transition:
+    """Fold what Slurm says about the current attempt of an array: as `observed` for the
+    array as one job, plus the attempt's task outcomes and the tasks by state."""
+    transition = observed(status, seen.observation, generation, now)
+    new = transition.status
+    attempt = new.current_attempt
+    assert attempt is not None
+    attempt = attempt.model_copy(update={"array": seen.record})
+    attempts = replace_attempt(new, attempt)
+    new = new.model_copy(update={"attempts": attempts, "array": seen.status(array_total(attempts))})
+    return Transition(new, transition.events)
 
 
 def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:

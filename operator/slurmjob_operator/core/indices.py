@@ -120,8 +120,7 @@ def task_string(text: str | None, within: Iterable[int]) -> frozenset[int]:
     for index in wanted:
         k = bisect_right(starts, index) - 1
         if (k >= 0 and reach[k] >= index) or any(
-            first <= index <= last and (index - first) % step == 0
-            for first, last, step in stepped
+            first <= index <= last and (index - first) % step == 0 for first, last, step in stepped
         ):
             found.add(index)
     return frozenset(found)

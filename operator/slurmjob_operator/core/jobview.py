@@ -156,6 +156,9 @@ class SlurmJobView(BaseModel):
     het_job_offset: Uint32 | None = None
     array_job_id: JobId | None = None
     array_task_id: Uint32 | None = None
+    array_tasks: str | None = None
+    """The array's own record while tasks are pending: Slurm's task string of the tasks it
+    stands for ("2-5%2"); None on every started task."""
     name: str = ""
     comment: str | None = None
     user: str | None = None
@@ -189,11 +192,18 @@ class SlurmJobView(BaseModel):
         return self.het_job_id is not None
 
 
+def job_of(view: SlurmJobView) -> int:
+    """The id of the job a view is part of: a heterogeneous component's leader, an array
+    task's array (the id its submit returned), else its own."""
+    return view.het_job_id or view.array_job_id or view.job_id
+
+
 def by_leader(views: Iterable[SlurmJobView]) -> dict[int, list[SlurmJobView]]:
-    """Views grouped by job: a heterogeneous job's components under their leader's id."""
+    """Views grouped by job: a heterogeneous job's components under their leader's id, an
+    array's tasks under the array's id."""
     groups: dict[int, list[SlurmJobView]] = {}
     for view in views:
-        groups.setdefault(view.het_job_id or view.job_id, []).append(view)
+        groups.setdefault(job_of(view), []).append(view)
     return groups
 
 
@@ -225,8 +235,9 @@ class JobStateEntry(BaseModel):
 
 
 def leader(views: Sequence[SlurmJobView]) -> SlurmJobView:
-    """The component that stands for the whole job (offset 0 of a heterogeneous job)."""
-    return min(views, key=lambda v: (v.het_job_offset or 0, v.job_id))
+    """The component that stands for the whole job (offset 0 of a heterogeneous job; an
+    array's own record, whose id is the array's)."""
+    return min(views, key=lambda v: (v.het_job_offset or 0, v.job_id != job_of(v), v.job_id))
 
 
 def group_states(entries: Iterable[JobStateEntry]) -> dict[int, list[JobStateEntry]]:

@@ -43,6 +43,10 @@ class LaunchRequest(BaseModel):
     account: str | None = None
     qos: str | None = None
     time_limit_minutes: int | None = None
+    array: str | None = Field(
+        default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*(%[0-9]+)?$"
+    )
+    """A job array's task indices and limit, as Slurm's `--array` takes them ("0-19%3")."""
 
     @property
     def is_heterogeneous(self) -> bool:

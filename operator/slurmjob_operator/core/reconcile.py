@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
-from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import ArrayAttempt, ArrayStatus, Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.core.arrays import array_total
+from slurmjob_operator.core.indices import compact
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
     NORMAL,
@@ -113,9 +115,11 @@ def record_attempt(
     generation: int | None,
     now: datetime,
     cluster: str | None = None,
+    array_indices: Sequence[int] | None = None,
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
-    the cluster it went to, where the adoption must look)."""
+    the cluster it went to, where the adoption must look). `array_indices`: the tasks of a
+    job array the attempt submits."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
@@ -124,7 +128,14 @@ def record_attempt(
         staging_dir=staging_dir,
         submitted_at=rfc3339(now),
         retry_of=previous.number if previous is not None and previous.job_id else None,
+        array=ArrayAttempt(indices=compact(array_indices)) if array_indices else None,
     )
+    attempts = [*status.attempts, attempt]
+    array = None
+    if attempt.array is not None:
+        total = array_total(attempts)
+        waiting = len(set(array_indices or ()))
+        array = ArrayStatus(total=total, pending=waiting, succeeded=max(0, total - waiting))
     message = f"submitting attempt {number} as Slurm job name {job_name}"
     new = with_conditions(
         status,
@@ -134,7 +145,8 @@ def record_attempt(
     ).model_copy(
         update={
             "phase": Phase.SUBMITTING,
-            "attempts": [*status.attempts, attempt],
+            "attempts": attempts,
+            "array": array,
             "message": message,
             "next_attempt_at": None,
             "slurm_job_id": None,

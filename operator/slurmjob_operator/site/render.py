@@ -33,8 +33,11 @@ from slurmjob_operator.api.scriptwords import command_problem, path_problem, res
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
+from slurmjob_operator.core.indices import slurm_array
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile
 from slurmjob_operator.core.naming import (
+    ARRAY_STDERR_PATTERN,
+    ARRAY_STDOUT_PATTERN,
     ENV_FILE,
     SCRIPT_FILE,
     SECRETS_FILE,
@@ -123,6 +126,8 @@ class RenderContext:
     partition: str | None
     settings: Settings
     secret_values: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: For a job array: the task indices this attempt submits (None: all of spec.array).
+    array_indices: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +299,7 @@ def _template_values(
         "mounts": mounts,
         "gpus": not spec.is_cpu_only,
         "heterogeneous": spec.is_heterogeneous,
+        "array": spec.array is not None,
         "world_size": sum(p.nodes for p in pools),
         "gpus_per_node": pools[0].gpus_per_node,
         "ray_pools": ray_pools,
@@ -321,6 +327,22 @@ def _cluster_staging_dir(ctx: RenderContext) -> PurePosixPath:
     return PurePosixPath(ctx.settings.to_cluster_path(_staging_dir(ctx)))
 
 
+def _array(spec: SlurmJobSpec, ctx: RenderContext) -> str | None:
+    """The attempt's `--array` expression: its indices (every task of spec.array unless the
+    attempt is a retry of some) and the parallelism."""
+    if spec.array is None:
+        if ctx.array_indices is not None:
+            raise RenderError("array indices given for a job that is not an array")
+        return None
+    if spec.is_heterogeneous:
+        raise RenderError("an array has exactly one pool: Slurm has no heterogeneous arrays")
+    count = spec.array.count
+    indices = ctx.array_indices if ctx.array_indices is not None else tuple(range(count))
+    if not indices or any(i < 0 or i >= count for i in indices):
+        raise RenderError(f"array indices must be some of 0 to {count - 1}")
+    return slurm_array(indices, spec.array.parallelism)
+
+
 def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     """The script, the attempt's files and the LaunchRequest of one attempt."""
     missing = [e.name for e in spec.secret_env if e.name not in ctx.secret_values]
@@ -329,6 +351,7 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
 
     staging = _staging_dir(ctx)
     cluster_dir = _cluster_staging_dir(ctx)
+    array = _array(spec, ctx)
     script = render_script(spec, ctx)
     plain = spec.plain_env
     files = {
@@ -344,8 +367,8 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
         comment=naming.comment(ctx.namespace, ctx.name, ctx.uid, ctx.attempt),
         script=script,
         working_directory=str(cluster_dir),
-        standard_output=str(cluster_dir / STDOUT_FILE),
-        standard_error=str(cluster_dir / STDERR_FILE),
+        standard_output=str(cluster_dir / (ARRAY_STDOUT_PATTERN if array else STDOUT_FILE)),
+        standard_error=str(cluster_dir / (ARRAY_STDERR_PATTERN if array else STDERR_FILE)),
         environment={
             "PATH": ctx.settings.slurm_job_path,
             "SLURMJOB_NAMESPACE": ctx.namespace,
@@ -359,6 +382,7 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
         account=spec.account,
         qos=spec.qos,
         time_limit_minutes=spec.time_limit_minutes,
+        array=array,
     )
     return RenderedAttempt(
         launch=launch, files=files, staging_dir=staging, cluster_staging_dir=cluster_dir

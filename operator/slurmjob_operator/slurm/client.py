@@ -222,13 +222,15 @@ class SlurmClient:
 
     async def jobs_state(
         self, job_ids: Sequence[int] | None = None, *, batch: int = 500
-    ) -> dict[int, JobStateEntry]:
-        """States from `GET /jobs/state` (v0.0.40+), keyed by each component's own job id.
+    ) -> list[JobStateEntry]:
+        """States from `GET /jobs/state` (v0.0.40+), one entry per het component and per
+        array task.
 
         `job_ids=None` sweeps every job. Ids are sent as repeated `job_id=` parameters (a
         comma list is refused), `batch` at a time. Ids Slurm no longer knows are absent from
-        the result, and so are ids no Slurm job can have (they are not sent). Het components
-        ("123+1") are keyed by leader + offset, the id Slurm gives consecutive components.
+        the result, and so are ids no Slurm job can have (they are not sent). An array's id
+        answers every task of the array: the pending ones as "<array id>_<index>", each
+        started one under its own job id ("<task's job id>_<index>").
         """
         if not self._dialect.supports_jobs_state:
             raise SlurmUnsupported(f"/jobs/state is not served by {self.version}")

@@ -56,15 +56,16 @@ async def skipping_unknown(
         ]
 
 
-def live_per_component(entries: Iterable[JobStateEntry]) -> dict[int, JobStateEntry]:
-    result: dict[int, JobStateEntry] = {}
+def live_per_component(entries: Iterable[JobStateEntry]) -> list[JobStateEntry]:
+    """One entry per het component and per array task (Slurm may list one twice while it
+    moves), the live one kept so that nothing looks done early."""
+    result: dict[tuple[int, str | None], JobStateEntry] = {}
     for entry in entries:
-        key = entry.component_job_id
+        key = (entry.component_job_id, entry.array_task)
         previous = result.get(key)
-        # Array tasks share a key; keep the one that is still live so nothing looks done early.
         if previous is None or (previous.is_final and not entry.is_final):
             result[key] = entry
-    return result
+    return list(result.values())
 
 
 def merge_named(

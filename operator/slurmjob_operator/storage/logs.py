@@ -30,7 +30,7 @@ from pathlib import Path
 from slurmjob_operator.api.status import Logs, LogTail
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.logtail import count_lines, skip_continuation
-from slurmjob_operator.core.naming import STDERR_FILE, STDOUT_FILE
+from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH, REDACTED, Redactor, redact_text
 from slurmjob_operator.storage.nofollow import (
     UnsafePath,
@@ -207,12 +207,15 @@ def read_attempt_logs(
     staging_dir: Path,
     current: Collection[str] | None,
     owner: int | None = None,
+    *,
+    index: int | None = None,
 ) -> Logs | None:
     """Both tails of the attempt at `staging_dir` (derived from the resource, never taken
     from its status), redacted with the `current` secret values and those the attempt was
     staged with (`redactions.recall`). None when neither is known (the Secrets cannot be read
     and no copy is kept): no tail is better than an unredacted one. `owner`: the uid the job
-    runs as, when it is not `job_owner(settings)` (a tenant's own uid)."""
+    runs as, when it is not `job_owner(settings)` (a tenant's own uid); `index`: the task of
+    a job array whose files to read (`naming.array_log_file`)."""
     owner = job_owner(settings) if owner is None else owner
     try:
         given = recall(settings.storage_root, staging_dir, owner)
@@ -222,9 +225,10 @@ def read_attempt_logs(
     if current is None and given is None:
         return None
     redactor = Redactor([*(current or ()), *(given or ())])
+    stdout, stderr = log_files(index)
     return read_logs(
-        staging_dir / STDOUT_FILE,
-        staging_dir / STDERR_FILE,
+        staging_dir / stdout,
+        staging_dir / stderr,
         redactor,
         root=settings.storage_root,
         owner=owner,

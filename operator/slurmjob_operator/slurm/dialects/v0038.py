@@ -49,6 +49,7 @@ from slurmjob_operator.slurm.dialects.common import (
 from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
 
 VERSION = "v0.0.38"
+NO_VAL = 0xFFFFFFFE
 
 
 class _JobInfo38(Response):
@@ -66,6 +67,7 @@ class _JobInfo38(Response):
     het_job_offset: int | None = None
     array_job_id: int | None = None
     array_task_id: int | None = None
+    array_task_string: OptStr = None
     nodes: OptStr = None
     node_count: int | None = None
     submit_time: Timestamp = None
@@ -93,6 +95,7 @@ class _Ping38(Response):
 def job_view_38(raw: _JobInfo38) -> SlurmJobView:
     base, flags = normalise_state(raw.job_state)
     het_id = zero_as_none(raw.het_job_id)
+    array_id, task = zero_as_none(raw.array_job_id), raw.array_task_id
     ended = base is not None and base not in ACTIVE_STATES
     return_code, signal = split_wait_status(raw.exit_code) if ended else (None, None)
     return SlurmJobView(
@@ -100,8 +103,10 @@ def job_view_38(raw: _JobInfo38) -> SlurmJobView:
         source=JobSource.CONTROLLER,
         het_job_id=het_id,
         het_job_offset=raw.het_job_offset if het_id is not None else None,
-        array_job_id=zero_as_none(raw.array_job_id),
-        array_task_id=raw.array_task_id if zero_as_none(raw.array_job_id) else None,
+        array_job_id=array_id,
+        # The array's own record says NO_VAL while it stands for pending tasks.
+        array_task_id=task if array_id is not None and task is not None and task < NO_VAL else None,
+        array_tasks=raw.array_task_string if array_id is not None else None,
         name=raw.name or "",
         comment=raw.comment,
         user=raw.user_name,
@@ -167,6 +172,9 @@ class Dialect38(Dialect):
 
     def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
         components = [self._component(req, c) for c in req.components]
+        if req.array is not None:
+            # sbatch's --array, in the served schema (`job_properties.array`, a string).
+            components[0]["array"] = req.array
         if req.is_heterogeneous:
             return {"script": req.script, "jobs": components}
         return {"script": req.script, "job": components[0]}

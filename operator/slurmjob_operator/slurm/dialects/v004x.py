@@ -106,6 +106,7 @@ class _JobInfo(Response):
     het_job_offset: NoValInt = None
     array_job_id: NoValInt = None
     array_task_id: NoValInt = None
+    array_task_string: OptStr = None
     nodes: OptStr = None
     node_count: NoValInt = None
     submit_time: Timestamp = None
@@ -138,6 +139,7 @@ class _AcctHet(Response):
 class _AcctArray(Response):
     job_id: NoValInt = None
     task_id: NoValInt = None
+    task: OptStr = None
 
 
 class _AcctTime(Response):
@@ -214,6 +216,7 @@ def job_view(raw: _JobInfo) -> SlurmJobView:
         het_job_offset=het_offset,
         array_job_id=array_id,
         array_task_id=raw.array_task_id if array_id is not None else None,
+        array_tasks=raw.array_task_string if array_id is not None else None,
         name=raw.name or "",
         comment=raw.comment,
         user=raw.user_name,
@@ -256,6 +259,7 @@ def accounting_view(raw: _AcctJob) -> SlurmJobView:
         het_job_offset=het_offset,
         array_job_id=array_id,
         array_task_id=raw.array.task_id if raw.array and array_id is not None else None,
+        array_tasks=raw.array.task if raw.array and array_id is not None else None,
         name=raw.name or "",
         comment=raw.comment.job if raw.comment else None,
         user=raw.user,
@@ -293,6 +297,8 @@ class Dialect4x(Dialect):
         job: dict[str, Any] = {}
         if first:
             job["script"] = req.script
+            if req.array is not None:
+                job["array"] = req.array
         job.update(
             {
                 "name": req.job_name,
