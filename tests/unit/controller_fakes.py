@@ -43,6 +43,7 @@ from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.controller import Controller
+from slurmjob_operator.core.indices import compact, expand
 from slurmjob_operator.core.jobview import (
     BaseState,
     JobExit,
@@ -50,7 +51,6 @@ from slurmjob_operator.core.jobview import (
     JobStateEntry,
     SlurmJobView,
 )
-from slurmjob_operator.core.indices import compact, expand
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
