@@ -15,11 +15,29 @@ from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.versions import SUPPORTED_VERSIONS
 
-from .slurm_fakes import S2205, S2605, cpu_request, gpu_request, het_request, sample
+from .slurm_fakes import (
+    S2205,
+    S2605,
+    capture,
+    cpu_request,
+    gpu_request,
+    het_request,
+    sample,
+)
 
 SERVED_2605 = ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 NO_DOCUMENT = ("v0.0.40", "v0.0.41")
-REQUESTS = {"cpu": cpu_request, "gpu": gpu_request, "het": het_request}
+
+
+def array_request() -> LaunchRequest:
+    return cpu_request(
+        array="0-19%3",
+        standard_output="/shared/jobs/abc/stdout-%a.log",
+        standard_error="/shared/jobs/abc/stderr-%a.log",
+    )
+
+
+REQUESTS = {"cpu": cpu_request, "gpu": gpu_request, "het": het_request, "array": array_request}
 
 # Where the 22.05 document disagrees with the 22.05 parser (see dialects/v0038.py): the body
 # follows the parser. Each entry is asserted to be a real disagreement below.
@@ -229,3 +247,19 @@ def test_captured_requests_validate_and_match_shapes(file: str) -> None:
     for field in ("time_limit", "memory_per_node"):
         if field in theirs_first and field in ours_first:
             assert {"set", "number"} <= set(ours_first[field])
+
+
+@pytest.mark.parametrize("version", ["v0.0.38", *SERVED_2605])
+def test_an_array_is_asked_for_on_the_first_component(version: str) -> None:
+    sent = body(version, array_request())
+    assert sent["job"]["array"] == "0-19%3"
+    assert "array" not in body(version, cpu_request())["job"]
+
+
+def test_v45_array_body_has_what_the_testbed_took() -> None:
+    """The captured submit that Slurm 26.05.5 ran as an array: `job.array` as a string, the
+    output path with %A/%a expanded by Slurm."""
+    taken = capture("req_submit_array.json")
+    sent = body("v0.0.45", array_request())
+    assert isinstance(taken["job"]["array"], str)
+    assert set(taken["job"]) - {"script", "time_limit"} <= set(sent["job"])

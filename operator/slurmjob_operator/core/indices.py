@@ -41,8 +41,8 @@ def _range(start: int, end: int | None) -> str:
     return str(start) if end is None or end == start else f"{start}-{end}"
 
 
-def _number(text: str) -> int:
-    if not text or len(text) > 7 or not set(text) <= _DIGITS:
+def _number(text: str, digits: int = 7) -> int:
+    if not text or len(text) > digits or not set(text) <= _DIGITS:
         raise ValueError(f"{text[:20]!r} is not an index")
     return int(text)
 
@@ -97,10 +97,11 @@ def task_string(text: str | None, within: Iterable[int]) -> frozenset[int]:
     try:
         for part in body.split(","):
             span, sep, step_text = part.partition(":")
-            step = _number(step_text) if sep else 1
+            # Up to uint32's ten digits: Slurm's own numbers, however large, are no error.
+            step = _number(step_text, 10) if sep else 1
             low, dash, high = span.partition("-")
-            first = _number(low)
-            last = _number(high) if dash else first
+            first = _number(low, 10)
+            last = _number(high, 10) if dash else first
             if step < 1 or last < first:
                 return frozenset()
             if step == 1:
