@@ -59,7 +59,7 @@ def test_compact_round_trips(indices: set[int]) -> None:
     ["x", "1-", "-1", "3-1", "1,,2", " 1", "1 ", "\u0663", "1-99999999", "10000", "0-10000", "1;2"],
 )
 def test_expand_refuses_what_compact_never_writes(text: str) -> None:
-    with pytest.raises(ValueError, match="index|backwards|bounds"):
+    with pytest.raises(ValueError, match=r"index|backwards|bounds"):
         expand(text)
 
 
