@@ -199,3 +199,39 @@ async def test_without_a_state_sweep_waits_ask_per_job() -> None:
     assert ended == [True, False]
     assert "get_job 100" in slurm.calls
     assert "jobs_state" not in slurm.calls
+
+
+def array_with(pending: str, array_id: int = 100) -> MemorySlurm:
+    slurm = MemorySlurm()
+    slurm.jobs[array_id] = SlurmJobView(
+        job_id=array_id,
+        array_job_id=array_id,
+        array_tasks=pending,
+        user=OPERATOR_USER,
+        raw_state=("PENDING",),
+        base_state=BaseState.PENDING,
+    )
+    slurm.next_id = array_id + 1
+    return slurm
+
+
+async def test_an_array_is_final_only_once_every_task_is() -> None:
+    """A started task answers the sweep under its own job id, not the array's: the array's
+    own record being final says nothing about it."""
+    slurm = array_with("0-3%2")
+    [task_id] = slurm.start_tasks(100, [0])
+    slurm.jobs[111] = SlurmJobView(  # a plain job waited for at the same time
+        job_id=111, user=OPERATOR_USER, raw_state=("RUNNING",), base_state=BaseState.RUNNING
+    )
+    c = canceller(slurm)
+    await c.cancel(None, 100)
+    assert slurm.jobs[100].base_state is BaseState.CANCELLED
+    slurm.set_state(task_id, "RUNNING")  # still ending (an epilog)
+    assert not await c.until_final(100, 0.1, array=True)
+    slurm.set_state(task_id, "CANCELLED")
+    assert await c.until_final(100, 1.0, array=True)
+    # Read as a plain job, the array's own record would have been enough: the array flag is
+    # what waits for the task.
+    slurm.set_state(task_id, "RUNNING")
+    assert await c.until_final(100, 1.0)
+    assert not await c.until_final(111, 0.1)

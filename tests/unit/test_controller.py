@@ -918,3 +918,176 @@ async def test_an_adoption_that_gives_way_submits_holding_a_slot(bed: Bed, gives
     attempt = bed.store.status(ref).current_attempt
     assert attempt is not None
     assert attempt.job_id is not None
+
+
+# -- job arrays ---------------------------------------------------------------------------------
+
+ARRAY_RETRY = {
+    "limit": 1,
+    "backoffSeconds": 0,
+    "rules": [{"action": "Retry", "onExitCodes": {"operator": "In", "values": [3]}}],
+}
+
+
+def array_spec(count: int = 20, parallelism: int = 3, **extra: Any) -> dict[str, Any]:
+    return cpu_spec(array={"count": count, "parallelism": parallelism}, **extra)
+
+
+def run_tasks(bed: Bed, array_id: int, outcome: dict[int, tuple[str, int]]) -> None:
+    """Start and end every pending task of the array, `outcome[i]` for those given (else
+    COMPLETED 0), as Slurm runs them: a few at a time, the last taking the array's record."""
+    while pending := bed.slurm.pending_tasks(array_id):
+        batch = pending[:3]
+        bed.slurm.start_tasks(array_id, batch)
+        for index in batch:
+            state, code = outcome.get(index, ("COMPLETED", 0))
+            bed.slurm.end_task(array_id, index, state, code)
+
+
+async def test_an_array_retries_only_its_failed_tasks_and_ends_succeeded(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(retry=ARRAY_RETRY))
+    assert await reconcile(bed, ref) is None
+    assert bed.slurm.arrays_submitted == ["0-19%3"]
+    status = bed.store.status(ref)
+    [first] = status.attempts
+    assert first.array is not None
+    assert first.array.indices == "0-19"
+    assert (first.job_id, first.sluid) == (100, None), "an array goes by its numeric id"
+    assert status.array is not None
+    assert (status.array.total, status.array.pending) == (20, 20)
+    staging = Path(first.staging_dir or "")
+
+    # A poll round: three tasks run, each under a job id of its own.
+    poller = Poller(bed.controller)
+    bed.slurm.start_tasks(100, [0, 1, 2])
+    await poller.cycle()
+    status = bed.store.status(ref)
+    assert status.phase is Phase.RUNNING
+    assert status.array is not None
+    assert (status.array.running, status.array.pending) == (3, 17)
+    # Unchanged: the next round is one sweep and nothing else.
+    before = len(bed.slurm.calls)
+    await poller.cycle()
+    assert bed.slurm.calls[before:] == ["jobs_state"]
+
+    # Tasks 5 and 13 fail; the retry rules see task 5 (its exit code and its log).
+    (staging / "stdout-5.log").write_text("task 5 broke\n")
+    (staging / "stdout-13.log").write_text("task 13 broke\n")
+    for index in (0, 1, 2):
+        bed.slurm.end_task(100, index)
+    run_tasks(bed, 100, {5: ("FAILED", 3), 13: ("FAILED", 3)})
+    await poller.cycle()
+    status = bed.store.status(ref)
+    assert status.phase is Phase.PENDING
+    assert status.next_attempt_at is not None
+    assert status.attempts[0].retry_action == "Retry"
+    assert status.array is not None
+    assert (status.array.succeeded, status.array.failed) == (18, 2)
+    assert status.array.failed_indices == "5,13"
+    assert status.array.log_index == 5
+    assert status.logs is not None
+    assert status.logs.stdout is not None
+    assert status.logs.stdout.tail == "task 5 broke\n"
+
+    # The retry: exactly the two failed tasks, under their own indices.
+    await reconcile(bed, ref)
+    assert bed.slurm.arrays_submitted == ["0-19%3", "5,13%3"]
+    status = bed.store.status(ref)
+    second = status.attempts[1]
+    assert second.array is not None
+    assert second.array.indices == "5,13"
+    assert second.retry_of == 1
+    assert status.array is not None
+    assert (status.array.succeeded, status.array.pending) == (18, 2)
+    array_id = second.job_id
+    assert array_id is not None
+    run_tasks(bed, array_id, {})
+    await poller.cycle()
+    status = bed.store.status(ref)
+    assert status.phase is Phase.SUCCEEDED
+    assert status.array is not None
+    counts = status.array
+    assert (counts.total, counts.pending, counts.running, counts.succeeded, counts.failed) == (
+        20,
+        0,
+        0,
+        20,
+        0,
+    )
+    assert counts.failed_indices == ""
+    assert condition(bed, ref, "Succeeded") == ("True", "Completed")
+    assert bed.slurm.calls.count("submit") == 2
+    await asyncio.sleep(0)
+
+
+async def test_an_array_without_retries_left_fails_with_its_failed_tasks(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(count=4))
+    await reconcile(bed, ref)
+    run_tasks(bed, 100, {1: ("FAILED", 2), 3: ("TIMEOUT", 0)})
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    assert status.array is not None
+    assert status.array.failed_indices == "1,3"
+    assert status.attempts[0].exit_code == 2, "the first failed task's"
+    assert status.attempts[0].retry_action == "Fail"
+    assert not bed.controller.followed()
+
+
+async def test_a_task_the_controller_forgot_is_read_from_accounting(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(count=4))
+    await reconcile(bed, ref)
+    run_tasks(bed, 100, {0: ("FAILED", 3)})
+    bed.slurm.purge(bed.slurm.task(100, 0).job_id)  # MinJobAge: gone before it was seen
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    assert status.array is not None
+    assert status.array.failed_indices == "0"
+    assert status.attempts[0].exit_code == 3
+    assert "accounting 100" in bed.slurm.calls
+
+
+async def test_an_arrays_lost_answer_is_adopted_whole(bed: Bed) -> None:
+    bed.slurm.faults = ["lost"]
+    ref = bed.store.create("sweep", array_spec(count=6, parallelism=2))
+    assert await reconcile(bed, ref) is not None
+    bed.slurm.start_tasks(100, [0, 1])  # its tasks started meanwhile: records 101, 102
+    assert await reconcile(bed, ref) is None
+    status = bed.store.status(ref)
+    [attempt] = status.attempts
+    assert (attempt.job_id, attempt.confirmed, attempt.sluid) == (100, True, None)
+    assert condition(bed, ref, "Submitted") == ("True", "Adopted")
+    assert not [c for c in bed.slurm.calls if c.startswith("cancel")], "tasks are no duplicates"
+    assert status.phase is Phase.RUNNING
+    assert status.array is not None
+    assert (status.array.running, status.array.pending) == (2, 4)
+    assert bed.slurm.calls.count("submit") == 1
+
+
+async def test_deleting_an_array_cancels_every_task_and_waits_for_them(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(count=6, parallelism=2))
+    await reconcile(bed, ref)
+    bed.slurm.start_tasks(100, [0, 1])
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    await bed.controller.finalize(bed.store.body(ref))
+    assert "cancel_many 100" in bed.slurm.calls, "by the array's id, which names every task"
+    assert all(j.base_state == "CANCELLED" for j in bed.slurm.array_records(100))
+    assert len(bed.slurm.array_records(100)) == 3
+    assert not staging.parent.exists()
+
+
+async def test_an_array_with_several_pools_is_refused_with_nothing_sent(bed: Bed) -> None:
+    spec = array_spec(count=4)
+    spec["pools"] = [
+        {"name": "a", "gpusPerNode": 1, "gpuSeries": "h100", "cpus": 1, "memoryGb": 1},
+        {"name": "b", "gpusPerNode": 1, "gpuSeries": "h100", "cpus": 1, "memoryGb": 1},
+    ]
+    ref = bed.store.create("sweep", spec)
+    await reconcile(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    assert condition(bed, ref, "Ready") == ("False", "InvalidSpec")
+    assert "spec.array" in (status.message or "")
+    assert "submit" not in bed.slurm.calls
+    assert not status.attempts

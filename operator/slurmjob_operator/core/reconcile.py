@@ -217,6 +217,13 @@ def rejected(
     return Transition(new, (Event(WARNING, Reason.SUBMIT_REJECTED, text),))
 
 
+def _own_sluid(attempt: Attempt, sluid: str | None) -> str | None:
+    """A job array has no SLUID of its own: each task's record has one, the array's too,
+    but only the array's numeric id names every task (to read, cancel, hold). Not recorded,
+    so that every request about the array goes by that id."""
+    return None if attempt.array is not None else sluid
+
+
 def submitted(
     status: SlurmJobStatus,
     job_id: int,
@@ -230,6 +237,7 @@ def submitted(
     attempt = status.current_attempt
     if attempt is None:
         raise ValueError("no attempt to attach a job id to")
+    sluid = _own_sluid(attempt, sluid)
     attempt = attempt.model_copy(
         update={"job_id": job_id, "sluid": sluid or attempt.sluid, "confirmed": adopted}
     )
@@ -261,6 +269,7 @@ def confirmed(status: SlurmJobStatus, sluid: str | None) -> SlurmJobStatus:
     attempt = status.current_attempt
     if attempt is None:
         return status
+    sluid = _own_sluid(attempt, sluid)
     attempt = attempt.model_copy(update={"confirmed": True, "sluid": sluid or attempt.sluid})
     return status.model_copy(update={"attempts": replace_attempt(status, attempt)})
 
