@@ -28,6 +28,7 @@ from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.slurm.dialects.common import parse_state_entry
 
 from .slurm_fakes import capture
+from .test_states import TABLES, _code, _yes
 
 NOW = datetime(2026, 12, 1, 18, 30, tzinfo=UTC)
 
@@ -479,3 +480,42 @@ def test_an_arrays_tasks_belong_to_its_attempt_and_adopt_as_one_job() -> None:
 def test_task_end_keeps_few_flags() -> None:
     end = TaskEnd(index=3, native_flags=["A"] * 32)
     assert len(end.native_flags) == 32
+
+
+# -- docs/states.md: the array table is checked against observe_array -----------------------------
+
+ARRAY_HEADER = ["Tasks", "Phase", "Reason", "Final", "Infrastructure", "Note"]
+ARRAY_ROWS = [row for header, rows in TABLES if header == ARRAY_HEADER for row in rows]
+
+
+def _doc_task(index: int, word: str) -> SlurmJobView | None:
+    if word == "GONE":
+        return None
+    base, *flags = word.split("+")
+    ended = base not in ("PENDING", "RUNNING")
+    return task(
+        index,
+        base,
+        (0 if base == "COMPLETED" else 1) if ended else None,
+        raw_state=(base, *flags),
+        flags=frozenset(flags),
+    )
+
+
+def test_the_document_has_an_array_table() -> None:
+    assert len(ARRAY_ROWS) >= 10
+
+
+@pytest.mark.parametrize("row", ARRAY_ROWS, ids=[r[0] for r in ARRAY_ROWS])
+def test_array_table_row_matches_observe_array(row: list[str]) -> None:
+    words = _code(row[0]).split(" / ")
+    views = [v for i, w in enumerate(words) if (v := _doc_task(i, w)) is not None]
+    attempt = ArrayAttempt(indices=compact(range(len(words))))
+    obs = observe_array(views, attempt, total=len(words)).observation
+    _, phase, reason, final, infra, _note = row
+    assert (obs.phase.value, obs.reason, obs.final, obs.infrastructure) == (
+        phase,
+        _code(reason),
+        _yes(final),
+        _yes(infra),
+    ), row
