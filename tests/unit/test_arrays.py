@@ -519,3 +519,34 @@ def test_array_table_row_matches_observe_array(row: list[str]) -> None:
         _yes(final),
         _yes(infra),
     ), row
+
+
+def test_v38_array_records() -> None:
+    """v0.0.38 (Slurm 22.05) sends plain integers: the array's own record says NO_VAL for its
+    task id while it stands for pending tasks. Records made after the 22.05 schema's
+    `job_response_properties` (array_job_id, array_task_id, array_task_string); not captured."""
+    base: dict[str, Any] = {
+        "name": "sj-a",
+        "job_state": "PENDING",
+        "array_job_id": 7,
+        "array_task_string": "2-5%2",
+    }
+    payload = {
+        "jobs": [
+            {**base, "job_id": 7, "array_task_id": 4294967294},
+            {
+                **base,
+                "job_id": 8,
+                "array_task_id": 0,
+                "job_state": "RUNNING",
+                "array_task_string": "",
+            },
+            {"job_id": 9, "name": "plain", "job_state": "RUNNING", "array_job_id": 0},
+        ]
+    }
+    own, started, plain = dialect_for("v0.0.38").parse_jobs(payload)
+    assert (own.array_job_id, own.array_task_id, own.array_tasks) == (7, None, "2-5%2")
+    assert (started.array_job_id, started.array_task_id, started.array_tasks) == (7, 0, None)
+    assert (plain.array_job_id, plain.array_task_id) == (None, None)
+    assert set(by_leader([own, started, plain])) == {7, 9}
+    assert sorted(tasks_of([own, started], range(6))) == [0, 2, 3, 4, 5]

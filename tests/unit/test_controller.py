@@ -1091,3 +1091,29 @@ async def test_an_array_with_several_pools_is_refused_with_nothing_sent(bed: Bed
     assert "spec.array" in (status.message or "")
     assert "submit" not in bed.slurm.calls
     assert not status.attempts
+
+
+async def test_an_array_of_1000_tasks_costs_what_one_job_costs(bed: Bed) -> None:
+    plain = bed.store.create("plain", cpu_spec())
+    await reconcile(bed, plain)
+    ref = bed.store.create("sweep", array_spec(count=1000, parallelism=400))
+    await reconcile(bed, ref)
+    array_id = bed.store.status(ref).attempts[0].job_id
+    assert array_id == 101
+    poller = Poller(bed.controller)
+    bed.slurm.start_tasks(array_id, range(400))
+    await poller.cycle()  # the array moved: one read of its records, its tasks' ids learnt
+    before = len(bed.slurm.calls)
+    await poller.cycle()
+    assert bed.slurm.calls[before:] == ["jobs_state"], "one filtered sweep for both"
+    # A task ends: the sweep shows it under its own id, attributed to the array.
+    bed.slurm.end_task(array_id, 7)
+    before = len(bed.slurm.calls)
+    await poller.cycle()
+    assert bed.slurm.calls[before:] == ["jobs_state", f"get_job {array_id}"]
+    status = bed.store.status(ref)
+    assert status.array is not None
+    assert (status.array.running, status.array.succeeded, status.array.pending) == (399, 1, 600)
+    before = len(bed.slurm.calls)
+    await poller.cycle()
+    assert bed.slurm.calls[before:] == ["jobs_state"]
