@@ -1117,3 +1117,27 @@ async def test_an_array_of_1000_tasks_costs_what_one_job_costs(bed: Bed) -> None
     before = len(bed.slurm.calls)
     await poller.cycle()
     assert bed.slurm.calls[before:] == ["jobs_state"]
+
+
+async def test_a_queued_array_is_held_and_released_by_its_id(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(count=4))
+    await reconcile(bed, ref)
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == ("True", "Held")
+    assert "hold 100" in bed.slurm.calls
+    bed.store.update(ref, suspend=False)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == ("False", "Released")
+    assert "release 100" in bed.slurm.calls
+
+
+async def test_an_array_whose_tasks_started_is_not_held(bed: Bed) -> None:
+    ref = bed.store.create("sweep", array_spec(count=4))
+    await reconcile(bed, ref)
+    bed.slurm.start_tasks(100, [0])
+    await refresh(bed, ref)
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == ("False", "NotHeld")
+    assert not [c for c in bed.slurm.calls if c.startswith("hold")]
