@@ -57,6 +57,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
+from slurmjob_operator.slurm.nodes import NodeInfo, PartitionInfo
 
 SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
 OPERATOR_USER = "slurmci"
@@ -162,6 +163,15 @@ class MemorySlurm:
     # `GET /diag`'s dbd_agent_queue_size, one reading per call (the last one repeats); an
     # exception in the list is raised by that call.
     dbd_queues: list[int | Exception | None] = field(default_factory=lambda: [0])
+    # What `partitions()`, `list_nodes()`, `account_names()` and `qos_names()` answer (an
+    # exception is raised instead); by default one roomy partition `debug`, no node sizes.
+    partition_list: list[PartitionInfo] | Exception = field(
+        default_factory=lambda: [PartitionInfo(name="debug", states=frozenset({"UP"}))]
+    )
+    node_list: list[NodeInfo] | Exception = field(default_factory=list)
+    accounts: frozenset[str] | None = None
+    qos: frozenset[str] | None = None
+    partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -318,6 +328,27 @@ class MemorySlurm:
             else [j for j in self.jobs.values() if j.name == name]
         )
         return sorted(kept, key=lambda j: j.job_id)
+
+    async def partitions(self) -> list[PartitionInfo]:
+        self.partition_reads += 1
+        if isinstance(self.partition_list, Exception):
+            raise self.partition_list
+        return list(self.partition_list)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        if isinstance(self.node_list, Exception):
+            raise self.node_list
+        return list(self.node_list)
+
+    async def account_names(self) -> frozenset[str]:
+        if self.accounts is None:
+            raise SlurmTransient("no accounts here")
+        return self.accounts
+
+    async def qos_names(self) -> frozenset[str]:
+        if self.qos is None:
+            raise SlurmTransient("no QOS here")
+        return self.qos
 
     async def has_accounting(self) -> bool:
         return self.accounting

@@ -79,6 +79,10 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         out.append((following.reachability(QUEUED, reachable, reason, "x", 1, NOW).status, False))
     for state, rc in (("PENDING", None), ("RUNNING", None), ("COMPLETED", 0), ("FAILED", 1)):
         out.append((following.observed(QUEUED, observe([_view(state, rc)]), 1, NOW).status, True))
+    # A job whose output could not be opened (controller/following.py).
+    target = following.OutputTarget("/s/attempt-1/stdout.log", "u", 1, "/s/attempt-1", None)
+    unwritable = following.output_unwritable(observe([_view("FAILED", 1)]), target)
+    out.append((following.observed(QUEUED, unwritable, 1, NOW).status, False))
     return out
 
 

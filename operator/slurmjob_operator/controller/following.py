@@ -23,14 +23,18 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.following import (
+    OutputTarget,
+    lacks_output,
     lost,
     not_retried,
     observed,
+    output_unwritable,
     reachability,
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import ACTIVE_STATES, SlurmJobView
+from slurmjob_operator.core.jobview import ACTIVE_STATES, SlurmJobView, leader
+from slurmjob_operator.core.naming import STDOUT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
@@ -38,7 +42,8 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.locate import attempt_dir
-from slurmjob_operator.storage.logs import READ_TIMEOUT, read_attempt_logs
+from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
+from slurmjob_operator.storage.nofollow import job_owner
 from slurmjob_operator.storage.staging import remove_secrets
 from slurmjob_operator.times import parse_rfc3339, utc_now
 
@@ -161,13 +166,18 @@ class Following:
                 )
             else:
                 obs = observe(views)
-                transition = observed(status, obs, generation, now)
-        if not logs_only:
-            await self._cancel_late(view, status)
-        new = transition.status
         logs: Logs | None = None
         if attempt.staging_dir:
             logs = await self.logs(view, attempt)
+        if obs is not None:
+            assert views
+            if lacks_output(obs, logs is not None and logs.stdout is None):
+                obs = output_unwritable(obs, await self._output_target(view, attempt, views))
+            transition = observed(status, obs, generation, now)
+        if not logs_only:
+            await self._cancel_late(view, status)
+        new = transition.status
+        if attempt.staging_dir:
             if logs is not None:
                 new = with_logs(new, logs, self.settings.status_tail_bytes)
             if obs is not None and obs.final:
@@ -282,6 +292,24 @@ class Following:
         except OSError as exc:
             log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
             return None
+
+    async def _output_target(
+        self, view: ResourceView, attempt: Attempt, views: Sequence[SlurmJobView]
+    ) -> OutputTarget:
+        """Where the job was to write its output and who it ran as, for the message of a job
+        whose output could not be opened. The directory is derived from the resource."""
+        base = attempt_dir(
+            self.settings.storage_root, view.ref, attempt.number, attempt.staging_dir
+        )
+        uid = self._job_uid(view.ref.namespace)
+        owner = await asyncio.to_thread(attempt_dir_owner, self.settings, base, uid)
+        return OutputTarget(
+            path=str(base / STDOUT_FILE),
+            user=leader(views).user,
+            uid=job_owner(self.settings) if uid is None else uid,
+            directory=str(base),
+            owner=owner,
+        )
 
     async def _from_accounting(self, uid: str, attempt: Attempt) -> list[SlurmJobView]:
         """The attempt's accounting records. A job id is reused once Slurm wraps or resets its

@@ -28,6 +28,7 @@ from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following, refuse_stranger
+from slurmjob_operator.controller.limits import LimitsCache
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
     Site,
@@ -53,6 +54,7 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.jobview import SlurmJobView, leader
+from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
@@ -97,6 +99,8 @@ PREPARE_ERRORS = (
     SecretError,
     SlurmError,
     TokenError,
+    LimitExceeded,
+    PartitionUnavailable,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
 
@@ -112,6 +116,10 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.RUNTIME_INVALID
         if isinstance(exc, SecretError):
             return Failure.SECRET_MISSING
+        if isinstance(exc, LimitExceeded):
+            return Failure.LIMIT_EXCEEDED
+        if isinstance(exc, PartitionUnavailable):
+            return Failure.PARTITION_UNAVAILABLE
         if isinstance(exc, SlurmAuthError):
             return Failure.SLURM_REFUSED_CREDENTIALS
         return Failure.SLURM_UNREACHABLE
@@ -125,7 +133,7 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
 
 
 def _messages(exc: Exception) -> list[str]:
-    return exc.messages if isinstance(exc, SpecError) else [str(exc)]
+    return exc.messages if isinstance(exc, SpecError | LimitExceeded) else [str(exc)]
 
 
 class Submission:
@@ -142,10 +150,12 @@ class Submission:
         slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
         limiter: FairLimiter[str] | None = None,
         clusters: Clusters | None = None,
+        limits: LimitsCache | None = None,
     ) -> None:
         """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
         `limiter`: the slots submits are made in, by namespace (None: its own); `clusters`:
-        every cluster's name (this one is `settings.cluster_name`)."""
+        every cluster's name (this one is `settings.cluster_name`); `limits`: the cluster's
+        limits a request is checked against (None: read through `slurm`, per poll interval)."""
         self.cluster = settings.cluster_name
         self.clusters = clusters or Clusters((self.cluster,))
         self.window = Window(
@@ -164,6 +174,7 @@ class Submission:
         self.following = following
         self._backoff = backoff
         self._limiter = limiter or FairLimiter[str](settings.submit_concurrency)
+        self.limits = limits or LimitsCache(self.cluster, slurm, settings.poll_interval)
 
     async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
@@ -306,7 +317,12 @@ class Submission:
             api_version=client.version,
             secret_values=secrets,
         )
-        # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
+        # Before the attempt is recorded: a request that cannot fit the cluster, or a wrong
+        # artifact, is refused with nothing staged and nothing to adopt.
+        snapshot = await self.limits.snapshot()
+        if snapshot is not None:
+            names = [pool.name for pool in spec.pools]
+            enforce(check(prepared.rendered.launch, snapshot, names))
         await asyncio.to_thread(verify_runtime, prepared, self.settings)
         tenant = prepared.resolution.tenant
         return await self._as(tenant.slurm_user if tenant is not None else None), prepared

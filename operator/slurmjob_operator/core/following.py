@@ -6,6 +6,7 @@ Pure functions (no I/O, `now` passed in), like `reconcile`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
@@ -77,6 +78,48 @@ def observed(
         }
     )
     return Transition(new, phase_event(status.phase, phase, obs.reason, obs.message))
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Where the job was to write its output, and who it ran as (for the message)."""
+
+    path: str
+    user: str | None
+    uid: int
+    directory: str
+    owner: tuple[int, int, int] | None
+    """(uid, gid, mode) of the directory; None when it could not be looked at."""
+
+
+def lacks_output(obs: Observation, stdout_missing: bool) -> bool:
+    """The job failed once it was on a node, and its standard output does not exist: slurmd
+    could not open it (slurmstepd creates it before the script runs), which Slurm reports
+    only as `RaisedSignal:53` or an exit code nobody can act on."""
+    return (
+        stdout_missing
+        and obs.final
+        and obs.phase is Phase.FAILED
+        and not obs.infrastructure
+        and obs.started_at is not None
+    )
+
+
+def output_unwritable(obs: Observation, target: OutputTarget) -> Observation:
+    """The observation with reason StagingNotWritable and a message a person can act on."""
+    who = f"{target.user} (uid {target.uid})" if target.user else f"uid {target.uid}"
+    if target.owner is not None:
+        uid, gid, mode = target.owner
+        where = f"{target.directory} is owned by {uid}:{gid} with mode {mode & 0o7777:04o}"
+    else:
+        where = f"{target.directory} could not be examined"
+    message = (
+        f"Slurm could not open the job's output file {target.path} as the job user {who}: "
+        f"{where}. The staging directory must be writable by the job user (site setting "
+        f"SLURMJOB_STAGING_OWNER, or the tenant's uid with ACLs; `slurmjob-operator doctor` "
+        f"checks it). Slurm said: {obs.message}"
+    )
+    return obs.model_copy(update={"reason": Reason.STAGING_NOT_WRITABLE, "message": message})
 
 
 def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:

@@ -53,9 +53,12 @@ from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
 from slurmjob_operator.slurm.nodes import (
     NodeInfo,
+    PartitionInfo,
     parse_dbd_queue,
+    parse_names,
     parse_nodes,
     parse_partition_names,
+    parse_partitions,
 )
 
 DEFAULT_LOOKBACK = timedelta(days=7)
@@ -360,6 +363,24 @@ class SlurmClient:
         template = self._slurm("/partitions")
         answer = await self._rest.call("GET", template, template)
         return answer.parse(parse_partition_names, template)
+
+    async def partitions(self) -> list[PartitionInfo]:
+        """Every partition with its state and limits."""
+        template = self._slurm("/partitions")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_partitions, template)
+
+    async def account_names(self) -> frozenset[str]:
+        """The accounts slurmdbd knows (lower-cased); needs accounting."""
+        template = self._slurmdb("/accounts/")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_names("accounts"), template)
+
+    async def qos_names(self) -> frozenset[str]:
+        """The QOS slurmdbd knows (lower-cased); needs accounting."""
+        template = self._slurmdb("/qos/")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_names("qos"), template)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node with its features and state (for site checks, not for polling)."""
