@@ -172,6 +172,7 @@ class MemorySlurm:
     accounts: frozenset[str] | None = None
     qos: frozenset[str] | None = None
     partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
+    dependency: dict[int, str] = field(default_factory=dict)  # each job's Slurm dependency
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -237,6 +238,9 @@ class MemorySlurm:
     async def hold(self, job_id: int, held: bool) -> tuple[()]:
         return await self.do_hold(job_id, held, None)
 
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
+        return await self.do_set_dependency(job_id, dependency, None)
+
     async def cancel(self, ref: int | str) -> None:
         await self.do_cancel(ref, None)
 
@@ -267,6 +271,8 @@ class MemorySlurm:
             base_state=BaseState.PENDING,
             working_directory=req.working_directory,
         )
+        if req.dependency:
+            self.dependency[job_id] = req.dependency
         return job_id
 
     def _may_change(self, job: SlurmJobView, user: str | None) -> None:
@@ -375,6 +381,12 @@ class MemorySlurm:
         self._may_change(self._find(job_id), user)
         return ()
 
+    async def do_set_dependency(self, job_id: int, dependency: str, user: str | None) -> tuple[()]:
+        self._record(f"dependency {job_id} {dependency}", user)
+        self._may_change(self._find(job_id), user)
+        self.dependency[job_id] = dependency
+        return ()
+
     async def do_jobs_state(
         self, job_ids: Sequence[int] | None, user: str | None
     ) -> dict[int, JobStateEntry]:
@@ -452,6 +464,9 @@ class MemoryUserClient:
 
     async def hold(self, job_id: int, held: bool) -> tuple[()]:
         return await self.slurm.do_hold(job_id, held, self.user)
+
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
+        return await self.slurm.do_set_dependency(job_id, dependency, self.user)
 
     async def cancel(self, ref: int | str) -> None:
         await self.slurm.do_cancel(ref, self.user)

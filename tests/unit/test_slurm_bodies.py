@@ -19,7 +19,20 @@ from .slurm_fakes import S2205, S2605, cpu_request, gpu_request, het_request, sa
 
 SERVED_2605 = ("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
 NO_DOCUMENT = ("v0.0.40", "v0.0.41")
-REQUESTS = {"cpu": cpu_request, "gpu": gpu_request, "het": het_request}
+
+
+def _after(make: Any) -> Any:
+    """The request with a Slurm dependency (spec.dependsOn): on the leader only."""
+    return lambda: make().model_copy(update={"dependency": "afterok:12,afterok:13"})
+
+
+REQUESTS = {
+    "cpu": cpu_request,
+    "gpu": gpu_request,
+    "het": het_request,
+    "cpu-after": _after(cpu_request),
+    "het-after": _after(het_request),
+}
 
 # Where the 22.05 document disagrees with the 22.05 parser (see dialects/v0038.py): the body
 # follows the parser. Each entry is asserted to be a real disagreement below.
@@ -229,3 +242,11 @@ def test_captured_requests_validate_and_match_shapes(file: str) -> None:
     for field in ("time_limit", "memory_per_node"):
         if field in theirs_first and field in ours_first:
             assert {"set", "number"} <= set(ours_first[field])
+
+
+@pytest.mark.parametrize("version", ["v0.0.38", *SERVED_2605])
+def test_a_dependency_is_the_leaders_and_holds_for_the_whole_job(version: str) -> None:
+    het = body(version, REQUESTS["het-after"]())
+    assert [c.get("dependency") for c in het["jobs"]] == ["afterok:12,afterok:13", None]
+    assert body(version, REQUESTS["cpu-after"]())["job"]["dependency"] == "afterok:12,afterok:13"
+    assert "dependency" not in body(version, cpu_request())["job"]

@@ -6,10 +6,18 @@ Pure functions (no I/O, `now` passed in), like `reconcile`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import (
+    Attempt,
+    AttemptDependency,
+    ConditionStatus,
+    Logs,
+    Phase,
+    SlurmJobStatus,
+)
 from slurmjob_operator.core.logtail import capped_logs
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
@@ -226,3 +234,46 @@ def lost(status: SlurmJobStatus, message: str, generation: int | None, now: date
 def with_logs(status: SlurmJobStatus, logs: Logs, max_bytes: int) -> SlurmJobStatus:
     """The status with the tails as read, each cut to its last `max_bytes` bytes."""
     return status.model_copy(update={"logs": capped_logs(logs, max_bytes)})
+
+
+def dependency_failed(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """A submitted job waits in Slurm on an upstream that ended failed for good: its job was
+    cancelled, and the SlurmJob ends Failed (not Cancelled: nobody asked for it)."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(update={"finished_at": attempt.finished_at or rfc3339(now)})
+    reason = Reason.DEPENDENCY_FAILED
+    new = with_conditions(
+        status,
+        [
+            (RUNNING, "False", reason, message),
+            (READY, "False", reason, message),
+            (SUCCEEDED, "False", reason, message),
+            (FAILED, "True", reason, message),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.FAILED,
+            "attempts": replace_attempt(status, attempt),
+            "completion_time": attempt.finished_at,
+            "message": message,
+        }
+    )
+    return Transition(new, (Event(WARNING, reason, message),))
+
+
+def dependency_repointed(
+    status: SlurmJobStatus, records: Sequence[AttemptDependency], message: str
+) -> Transition:
+    """The pending job now waits on the upstream's new job (it was retried)."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(update={"dependencies": list(records) or None})
+    new = status.model_copy(update={"attempts": replace_attempt(status, attempt)})
+    return Transition(new, (Event(NORMAL, "DependencyRepointed", message),))

@@ -43,6 +43,8 @@ class LaunchRequest(BaseModel):
     account: str | None = None
     qos: str | None = None
     time_limit_minutes: int | None = None
+    dependency: str | None = None
+    """Slurm's dependency expression (`afterok:123,afterok:456`), on the whole job."""
 
     @property
     def is_heterogeneous(self) -> bool:

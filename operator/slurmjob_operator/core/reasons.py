@@ -76,6 +76,8 @@ class Reason(StrEnum):
     NOT_HELD = "NotHeld"
     SLURM_ANSWERING = "SlurmAnswering"
     STAGING_NOT_WRITABLE = "StagingNotWritable"
+    WAITING_FOR_DEPENDENCY = "WaitingForDependency"
+    DEPENDENCY_FAILED = "DependencyFailed"
 
 
 #: What each reason tells a user.
@@ -126,6 +128,15 @@ REASON_MEANINGS: dict[Reason, str] = {
     Reason.RELEASED: "spec.suspend is false: the held Slurm job is released.",
     Reason.NOT_HELD: "spec.suspend is true, but the job already left the queue: it runs on.",
     Reason.SLURM_ANSWERING: "slurmrestd answers the poll.",
+    Reason.WAITING_FOR_DEPENDENCY: (
+        "spec.dependsOn names a SlurmJob that does not exist yet, has no Slurm job to depend on "
+        "yet (it waits itself, or a retry is scheduled), or whose condition (Failed, Finished) "
+        "can only be told once it is final: nothing is submitted yet."
+    ),
+    Reason.DEPENDENCY_FAILED: (
+        "An upstream SlurmJob ended in a way that cannot satisfy spec.dependsOn (after its "
+        "retries): nothing is submitted, or the job waiting on it in Slurm is cancelled."
+    ),
     Reason.STAGING_NOT_WRITABLE: (
         "The job failed on its node without its standard output ever being created: Slurm "
         "could not open the log files in the staging directory as the job user. The message "
@@ -160,6 +171,7 @@ WRITTEN: frozenset[Written] = frozenset(
             for reason in (
                 R.SECRET_NOT_FOUND,
                 R.PARTITION_UNAVAILABLE,
+                R.WAITING_FOR_DEPENDENCY,
                 R.SLURM_AUTH_FAILED,
                 R.SLURM_UNAVAILABLE,
                 R.SUBMIT_FAILED,
@@ -173,6 +185,7 @@ WRITTEN: frozenset[Written] = frozenset(
                 R.TENANT_UNKNOWN,
                 R.RUNTIME_ARTIFACT_INVALID,
                 R.LIMIT_EXCEEDED,
+                R.DEPENDENCY_FAILED,
             )
             for cond, status in ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T))
         ),
@@ -199,7 +212,8 @@ WRITTEN: frozenset[Written] = frozenset(
         (C.SLURM_REACHABLE, _F, R.SLURM_AUTH_FAILED),
         (C.SLURM_REACHABLE, _F, R.SLURM_UNAVAILABLE),
         *(
-            (cond, status, R.STAGING_NOT_WRITABLE)
+            (cond, status, reason)
+            for reason in (R.STAGING_NOT_WRITABLE, R.DEPENDENCY_FAILED)
             for cond, status in ((C.RUNNING, _F), (C.READY, _F), (C.SUCCEEDED, _F), (C.FAILED, _T))
         ),
         *(

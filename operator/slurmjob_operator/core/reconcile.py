@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
-from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, SlurmJobStatus
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
     NORMAL,
@@ -113,14 +113,16 @@ def record_attempt(
     generation: int | None,
     now: datetime,
     cluster: str | None = None,
+    dependencies: Sequence[AttemptDependency] = (),
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
-    the cluster it went to, where the adoption must look)."""
+    the cluster it went to, where the adoption must look, and the upstream jobs it waits on)."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
         job_name=job_name,
         cluster=cluster,
+        dependencies=list(dependencies) or None,
         staging_dir=staging_dir,
         submitted_at=rfc3339(now),
         retry_of=previous.number if previous is not None and previous.job_id else None,

@@ -316,6 +316,16 @@ class SlurmClient:
         )
         return answer.envelope.warnings
 
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[SlurmMessage, ...]:
+        """Replace a pending job's dependency (`POST /job/{id}` with `{"dependency": ...}`;
+        an empty string clears it). Returns the warnings, as `hold` does."""
+        path_ref = self._dialect.job_ref_path(job_id)
+        template = self._slurm("/job/{job_id}")
+        answer = await self._rest.call(
+            "POST", template, self._slurm(f"/job/{path_ref}"), body={"dependency": dependency}
+        )
+        return answer.envelope.warnings
+
     async def cancel(self, ref: int | str, *, signal: str | None = None) -> CancelResult:
         """Cancel (or signal) a job. A job that already ended is a success
         (`already_done` where the version says so); an unknown job raises SlurmNotFound."""

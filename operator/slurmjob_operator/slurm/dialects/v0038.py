@@ -167,6 +167,8 @@ class Dialect38(Dialect):
 
     def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
         components = [self._component(req, c) for c in req.components]
+        if req.dependency:
+            components[0]["dependency"] = req.dependency  # the leader's: the whole het job
         if req.is_heterogeneous:
             return {"script": req.script, "jobs": components}
         return {"script": req.script, "job": components[0]}
