@@ -77,7 +77,7 @@ def _cmd_crd(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from slurmjob_operator.doctor import run_doctor
 
-    report = asyncio.run(run_doctor())
+    report = asyncio.run(run_doctor(probe=not args.no_probe))
     out.write(report.render(json_output=args.json))
     return EXIT_OK if report.ok else EXIT_ERROR
 
@@ -240,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a site: slurmrestd, auth, partition, GPU series, storage, runtimes",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="do not run the probe job that checks the job users can write the staging root",
+    )
     doctor.set_defaults(handler=_cmd_doctor)
 
     run = sub.add_parser(

@@ -72,6 +72,9 @@ _DB_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
 # the default 300 s (the operator has nothing else to ask); with it, 20 s: a purge within a
 # test (<= 80 s after the end), yet a test reading a job just after its end still finds it.
 MIN_JOB_AGE = {False: 300, True: 20}
+#: A second partition whose MaxTime (minutes) a job can exceed: the limits checked before submit.
+SHORT_PARTITION = "short"
+SHORT_MAX_TIME = 30
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 
@@ -401,13 +404,18 @@ def _hardware() -> str:
     return " ".join(f"{k}={fields[k]}" for k in keep)
 
 
-def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> None:
-    if not path.exists() or path.read_text() != text:
+def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    """True when the file was written (it was missing or said something else)."""
+    changed = not path.exists() or path.read_text() != text
+    if changed:
         path.write_text(text)
     path.chmod(mode)
+    return changed
 
 
-def _write_config(spec: ClusterSpec) -> None:
+def _write_config(spec: ClusterSpec) -> bool:
+    """Write the cluster's configuration; True when a daemon's config file changed (a
+    running cluster started from the old one must be restarted to see it)."""
     b = spec.base
     for sub in ("etc", "state/ctld", "run", "log", "munge", "dev", "lib"):
         (b / sub).mkdir(parents=True, exist_ok=True)
@@ -491,17 +499,24 @@ def _write_config(spec: ClusterSpec) -> None:
     lines.append(
         f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP"
     )
-    _write_if_changed(spec.conf, "\n".join(lines) + "\n")
-    _write_if_changed(b / "etc" / "gres.conf", "\n".join(gres) + "\n")
+    # A partition with a MaxTime, for the limits checked before submit (core/limits.py).
+    lines.append(
+        f"PartitionName={SHORT_PARTITION} Nodes={','.join(NODES)} MaxTime={SHORT_MAX_TIME} State=UP"
+    )
+    changed = _write_if_changed(spec.conf, "\n".join(lines) + "\n")
+    changed |= _write_if_changed(b / "etc" / "gres.conf", "\n".join(gres) + "\n")
     cgroup_conf = b / "etc" / "cgroup.conf"
     if modern:  # 26.05 has no task/none; 22.05 does not know CgroupPlugin=disabled
-        _write_if_changed(cgroup_conf, "CgroupPlugin=disabled\n")
+        changed |= _write_if_changed(cgroup_conf, "CgroupPlugin=disabled\n")
     else:
         cgroup_conf.unlink(missing_ok=True)
     plugin = _spank_plugin(spec)
-    _write_if_changed(b / "etc" / "plugstack.conf", f"required {plugin} record_dir={RECORD_DIR}\n")
+    changed |= _write_if_changed(
+        b / "etc" / "plugstack.conf", f"required {plugin} record_dir={RECORD_DIR}\n"
+    )
     if spec.accounting_ports is not None:
-        _write_dbd_config(spec, spec.accounting_ports)
+        changed |= _write_dbd_config(spec, spec.accounting_ports)
+    return changed
 
 
 def _accounting_lines(spec: ClusterSpec) -> list[str]:
@@ -528,7 +543,7 @@ def _db_password(spec: ClusterSpec) -> str:
     return path.read_text().strip()
 
 
-def _write_dbd_config(spec: ClusterSpec, ports: tuple[int, int]) -> None:
+def _write_dbd_config(spec: ClusterSpec, ports: tuple[int, int]) -> bool:
     b = spec.base
     dbd_port, db_port = ports
     lines = [
@@ -551,7 +566,7 @@ def _write_dbd_config(spec: ClusterSpec, ports: tuple[int, int]) -> None:
         f"StorageLoc={DB_NAME}",
     ]
     # slurmdbd refuses a config readable by others (it holds the database password).
-    _write_if_changed(b / "etc" / "slurmdbd.conf", "\n".join(lines) + "\n", mode=0o600)
+    return _write_if_changed(b / "etc" / "slurmdbd.conf", "\n".join(lines) + "\n", mode=0o600)
 
 
 def _daemon_argv(spec: ClusterSpec, argv: Sequence[str], user: str | None = None) -> list[str]:
@@ -820,8 +835,10 @@ def start_cluster(name: str, reuse: bool | None = None) -> SlurmTestbed:
         if _user_ids(spec, JOB_USER) != (uid, gid):
             raise TestbedError(f"{JOB_USER} has different ids on the host and in {spec.chroot}")
     if reuse and _healthy(spec):
-        _log(f"re-using running cluster {name}")
-        return _testbed(spec)
+        if not _write_config(spec):
+            _log(f"re-using running cluster {name}")
+            return _testbed(spec)
+        _log(f"cluster {name} runs an older configuration: restarting it")
     stop_cluster(name)
     for sub in ("state", "log"):
         shutil.rmtree(spec.base / sub, ignore_errors=True)

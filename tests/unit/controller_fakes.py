@@ -64,6 +64,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
+from slurmjob_operator.slurm.nodes import NodeInfo, PartitionInfo
 
 SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
 OPERATOR_USER = "slurmci"
@@ -170,6 +171,16 @@ class MemorySlurm:
     # `GET /diag`'s dbd_agent_queue_size, one reading per call (the last one repeats); an
     # exception in the list is raised by that call.
     dbd_queues: list[int | Exception | None] = field(default_factory=lambda: [0])
+    # What `partitions()`, `list_nodes()`, `account_names()` and `qos_names()` answer (an
+    # exception is raised instead); by default one roomy partition `debug`, no node sizes.
+    partition_list: list[PartitionInfo] | Exception = field(
+        default_factory=lambda: [PartitionInfo(name="debug", states=frozenset({"UP"}))]
+    )
+    node_list: list[NodeInfo] | Exception = field(default_factory=list)
+    accounts: frozenset[str] | None = None
+    qos: frozenset[str] | None = None
+    partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
+    dependency: dict[int, str] = field(default_factory=dict)  # each job's Slurm dependency
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -283,6 +294,9 @@ class MemorySlurm:
     async def hold(self, job_id: int, held: bool) -> tuple[()]:
         return await self.do_hold(job_id, held, None)
 
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
+        return await self.do_set_dependency(job_id, dependency, None)
+
     async def cancel(self, ref: int | str) -> None:
         await self.do_cancel(ref, None)
 
@@ -318,6 +332,8 @@ class MemorySlurm:
         )
         if req.array:
             self.arrays_submitted.append(req.array)
+        if req.dependency:
+            self.dependency[job_id] = req.dependency
         return job_id
 
     def _may_change(self, job: SlurmJobView, user: str | None) -> None:
@@ -383,6 +399,27 @@ class MemorySlurm:
         )
         return sorted(kept, key=lambda j: j.job_id)
 
+    async def partitions(self) -> list[PartitionInfo]:
+        self.partition_reads += 1
+        if isinstance(self.partition_list, Exception):
+            raise self.partition_list
+        return list(self.partition_list)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        if isinstance(self.node_list, Exception):
+            raise self.node_list
+        return list(self.node_list)
+
+    async def account_names(self) -> frozenset[str]:
+        if self.accounts is None:
+            raise SlurmTransient("no accounts here")
+        return self.accounts
+
+    async def qos_names(self) -> frozenset[str]:
+        if self.qos is None:
+            raise SlurmTransient("no QOS here")
+        return self.qos
+
     async def has_accounting(self) -> bool:
         return self.accounting
 
@@ -406,6 +443,12 @@ class MemorySlurm:
     async def do_hold(self, job_id: int, held: bool, user: str | None) -> tuple[()]:
         self._record(f"{'hold' if held else 'release'} {job_id}", user)
         self._may_change(self._find(job_id), user)
+        return ()
+
+    async def do_set_dependency(self, job_id: int, dependency: str, user: str | None) -> tuple[()]:
+        self._record(f"dependency {job_id} {dependency}", user)
+        self._may_change(self._find(job_id), user)
+        self.dependency[job_id] = dependency
         return ()
 
     async def do_jobs_state(
@@ -502,6 +545,9 @@ class MemoryUserClient:
 
     async def hold(self, job_id: int, held: bool) -> tuple[()]:
         return await self.slurm.do_hold(job_id, held, self.user)
+
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
+        return await self.slurm.do_set_dependency(job_id, dependency, self.user)
 
     async def cancel(self, ref: int | str) -> None:
         await self.slurm.do_cancel(ref, self.user)

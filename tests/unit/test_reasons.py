@@ -79,6 +79,16 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         out.append((following.reachability(QUEUED, reachable, reason, "x", 1, NOW).status, False))
     for state, rc in (("PENDING", None), ("RUNNING", None), ("COMPLETED", 0), ("FAILED", 1)):
         out.append((following.observed(QUEUED, observe([_view(state, rc)]), 1, NOW).status, True))
+    # A job whose output could not be opened (controller/following.py).
+    target = following.OutputTarget("/s/attempt-1/stdout.log", "u", 1, "/s/attempt-1", None)
+    unwritable = following.output_unwritable(observe([_view("FAILED", 1)]), target)
+    out.append((following.observed(QUEUED, unwritable, 1, NOW).status, False))
+    # spec.dependsOn (controller/submission.py).
+    out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_DEPENDENCY, "w", 1, NOW).status, False))
+    out.append(
+        (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
+    )
+    out.append((following.dependency_failed(QUEUED, "x", 1, NOW).status, False))
     return out
 
 

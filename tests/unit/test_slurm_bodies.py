@@ -37,7 +37,19 @@ def array_request() -> LaunchRequest:
     )
 
 
-REQUESTS = {"cpu": cpu_request, "gpu": gpu_request, "het": het_request, "array": array_request}
+def _after(make: Any) -> Any:
+    """The request with a Slurm dependency (spec.dependsOn): on the leader only."""
+    return lambda: make().model_copy(update={"dependency": "afterok:12,afterok:13"})
+
+
+REQUESTS = {
+    "cpu": cpu_request,
+    "gpu": gpu_request,
+    "het": het_request,
+    "array": array_request,
+    "cpu-after": _after(cpu_request),
+    "het-after": _after(het_request),
+}
 
 # Where the 22.05 document disagrees with the 22.05 parser (see dialects/v0038.py): the body
 # follows the parser. Each entry is asserted to be a real disagreement below.
@@ -263,3 +275,11 @@ def test_v45_array_body_has_what_the_testbed_took() -> None:
     sent = body("v0.0.45", array_request())
     assert isinstance(taken["job"]["array"], str)
     assert set(taken["job"]) - {"script", "time_limit"} <= set(sent["job"])
+
+
+@pytest.mark.parametrize("version", ["v0.0.38", *SERVED_2605])
+def test_a_dependency_is_the_leaders_and_holds_for_the_whole_job(version: str) -> None:
+    het = body(version, REQUESTS["het-after"]())
+    assert [c.get("dependency") for c in het["jobs"]] == ["afterok:12,afterok:13", None]
+    assert body(version, REQUESTS["cpu-after"]())["job"]["dependency"] == "afterok:12,afterok:13"
+    assert "dependency" not in body(version, cpu_request())["job"]

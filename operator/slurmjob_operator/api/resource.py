@@ -118,6 +118,16 @@ class ResourceView:
         raw = self._raw_spec if isinstance(self._raw_spec, Mapping) else {}
         return bool(raw.get("suspend", False))
 
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        """The names in spec.dependsOn, read from the raw spec without a parse (every watch
+        event asks; at most 16 are taken, as the schema allows)."""
+        raw = self._raw_spec.get("dependsOn") if isinstance(self._raw_spec, Mapping) else None
+        if not isinstance(raw, list):
+            return ()
+        names = [d.get("name") for d in raw[:16] if isinstance(d, Mapping)]
+        return tuple(n for n in names if isinstance(n, str) and 0 < len(n) <= 253)
+
     def with_status(self, status: SlurmJobStatus) -> ResourceView:
         """The same resource after a status write (the spec parse is not repeated)."""
         new = ResourceView(

@@ -239,6 +239,34 @@ class ArraySpec(_Model):
     )
 
 
+#: A SlurmJob's name: a DNS subdomain (RFC 1123), as Kubernetes allows for custom resources.
+OBJECT_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_DEPENDENCIES = 16
+
+
+class DependencyCondition(StrEnum):
+    """What the upstream SlurmJob must have ended as for this one to run."""
+
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"  # Failed or Cancelled
+    FINISHED = "Finished"  # any final phase
+
+
+class Dependency(_Model):
+    name: str = Field(
+        pattern=OBJECT_NAME_RE,
+        max_length=253,
+        description="Name of a SlurmJob in the same namespace.",
+    )
+    condition: DependencyCondition = Field(
+        default=DependencyCondition.SUCCEEDED,
+        description=(
+            "Succeeded (the default), Failed (Failed or Cancelled) or Finished (any final "
+            "phase): what the upstream must have ended as, after its retries."
+        ),
+    )
+
+
 class Mode(StrEnum):
     BATCH = "Batch"
     PLAYGROUND = "Playground"
@@ -324,6 +352,17 @@ class SlurmJobSpec(_Model):
     mode: Mode = Field(
         default=Mode.BATCH, description="Only Batch: Playground and Deployment are refused."
     )
+    depends_on: list[Dependency] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            "SlurmJobs of the same namespace this one runs after (each with the final phase it "
+            "needs, counted after the upstream's retries). Nothing is submitted until every "
+            "one can be satisfied; one that cannot ends this SlurmJob Failed "
+            "(DependencyFailed). Read before the first attempt only: a change after it has "
+            "no effect."
+        ),
+    )
     suspend: bool = Field(
         default=False,
         description=(
@@ -377,6 +416,14 @@ class SlurmJobSpec(_Model):
         names = [e.name for e in value]
         if len(set(names)) != len(names):
             raise ValueError("env names must be unique")
+        return value
+
+    @field_validator("depends_on")
+    @classmethod
+    def _unique_dependencies(cls, value: list[Dependency]) -> list[Dependency]:
+        names = [d.name for d in value]
+        if len(set(names)) != len(names):
+            raise ValueError("dependsOn names must be unique")
         return value
 
     @field_validator("mounts")

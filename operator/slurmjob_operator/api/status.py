@@ -134,6 +134,16 @@ class ArrayAttempt(_Model):
     )
 
 
+class AttemptDependency(_Model):
+    """A Slurm dependency an attempt was submitted with: on the upstream SlurmJob's job."""
+
+    name: str = Field(description="The upstream SlurmJob.")
+    uid: str = Field(description="Its uid (a new object of the same name is another job).")
+    attempt: int = Field(ge=1, description="The upstream attempt whose Slurm job it names.")
+    job_id: int = Field(ge=1, description="That Slurm job's id.")
+    type: str = Field(description="The Slurm dependency type, e.g. afterok.")
+
+
 class Attempt(_Model):
     """One submission to Slurm. A retry is a new attempt with its own job and staging dir."""
 
@@ -199,6 +209,14 @@ class Attempt(_Model):
     )
     array: ArrayAttempt | None = Field(
         default=None, description="For a job array: the tasks this attempt ran and their ends."
+    )
+    dependencies: list[AttemptDependency] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "The Slurm dependencies this attempt was submitted with (afterok on each upstream "
+            "SlurmJob's current job), repointed when an upstream is retried."
+        ),
     )
 
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
-from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.deletion import Deletion
+from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.pipeline import Site
@@ -80,6 +80,7 @@ class Controller:
         self.submit_slots = submit_slots or FairLimiter[str](
             settings.submit_concurrency, on_waiting=metrics.waiting_submissions.set
         )
+        self._dependencies = Dependencies(kube, self.clusters, self.name, self.reconcile)
         self._submission = Submission(
             settings,
             self.site,
@@ -91,6 +92,7 @@ class Controller:
             slurm_as=self.slurm_as,
             limiter=self.submit_slots,
             clusters=self.clusters,
+            dependencies=self._dependencies,
         )
         self._deletion = Deletion(
             settings, self._edge, self.slurm, self._following, self.site, self.slurm_as
@@ -132,18 +134,13 @@ class Controller:
     def observe_body(
         self, body: Mapping[str, Any] | ResourceView, *, deleted: bool = False
     ) -> None:
-        """Every watch event: what the poller must follow."""
-        if isinstance(body, ResourceView):
-            if deleted:
-                self._edge.forget(body.ref)
-            else:
-                self._edge.observe(body.ref, body.status)
-            return
-        ref = ObjectRef.of(body)
+        """Every watch event: what the poller must follow, and whose dependents to wake."""
+        view = _view(body)
         if deleted:
-            self._edge.forget(ref)
+            self._edge.forget(view.ref)
         else:
-            self._edge.observe(ref, SlurmJobStatus.parse(body.get("status")))
+            self._edge.observe(view.ref, view.status)
+        self._dependencies.noticed(view, deleted=deleted)
 
     def followed(self) -> list[Tracked]:
         return self.registry.followed()

@@ -5,6 +5,7 @@ telling every followed job whether slurmrestd answers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -29,15 +30,19 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.following import (
+    OutputTarget,
+    lacks_output,
     lost,
     not_retried,
     observed,
     observed_array,
+    output_unwritable,
     reachability,
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView
+from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView, leader
+from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
@@ -45,7 +50,8 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.locate import attempt_dir
-from slurmjob_operator.storage.logs import READ_TIMEOUT, read_attempt_logs
+from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
+from slurmjob_operator.storage.nofollow import job_owner
 from slurmjob_operator.storage.staging import remove_secrets
 from slurmjob_operator.times import parse_rfc3339, utc_now
 
@@ -147,6 +153,7 @@ class Following:
         assert attempt is not None
         generation, now = view.generation, utc_now()
         obs: Observation | None = None
+        seen: ArrayObservation | None = None
         if logs_only:
             transition = Transition(status)
         else:
@@ -169,16 +176,27 @@ class Following:
             elif attempt.array is not None:
                 seen = await self._observe_array(view.ref.uid, status, attempt, views)
                 obs = seen.observation
-                transition = observed_array(status, seen, generation, now)
             else:
                 obs = observe(views)
+        logs: Logs | None = None
+        # An array's tails are one task's: the one this observation chose, else the last one's.
+        index = seen.log_index if seen is not None else shown_index(status)
+        if attempt.staging_dir:
+            logs = await self.logs(view, attempt, index=index)
+        if obs is not None:
+            assert views
+            if lacks_output(obs, logs is not None and logs.stdout is None):
+                target = await self._output_target(view, attempt, views, index)
+                obs = output_unwritable(obs, target)
+            if seen is not None:
+                seen = dataclasses.replace(seen, observation=obs)
+                transition = observed_array(status, seen, generation, now)
+            else:
                 transition = observed(status, obs, generation, now)
         if not logs_only:
             await self._cancel_late(view, status)
         new = transition.status
-        logs: Logs | None = None
         if attempt.staging_dir:
-            logs = await self.logs(view, attempt, index=shown_index(new))
             if logs is not None:
                 new = with_logs(new, logs, self.settings.status_tail_bytes)
             if obs is not None and obs.final:
@@ -325,6 +343,28 @@ class Following:
         except OSError as exc:
             log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
             return None
+
+    async def _output_target(
+        self,
+        view: ResourceView,
+        attempt: Attempt,
+        views: Sequence[SlurmJobView],
+        index: int | None = None,
+    ) -> OutputTarget:
+        """Where the job was to write its output and who it ran as, for the message of a job
+        whose output could not be opened. The directory is derived from the resource."""
+        base = attempt_dir(
+            self.settings.storage_root, view.ref, attempt.number, attempt.staging_dir
+        )
+        uid = self._job_uid(view.ref.namespace)
+        owner = await asyncio.to_thread(attempt_dir_owner, self.settings, base, uid)
+        return OutputTarget(
+            path=str(base / log_files(index)[0]),
+            user=leader(views).user,
+            uid=job_owner(self.settings) if uid is None else uid,
+            directory=str(base),
+            owner=owner,
+        )
 
     async def _from_accounting(self, uid: str, attempt: Attempt) -> list[SlurmJobView]:
         """The attempt's accounting records. A job id is reused once Slurm wraps or resets its

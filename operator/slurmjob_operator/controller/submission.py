@@ -24,10 +24,12 @@ from pathlib import Path
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following, refuse_stranger
+from slurmjob_operator.controller.limits import LimitsCache
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
     Site,
@@ -53,7 +55,10 @@ from slurmjob_operator.core.decisions import (
     hold_transition,
     stranger,
 )
+from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
+from slurmjob_operator.core.following import dependency_failed, dependency_repointed
 from slurmjob_operator.core.jobview import SlurmJobView, leader
+from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
@@ -61,12 +66,14 @@ from slurmjob_operator.core.reconcile import (
     Step,
     confirmed,
     declared_lost,
+    invalid_spec,
     next_step,
     not_submitted,
     proven_absent,
     record_attempt,
     submitted,
     unconfirmed,
+    waiting,
 )
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
@@ -98,6 +105,8 @@ PREPARE_ERRORS = (
     SecretError,
     SlurmError,
     TokenError,
+    LimitExceeded,
+    PartitionUnavailable,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
 
@@ -113,6 +122,10 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.RUNTIME_INVALID
         if isinstance(exc, SecretError):
             return Failure.SECRET_MISSING
+        if isinstance(exc, LimitExceeded):
+            return Failure.LIMIT_EXCEEDED
+        if isinstance(exc, PartitionUnavailable):
+            return Failure.PARTITION_UNAVAILABLE
         if isinstance(exc, SlurmAuthError):
             return Failure.SLURM_REFUSED_CREDENTIALS
         return Failure.SLURM_UNREACHABLE
@@ -126,7 +139,7 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
 
 
 def _messages(exc: Exception) -> list[str]:
-    return exc.messages if isinstance(exc, SpecError) else [str(exc)]
+    return exc.messages if isinstance(exc, SpecError | LimitExceeded) else [str(exc)]
 
 
 class Submission:
@@ -143,10 +156,13 @@ class Submission:
         slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
         limiter: FairLimiter[str] | None = None,
         clusters: Clusters | None = None,
+        limits: LimitsCache | None = None,
+        dependencies: Dependencies | None = None,
     ) -> None:
         """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
         `limiter`: the slots submits are made in, by namespace (None: its own); `clusters`:
-        every cluster's name (this one is `settings.cluster_name`)."""
+        every cluster's name (this one is `settings.cluster_name`); `limits`: the cluster's
+        limits a request is checked against (None: read through `slurm`, per poll interval)."""
         self.cluster = settings.cluster_name
         self.clusters = clusters or Clusters((self.cluster,))
         self.window = Window(
@@ -165,6 +181,10 @@ class Submission:
         self.following = following
         self._backoff = backoff
         self._limiter = limiter or FairLimiter[str](settings.submit_concurrency)
+        self.limits = limits or LimitsCache(self.cluster, slurm, settings.poll_interval)
+        self.dependencies = dependencies
+        # How soon a dependent that waits looks again, besides being woken by a change.
+        self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
 
     async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
@@ -228,12 +248,19 @@ class Submission:
                 self.edge.observe(ref, view.status)
                 if step is Step.TRACK:
                     await self._sync_hold(view)
+                    await self._follow_dependencies(view)
                 return False
             blocked, transition = gate(view.status, view.suspend, view.generation, utc_now())
             if transition is not None:
                 view = await self.edge.apply(view, transition)
             if blocked:
                 return False
+            upstream: tuple[AttemptDependency, ...] = ()
+            if step is Step.SUBMIT and not view.status.attempts:
+                ready = await self._dependencies_ready(view)
+                if ready is None:
+                    return False
+                upstream = ready
             if step is Step.RETRY:
                 due = parse_rfc3339(view.status.next_attempt_at)
                 wait = (due - utc_now()).total_seconds() if due else 0.0
@@ -241,7 +268,7 @@ class Submission:
                     raise RetryLater(f"retry due at {view.status.next_attempt_at}", wait)
             if not slot:
                 return True
-            await self._submit(view)
+            await self._submit(view, upstream)
             return False
 
     async def _as(self, user: str | None) -> SlurmClient:
@@ -308,12 +335,19 @@ class Submission:
             secret_values=secrets,
             array_indices=indices,
         )
-        # Before the attempt is recorded: a wrong artifact is refused with nothing to adopt.
+        # Before the attempt is recorded: a request that cannot fit the cluster, or a wrong
+        # artifact, is refused with nothing staged and nothing to adopt.
+        snapshot = await self.limits.snapshot()
+        if snapshot is not None:
+            names = [pool.name for pool in spec.pools]
+            enforce(check(prepared.rendered.launch, snapshot, names))
         await asyncio.to_thread(verify_runtime, prepared, self.settings)
         tenant = prepared.resolution.tenant
         return await self._as(tenant.slurm_user if tenant is not None else None), prepared
 
-    async def _submit(self, view: ResourceView) -> None:
+    async def _submit(
+        self, view: ResourceView, upstream: tuple[AttemptDependency, ...] = ()
+    ) -> None:
         number = len(view.status.attempts) + 1
         spec = view.spec
         # A job array's retry submits only the tasks that did not succeed (`core.arrays`).
@@ -328,6 +362,8 @@ class Submission:
             await self._failed(view, exc, recorded=False)
             return
         launch = prepared.rendered.launch
+        if upstream:
+            launch = launch.model_copy(update={"dependency": slurm_dependency(upstream)})
         staging = prepared.rendered.staging_dir
         view = await self.edge.apply(
             view,
@@ -342,6 +378,7 @@ class Submission:
                 # cluster) cannot read would stop it following its jobs after a rollback.
                 cluster=self.cluster if len(self.clusters.names) > 1 else None,
                 array_indices=indices,
+                dependencies=upstream,
             ),
         )
         current = view.status.current_attempt
@@ -506,6 +543,77 @@ class Submission:
         return await self.edge.apply(
             view, proven_absent(view.status, waited, view.generation, utc_now())
         )
+
+    # -- dependencies ---------------------------------------------------------------------
+
+    async def _dependencies_ready(self, view: ResourceView) -> tuple[AttemptDependency, ...] | None:
+        """Before the first attempt: the Slurm dependencies to submit with (none when every
+        upstream is settled already), or None when it must not be submitted now (waiting,
+        written; or failed for good, written). Raises RetryLater while it waits."""
+        spec = view.spec
+        if spec is None or not spec.depends_on or self.dependencies is None:
+            return ()
+        resolution, spec_wrong = await self.dependencies.resolve(view, spec)
+        now = utc_now()
+        if resolution.kind is Kind.READY:
+            return resolution.slurm
+        if resolution.kind is Kind.FAIL:
+            reason = Reason.INVALID_SPEC if spec_wrong else Reason.DEPENDENCY_FAILED
+            await self.edge.apply(
+                view,
+                invalid_spec(view.status, [resolution.message], view.generation, now, reason),
+            )
+            return None
+        await self.edge.apply(
+            view,
+            waiting(
+                view.status,
+                Reason.WAITING_FOR_DEPENDENCY,
+                resolution.message,
+                view.generation,
+                now,
+            ),
+        )
+        raise RetryLater(resolution.message, self._dependency_wait)
+
+    async def _follow_dependencies(self, view: ResourceView) -> None:
+        """A job waiting in Slurm on its upstreams' jobs: repoint it when one was retried,
+        cancel it when one ended failed for good (`core.dependencies.repoint`)."""
+        attempt = view.status.current_attempt
+        if (
+            self.dependencies is None
+            or attempt is None
+            or not attempt.dependencies
+            or attempt.job_id is None
+            or view.status.phase is not Phase.QUEUED
+        ):
+            return
+        names = tuple(d.name for d in attempt.dependencies)
+        upstreams = await self.dependencies.current(view, names)
+        plan = repoint(attempt.dependencies, upstreams)
+        if plan.action is Action.NOTHING:
+            return
+        try:
+            acting = await self._acting(view.ref)
+            if plan.action is Action.UPDATE:
+                warnings = await acting.set_dependency(
+                    attempt.job_id, slurm_dependency(plan.records) or ""
+                )
+                for warning in warnings:
+                    log.warning("repointing Slurm job %s: %s", attempt.job_id, warning)
+            else:
+                await cancel_quietly(acting, attempt.job_id)
+        except SlurmError as exc:
+            raise RetryLater(f"dependencies of job {attempt.job_id}: {exc}", self._backoff) from exc
+        now = utc_now()
+        if plan.action is Action.UPDATE:
+            await self.edge.apply(
+                view, dependency_repointed(view.status, plan.records, plan.message)
+            )
+        else:
+            await self.edge.apply(
+                view, dependency_failed(view.status, plan.message, view.generation, now)
+            )
 
     # -- hold and release -----------------------------------------------------------------
 

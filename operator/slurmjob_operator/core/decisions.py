@@ -41,6 +41,8 @@ class Failure(StrEnum):
     TENANT_UNKNOWN = "TenantUnknown"  # tenancy is on and the namespace is no tenant's
     RUNTIME_INVALID = "RuntimeInvalid"  # the runtime artifact's magic or checksum
     SECRET_MISSING = "SecretMissing"  # noqa: S105 (a failure class, not a secret)
+    LIMIT_EXCEEDED = "LimitExceeded"  # the request cannot fit the cluster's limits
+    PARTITION_UNAVAILABLE = "PartitionUnavailable"  # the partition takes no jobs now
     SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
     SLURM_UNREACHABLE = "SlurmUnreachable"  # while connecting
     # After the attempt is recorded.
@@ -77,6 +79,8 @@ FAILURES: Mapping[Failure, FailurePlan] = {
         Reason.RUNTIME_ARTIFACT_INVALID, Retry.NEVER, metric="rejected"
     ),
     Failure.SECRET_MISSING: FailurePlan(Reason.SECRET_NOT_FOUND, Retry.BACKOFF),
+    Failure.LIMIT_EXCEEDED: FailurePlan(Reason.LIMIT_EXCEEDED, Retry.NEVER, metric="rejected"),
+    Failure.PARTITION_UNAVAILABLE: FailurePlan(Reason.PARTITION_UNAVAILABLE, Retry.POLL),
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
     Failure.REJECTED: FailurePlan(
@@ -106,7 +110,12 @@ def failed_step(
     """The transition a failed submit step writes, and what else the controller must do."""
     plan = FAILURES[failure]
     message = "; ".join(messages)
-    if failure in (Failure.SPEC_INVALID, Failure.TENANT_UNKNOWN, Failure.RUNTIME_INVALID):
+    if failure in (
+        Failure.SPEC_INVALID,
+        Failure.TENANT_UNKNOWN,
+        Failure.RUNTIME_INVALID,
+        Failure.LIMIT_EXCEEDED,
+    ):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
     if failure is Failure.REJECTED:
         return rejected(status, message, generation, now), plan

@@ -6,9 +6,18 @@ Pure functions (no I/O, `now` passed in), like `reconcile`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from slurmjob_operator.api.status import Attempt, ConditionStatus, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import (
+    Attempt,
+    AttemptDependency,
+    ConditionStatus,
+    Logs,
+    Phase,
+    SlurmJobStatus,
+)
 from slurmjob_operator.core.arrays import ArrayObservation, array_total
 from slurmjob_operator.core.logtail import capped_logs
 from slurmjob_operator.core.reasons import Reason
@@ -93,6 +102,48 @@ def observed_array(
     attempts = replace_attempt(new, attempt)
     new = new.model_copy(update={"attempts": attempts, "array": seen.status(array_total(attempts))})
     return Transition(new, transition.events)
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Where the job was to write its output, and who it ran as (for the message)."""
+
+    path: str
+    user: str | None
+    uid: int
+    directory: str
+    owner: tuple[int, int, int] | None
+    """(uid, gid, mode) of the directory; None when it could not be looked at."""
+
+
+def lacks_output(obs: Observation, stdout_missing: bool) -> bool:
+    """The job failed once it was on a node, and its standard output does not exist: slurmd
+    could not open it (slurmstepd creates it before the script runs), which Slurm reports
+    only as `RaisedSignal:53` or an exit code nobody can act on."""
+    return (
+        stdout_missing
+        and obs.final
+        and obs.phase is Phase.FAILED
+        and not obs.infrastructure
+        and obs.started_at is not None
+    )
+
+
+def output_unwritable(obs: Observation, target: OutputTarget) -> Observation:
+    """The observation with reason StagingNotWritable and a message a person can act on."""
+    who = f"{target.user} (uid {target.uid})" if target.user else f"uid {target.uid}"
+    if target.owner is not None:
+        uid, gid, mode = target.owner
+        where = f"{target.directory} is owned by {uid}:{gid} with mode {mode & 0o7777:04o}"
+    else:
+        where = f"{target.directory} could not be examined"
+    message = (
+        f"Slurm could not open the job's output file {target.path} as the job user {who}: "
+        f"{where}. The staging directory must be writable by the job user (site setting "
+        f"SLURMJOB_STAGING_OWNER, or the tenant's uid with ACLs; `slurmjob-operator doctor` "
+        f"checks it). Slurm said: {obs.message}"
+    )
+    return obs.model_copy(update={"reason": Reason.STAGING_NOT_WRITABLE, "message": message})
 
 
 def _finished(attempt: Attempt, obs: Observation, now: datetime) -> str | None:
@@ -199,3 +250,46 @@ def lost(status: SlurmJobStatus, message: str, generation: int | None, now: date
 def with_logs(status: SlurmJobStatus, logs: Logs, max_bytes: int) -> SlurmJobStatus:
     """The status with the tails as read, each cut to its last `max_bytes` bytes."""
     return status.model_copy(update={"logs": capped_logs(logs, max_bytes)})
+
+
+def dependency_failed(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """A submitted job waits in Slurm on an upstream that ended failed for good: its job was
+    cancelled, and the SlurmJob ends Failed (not Cancelled: nobody asked for it)."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(update={"finished_at": attempt.finished_at or rfc3339(now)})
+    reason = Reason.DEPENDENCY_FAILED
+    new = with_conditions(
+        status,
+        [
+            (RUNNING, "False", reason, message),
+            (READY, "False", reason, message),
+            (SUCCEEDED, "False", reason, message),
+            (FAILED, "True", reason, message),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.FAILED,
+            "attempts": replace_attempt(status, attempt),
+            "completion_time": attempt.finished_at,
+            "message": message,
+        }
+    )
+    return Transition(new, (Event(WARNING, reason, message),))
+
+
+def dependency_repointed(
+    status: SlurmJobStatus, records: Sequence[AttemptDependency], message: str
+) -> Transition:
+    """The pending job now waits on the upstream's new job (it was retried)."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(update={"dependencies": list(records) or None})
+    new = status.model_copy(update={"attempts": replace_attempt(status, attempt)})
+    return Transition(new, (Event(NORMAL, "DependencyRepointed", message),))

@@ -47,6 +47,8 @@ class LaunchRequest(BaseModel):
         default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*(%[0-9]+)?$"
     )
     """A job array's task indices and limit, as Slurm's `--array` takes them ("0-19%3")."""
+    dependency: str | None = None
+    """Slurm's dependency expression (`afterok:123,afterok:456`), on the whole job."""
 
     @property
     def is_heterogeneous(self) -> bool:

@@ -61,6 +61,8 @@ class Reason(StrEnum):
     TENANT_UNKNOWN = "TenantUnknown"
     RUNTIME_ARTIFACT_INVALID = "RuntimeArtifactInvalid"
     SECRET_NOT_FOUND = "SecretNotFound"  # noqa: S105 (a reason, not a secret)
+    LIMIT_EXCEEDED = "LimitExceeded"
+    PARTITION_UNAVAILABLE = "PartitionUnavailable"
     SLURM_AUTH_FAILED = "SlurmAuthFailed"
     SLURM_UNAVAILABLE = "SlurmUnavailable"
     SUBMIT_FAILED = "SubmitFailed"
@@ -73,6 +75,9 @@ class Reason(StrEnum):
     RELEASED = "Released"
     NOT_HELD = "NotHeld"
     SLURM_ANSWERING = "SlurmAnswering"
+    STAGING_NOT_WRITABLE = "StagingNotWritable"
+    WAITING_FOR_DEPENDENCY = "WaitingForDependency"
+    DEPENDENCY_FAILED = "DependencyFailed"
 
 
 #: What each reason tells a user.
@@ -102,6 +107,15 @@ REASON_MEANINGS: dict[Reason, str] = {
     ),
     Reason.RUNTIME_ARTIFACT_INVALID: "The runtime artifact is missing or its checksum is wrong.",
     Reason.SECRET_NOT_FOUND: "A referenced Secret or key does not exist (yet).",
+    Reason.LIMIT_EXCEEDED: (
+        "The request cannot fit the cluster: a partition that does not exist, a timeLimit over "
+        "the partition's MaxTime, more nodes, CPUs, memory or GPUs than its nodes have, an "
+        "account or QOS accounting does not know. The message names the field and the limit; "
+        "nothing was staged or submitted (checked again when the spec changes)."
+    ),
+    Reason.PARTITION_UNAVAILABLE: (
+        "The partition is down, drained or inactive: nothing is submitted until it is up."
+    ),
     Reason.SLURM_AUTH_FAILED: "slurmrestd refused the operator's credentials.",
     Reason.SLURM_UNAVAILABLE: "slurmrestd could not be reached or failed.",
     Reason.SUBMIT_FAILED: "The POST certainly created no job (nothing was sent); retried.",
@@ -114,6 +128,20 @@ REASON_MEANINGS: dict[Reason, str] = {
     Reason.RELEASED: "spec.suspend is false: the held Slurm job is released.",
     Reason.NOT_HELD: "spec.suspend is true, but the job already left the queue: it runs on.",
     Reason.SLURM_ANSWERING: "slurmrestd answers the poll.",
+    Reason.WAITING_FOR_DEPENDENCY: (
+        "spec.dependsOn names a SlurmJob that does not exist yet, has no Slurm job to depend on "
+        "yet (it waits itself, or a retry is scheduled), or whose condition (Failed, Finished) "
+        "can only be told once it is final: nothing is submitted yet."
+    ),
+    Reason.DEPENDENCY_FAILED: (
+        "An upstream SlurmJob ended in a way that cannot satisfy spec.dependsOn (after its "
+        "retries): nothing is submitted, or the job waiting on it in Slurm is cancelled."
+    ),
+    Reason.STAGING_NOT_WRITABLE: (
+        "The job failed on its node without its standard output ever being created: Slurm "
+        "could not open the log files in the staging directory as the job user. The message "
+        "names the path, the job user and the directory's owner and mode."
+    ),
 }
 
 #: A condition whose reason is the one of the phase Slurm's state maps to (`core.states`).
@@ -142,6 +170,8 @@ WRITTEN: frozenset[Written] = frozenset(
             for cond in (C.SUBMITTED, C.READY)
             for reason in (
                 R.SECRET_NOT_FOUND,
+                R.PARTITION_UNAVAILABLE,
+                R.WAITING_FOR_DEPENDENCY,
                 R.SLURM_AUTH_FAILED,
                 R.SLURM_UNAVAILABLE,
                 R.SUBMIT_FAILED,
@@ -150,7 +180,13 @@ WRITTEN: frozenset[Written] = frozenset(
         ),
         *(
             (cond, status, reason)
-            for reason in (R.INVALID_SPEC, R.TENANT_UNKNOWN, R.RUNTIME_ARTIFACT_INVALID)
+            for reason in (
+                R.INVALID_SPEC,
+                R.TENANT_UNKNOWN,
+                R.RUNTIME_ARTIFACT_INVALID,
+                R.LIMIT_EXCEEDED,
+                R.DEPENDENCY_FAILED,
+            )
             for cond, status in ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T))
         ),
         *(
@@ -175,6 +211,11 @@ WRITTEN: frozenset[Written] = frozenset(
         (C.SLURM_REACHABLE, _T, R.SLURM_ANSWERING),
         (C.SLURM_REACHABLE, _F, R.SLURM_AUTH_FAILED),
         (C.SLURM_REACHABLE, _F, R.SLURM_UNAVAILABLE),
+        *(
+            (cond, status, reason)
+            for reason in (R.STAGING_NOT_WRITABLE, R.DEPENDENCY_FAILED)
+            for cond, status in ((C.RUNNING, _F), (C.READY, _F), (C.SUCCEEDED, _F), (C.FAILED, _T))
+        ),
         *(
             (cond, status, FROM_SLURM)
             for cond in (C.RUNNING, C.READY, C.SUCCEEDED, C.FAILED)

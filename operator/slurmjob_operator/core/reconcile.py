@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
-from slurmjob_operator.api.status import ArrayAttempt, ArrayStatus, Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import (
+    ArrayAttempt,
+    ArrayStatus,
+    Attempt,
+    AttemptDependency,
+    Phase,
+    SlurmJobStatus,
+)
 from slurmjob_operator.core.arrays import array_total
 from slurmjob_operator.core.indices import compact
 from slurmjob_operator.core.reasons import ConditionType, Reason
@@ -116,15 +123,17 @@ def record_attempt(
     now: datetime,
     cluster: str | None = None,
     array_indices: Sequence[int] | None = None,
+    dependencies: Sequence[AttemptDependency] = (),
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
-    the cluster it went to, where the adoption must look). `array_indices`: the tasks of a
-    job array the attempt submits."""
+    the cluster it went to, where the adoption must look, and the upstream jobs it waits on).
+    `array_indices`: the tasks of a job array the attempt submits."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
         job_name=job_name,
         cluster=cluster,
+        dependencies=list(dependencies) or None,
         staging_dir=staging_dir,
         submitted_at=rfc3339(now),
         retry_of=previous.number if previous is not None and previous.job_id else None,

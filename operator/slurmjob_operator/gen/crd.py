@@ -263,6 +263,7 @@ FIELD_RULES: dict[tuple[type[BaseModel], str], tuple[Rule, ...]] = {
 LIST_MAP_KEYS: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
     (SlurmJobSpec, "env"): ("name",),
     (SlurmJobSpec, "mounts"): ("target",),
+    (SlurmJobSpec, "dependsOn"): ("name",),
     (SlurmJobStatus, "conditions"): ("type",),
 }
 

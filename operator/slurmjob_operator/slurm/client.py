@@ -53,9 +53,12 @@ from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
 from slurmjob_operator.slurm.nodes import (
     NodeInfo,
+    PartitionInfo,
     parse_dbd_queue,
+    parse_names,
     parse_nodes,
     parse_partition_names,
+    parse_partitions,
 )
 
 DEFAULT_LOOKBACK = timedelta(days=7)
@@ -315,6 +318,16 @@ class SlurmClient:
         )
         return answer.envelope.warnings
 
+    async def set_dependency(self, job_id: int, dependency: str) -> tuple[SlurmMessage, ...]:
+        """Replace a pending job's dependency (`POST /job/{id}` with `{"dependency": ...}`;
+        an empty string clears it). Returns the warnings, as `hold` does."""
+        path_ref = self._dialect.job_ref_path(job_id)
+        template = self._slurm("/job/{job_id}")
+        answer = await self._rest.call(
+            "POST", template, self._slurm(f"/job/{path_ref}"), body={"dependency": dependency}
+        )
+        return answer.envelope.warnings
+
     async def cancel(self, ref: int | str, *, signal: str | None = None) -> CancelResult:
         """Cancel (or signal) a job. A job that already ended is a success
         (`already_done` where the version says so); an unknown job raises SlurmNotFound."""
@@ -362,6 +375,24 @@ class SlurmClient:
         template = self._slurm("/partitions")
         answer = await self._rest.call("GET", template, template)
         return answer.parse(parse_partition_names, template)
+
+    async def partitions(self) -> list[PartitionInfo]:
+        """Every partition with its state and limits."""
+        template = self._slurm("/partitions")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_partitions, template)
+
+    async def account_names(self) -> frozenset[str]:
+        """The accounts slurmdbd knows (lower-cased); needs accounting."""
+        template = self._slurmdb("/accounts/")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_names("accounts"), template)
+
+    async def qos_names(self) -> frozenset[str]:
+        """The QOS slurmdbd knows (lower-cased); needs accounting."""
+        template = self._slurmdb("/qos/")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_names("qos"), template)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node with its features and state (for site checks, not for polling)."""

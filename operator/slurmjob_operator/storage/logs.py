@@ -233,3 +233,19 @@ def read_attempt_logs(
         root=settings.storage_root,
         owner=owner,
     )
+
+
+def attempt_dir_owner(
+    settings: Settings, staging_dir: Path, owner: int | None = None
+) -> tuple[int, int, int] | None:
+    """(uid, gid, mode) of the attempt directory at `staging_dir`, reached without following a
+    link; None when it is missing or refused (the message then says it could not be looked at).
+    """
+    owner = job_owner(settings) if owner is None else owner
+    try:
+        parts = below(settings.storage_root, staging_dir)
+        with walk(settings.storage_root, parts, dir_owners(owner)) as fd:
+            st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_uid, st.st_gid, st.st_mode

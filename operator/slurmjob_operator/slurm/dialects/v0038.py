@@ -175,6 +175,8 @@ class Dialect38(Dialect):
         if req.array is not None:
             # sbatch's --array, in the served schema (`job_properties.array`, a string).
             components[0]["array"] = req.array
+        if req.dependency:
+            components[0]["dependency"] = req.dependency  # the leader's: the whole het job
         if req.is_heterogeneous:
             return {"script": req.script, "jobs": components}
         return {"script": req.script, "job": components[0]}

@@ -323,6 +323,8 @@ class Dialect4x(Dialect):
             job["qos"] = req.qos
         if req.time_limit_minutes is not None:
             job["time_limit"] = _set(req.time_limit_minutes)
+        if first and req.dependency:
+            job["dependency"] = req.dependency  # the leader's holds for the whole het job
         if comp.constraints:
             job["constraints"] = comp.constraints
         if comp.gpus_per_node:

@@ -1,0 +1,196 @@
+"""spec.dependsOn: reading the upstream SlurmJobs for `core.dependencies`, and noticing when
+one changes so that its dependents are looked at again.
+
+Every watch event passes through `noticed` (the fleet's `observe_body`), so whoever wrote an
+upstream's status (this process, a previous leader, a restart's first list) its dependents
+are reconciled when a fact the rules read changed: its uid, phase, attempt, Slurm job,
+confirmation or scheduled retry. Nothing else costs a request: a SlurmJob without dependents
+is one dictionary lookup per event.
+
+Upstreams are read from the apiserver (one GET each, at most `MAX_VISITED` per resolution,
+the cycle search included), always in the dependent's namespace: a name never reaches another
+namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.controller.resource import RetryLater
+from slurmjob_operator.core.dependencies import (
+    MAX_VISITED,
+    Kind,
+    Resolution,
+    Upstream,
+    find_cycle,
+    resolve,
+    upstream_of,
+)
+from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.kube import ResourceStore
+
+log = logging.getLogger(__name__)
+
+#: The facts of an upstream its dependents' rules read; a change of any one wakes them.
+Fingerprint = tuple[Any, ...]
+
+
+def _fingerprint(view: ResourceView) -> Fingerprint:
+    status = view.status
+    attempt = status.current_attempt
+    return (
+        view.ref.uid,
+        status.phase,
+        status.next_attempt_at,
+        attempt.number if attempt else None,
+        attempt.job_id if attempt else None,
+        attempt.confirmed if attempt else None,
+    )
+
+
+class Dependencies:
+    def __init__(
+        self,
+        store: ResourceStore,
+        clusters: Clusters,
+        cluster: str,
+        reconcile: Callable[[ObjectRef], Awaitable[None]],
+    ) -> None:
+        self._store = store
+        self._clusters = clusters
+        self._cluster = cluster
+        self._reconcile = reconcile
+        # (namespace, upstream name) -> the dependents' refs, by uid
+        self._dependents: dict[tuple[str, str], dict[str, ObjectRef]] = {}
+        self._upstreams_of: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._seen: dict[tuple[str, str], Fingerprint] = {}
+        self._scheduled: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- who depends on whom --------------------------------------------------------------
+
+    def noticed(self, view: ResourceView, *, deleted: bool = False) -> None:
+        """A watch event: keep the dependents' index and wake the dependents of `view`."""
+        ref = view.ref
+        final = view.status.phase is not None and view.status.phase.is_terminal
+        names = () if deleted or final or view.deleting else view.depends_on
+        self._index(ref, names)
+        key = (ref.namespace, ref.name)
+        dependents = self._dependents.get(key)
+        if not dependents:
+            self._seen.pop(key, None)
+            return
+        mark = ("deleted",) if deleted else _fingerprint(view)
+        if self._seen.get(key) == mark:
+            return
+        self._seen[key] = mark
+        for dependent in list(dependents.values()):
+            self._wake(dependent)
+
+    def _index(self, ref: ObjectRef, names: tuple[str, ...]) -> None:
+        before = self._upstreams_of.get(ref.uid)
+        if before is not None and before[1] == names:
+            return
+        if before is not None:
+            for name in before[1]:
+                group = self._dependents.get((before[0], name))
+                if group is not None:
+                    group.pop(ref.uid, None)
+                    if not group:
+                        del self._dependents[(before[0], name)]
+            del self._upstreams_of[ref.uid]
+        if names:
+            self._upstreams_of[ref.uid] = (ref.namespace, names)
+            for name in names:
+                self._dependents.setdefault((ref.namespace, name), {})[ref.uid] = ref
+
+    def dependents_of(self, namespace: str, name: str) -> list[ObjectRef]:
+        return list(self._dependents.get((namespace, name), {}).values())
+
+    def _wake(self, ref: ObjectRef) -> None:
+        if ref.uid in self._scheduled:
+            return
+        self._scheduled.add(ref.uid)
+
+        async def run() -> None:
+            try:
+                await asyncio.sleep(0)  # after the event that woke it is handled
+                self._scheduled.discard(ref.uid)
+                await self._reconcile(ref)
+            except RetryLater:
+                pass  # its own handler is retried by kopf as well
+            except Exception:
+                log.exception("dependent %s/%s: reconcile failed", ref.namespace, ref.name)
+            finally:
+                self._scheduled.discard(ref.uid)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """Wait for the dependents woken so far (tests, and a clean stop)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # -- reading the upstreams ------------------------------------------------------------
+
+    async def upstreams(
+        self, namespace: str, names: tuple[str, ...]
+    ) -> tuple[dict[str, Upstream | None], dict[str, list[str]]]:
+        """The upstreams named, and the dependency graph reachable from them (for cycles),
+        read from the apiserver in `namespace` only."""
+        found: dict[str, Upstream | None] = {}
+        graph: dict[str, list[str]] = {}
+        queue = list(names)
+        reads = 0
+        while queue and reads < MAX_VISITED:
+            name = queue.pop(0)
+            if name in graph:
+                continue
+            reads += 1
+            body = await self._store.get(namespace, name)
+            if body is None:
+                graph[name] = []
+                found.setdefault(name, None)
+                continue
+            view = ResourceView.of(body)
+            graph[name] = list(view.depends_on)
+            if name in names:
+                found[name] = self._upstream(view)
+            queue.extend(n for n in view.depends_on if n not in graph)
+        return found, graph
+
+    def _upstream(self, view: ResourceView) -> Upstream:
+        status: SlurmJobStatus = view.status
+        place = self._clusters.place(view.spec_cluster, [a.cluster for a in status.attempts])
+        return upstream_of(
+            view.ref.name, view.ref.uid, status, view.depends_on, place == self._cluster
+        )
+
+    async def resolve(self, view: ResourceView, spec: SlurmJobSpec) -> tuple[Resolution, bool]:
+        """The resolution for a dependent with nothing submitted; True with it when the spec
+        itself is wrong (a cycle, itself as a dependency)."""
+        names = tuple(d.name for d in spec.depends_on)
+        own = view.ref.name
+        if own in names:
+            return Resolution(Kind.FAIL, f"spec.dependsOn: {own} cannot depend on itself"), True
+        upstreams, graph = await self.upstreams(view.ref.namespace, names)
+        graph[own] = list(names)
+        cycle = find_cycle(own, graph)
+        if cycle is not None:
+            text = " -> ".join(cycle)
+            return Resolution(Kind.FAIL, f"spec.dependsOn: a dependency cycle: {text}"), True
+        return resolve(spec.depends_on, upstreams), False
+
+    async def current(
+        self, view: ResourceView, names: tuple[str, ...]
+    ) -> Mapping[str, Upstream | None]:
+        upstreams, _ = await self.upstreams(view.ref.namespace, names)
+        return upstreams

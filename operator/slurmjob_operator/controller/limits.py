@@ -1,0 +1,101 @@
+"""The cluster's partitions, nodes, accounts and QOS that submissions are checked against
+(`core.limits`), read at most once per poll interval whatever the number of submissions.
+
+One reader at a time: submissions that arrive while it reads wait for its answer instead of
+asking too. A read that fails keeps the last answer (a stale limit is still a limit); with no
+answer at all nothing is checked here and Slurm's own checks at submit remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from slurmjob_operator.core.limits import Node, Partition, Snapshot
+from slurmjob_operator.slurm.auth import TokenError
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import SlurmError
+
+log = logging.getLogger(__name__)
+
+
+async def read_snapshot(client: SlurmClient, cluster: str) -> Snapshot:
+    """One read of everything a submission is checked against; raises SlurmError when the
+    partitions cannot be read (nodes, accounts and QOS are optional)."""
+    partitions = {
+        p.name: Partition(
+            name=p.name,
+            up=p.is_up,
+            state=",".join(sorted(p.states)),
+            default=p.is_default,
+            max_time_minutes=p.max_time_minutes,
+            max_nodes=p.max_nodes,
+            max_cpus_per_node=p.max_cpus_per_node,
+        )
+        for p in await client.partitions()
+    }
+    try:
+        nodes: tuple[Node, ...] = tuple(
+            Node(
+                name=n.name,
+                partitions=n.partitions,
+                features=n.features,
+                cpus=n.cpus,
+                memory_mb=n.memory_mb,
+                gpus=n.gpus,
+            )
+            for n in await client.list_nodes()
+        )
+    except SlurmError as exc:
+        log.info("limits of %s: nodes not read (%s); node sizes not checked", cluster, exc)
+        nodes = ()
+    accounts = qos = None
+    try:
+        if await client.has_accounting():
+            accounts = await client.account_names()
+            qos = await client.qos_names()
+    except SlurmError as exc:
+        log.info("limits of %s: accounts and QOS not read (%s); not checked", cluster, exc)
+        accounts = qos = None
+    return Snapshot(cluster, partitions, nodes, accounts, qos)
+
+
+class LimitsCache:
+    def __init__(
+        self,
+        cluster: str,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        ttl: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cluster = cluster
+        self._slurm = slurm
+        self._ttl = ttl
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._snapshot: Snapshot | None = None
+        self._read_at: float | None = None
+        self.reads = 0
+
+    async def snapshot(self) -> Snapshot | None:
+        """The cluster's limits, read anew when the last read is older than the ttl (a failed
+        read counts: it is not retried by every waiting submission)."""
+        async with self._lock:
+            now = self._clock()
+            if self._read_at is not None and now - self._read_at < self._ttl:
+                return self._snapshot
+            self._read_at = now
+            self.reads += 1
+            try:
+                self._snapshot = await read_snapshot(await self._slurm(), self.cluster)
+            except (SlurmError, TokenError) as exc:
+                log.warning(
+                    "limits of %s not read (%s): %s",
+                    self.cluster,
+                    exc,
+                    "the last ones are used" if self._snapshot else "nothing is checked",
+                )
+            return self._snapshot
