@@ -9,6 +9,8 @@ operator finds the same job name, comment and directories again.
 - `comment`: the Slurm comment, carrying all four values in full so that a job found by name
   can be matched exactly (`parse_comment`).
 - `staging_dir`: `<root>/<namespace>/<name>-<uid8>/attempt-<n>`; `resource_dir` is its parent.
+- `log_file`: the name of a log in the attempt's directory: `stdout.log` / `stderr.log`, and
+  `stdout-<i>.log` / `stderr-<i>.log` for task `i` of a job array.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# Array task indexes a log name may carry: 0 to 999,999 (an index is also part of a file name
+# here, so it is kept short and plain).
+from slurmjob_operator.api.logs import MAX_ARRAY_INDEX, LogStream
+
 #: The files of an attempt's staging directory.
 SCRIPT_FILE = "job.sh"
 ENV_FILE = "job.env"
 SECRETS_FILE = "secrets.env"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
+
+#: The two log streams of an attempt, as `log_file` names them.
+LOG_STREAMS = tuple(s.value for s in LogStream)
 
 JOB_NAME_MAX = 200
 COMMENT_TAG = "slurmjob.io"
@@ -95,3 +104,16 @@ def staging_dir(storage_root: Path, namespace: str, name: str, uid: str, attempt
     """`<root>/<namespace>/<name>-<uid8>/attempt-<n>`: one attempt's script, env and logs."""
     _check(namespace, name, uid, attempt)
     return resource_dir(storage_root, namespace, name, uid) / f"attempt-{attempt}"
+
+
+def log_file(stream: str, index: int | None = None) -> str:
+    """The file name of `stream` ("stdout" or "stderr") in an attempt's directory:
+    `stdout.log`, or `stdout-<index>.log` for task `index` of a job array. The index is an
+    int from 0 to `MAX_ARRAY_INDEX`, never text, so a name can hold no path."""
+    if stream not in LOG_STREAMS:
+        raise ValueError(f"log stream {stream!r} is not one of {', '.join(LOG_STREAMS)}")
+    if index is None:
+        return f"{stream}.log"
+    if type(index) is not int or not 0 <= index <= MAX_ARRAY_INDEX:
+        raise ValueError(f"array index {index!r} is not an integer from 0 to {MAX_ARRAY_INDEX}")
+    return f"{stream}-{index}.log"
