@@ -402,6 +402,23 @@ async def test_follow_ends_when_the_slurmjob_is_deleted() -> None:
     assert "was deleted" in err
 
 
+async def test_follow_waits_for_the_first_attempt() -> None:
+    cluster = FakeCluster({"train": slurmjob(phase="Pending", attempts=[])})
+    none = LogError(code=404, reason="NoAttempt", message="SlurmJob team-a/train has no attempt")
+    cluster.script = [OperatorRefused(none), OperatorRefused(none), answer("hi\n", ended=True)]
+    code, out, err = await run_plugin(cluster, "logs", "train", "-f")
+    assert (code, out) == (EXIT_OK, "hi\n")
+    assert err.count("has no attempt yet; waiting") == 1
+    # Without -f it is an error at once; and so is a job that ended without an attempt.
+    cluster.script = [OperatorRefused(none)]
+    with pytest.raises(PluginError, match="has no attempt"):
+        await run_plugin(cluster, "logs", "train")
+    failed = FakeCluster({"train": slurmjob(phase="Failed", attempts=[])})
+    failed.script = [OperatorRefused(none)]
+    with pytest.raises(PluginError, match="is Failed without any attempt"):
+        await run_plugin(failed, "logs", "train", "-f")
+
+
 async def test_a_refusal_is_an_error_and_no_fallback() -> None:
     cluster = FakeCluster({"train": slurmjob(logs={"stdout": {"tail": "secret tail\n"}})})
     refused = LogError(code=403, reason="Forbidden", message='user "bob" may not get ...')

@@ -237,7 +237,7 @@ async def cmd_logs(
     query = LogQuery(stream=stream, attempt=args.attempt, index=args.index)
     writer = Writer(out, raw=args.raw or not _isatty(out))
     try:
-        answer = await _read(cluster, operator, namespace, name, query)
+        answer = await _first_read(cluster, operator, namespace, name, query, args, err, sleep)
     except NoToken:
         why = (
             "your kubeconfig's credentials are no bearer token (a client certificate?), so the "
@@ -291,6 +291,39 @@ async def cmd_logs(
             f"--attempt {current.latest_attempt} -f",
         )
     return EXIT_OK
+
+
+async def _first_read(
+    cluster: Cluster,
+    operator: Operator,
+    namespace: str,
+    name: str,
+    query: LogQuery,
+    args: argparse.Namespace,
+    err: TextIO,
+    sleep: Sleep,
+) -> LogAnswer:
+    """The first read; with -f and no attempt named, a SlurmJob not submitted yet is waited
+    for (as long as it may still be: one that ended without an attempt is an error)."""
+    told = False
+    while True:
+        try:
+            return await _read(cluster, operator, namespace, name, query)
+        except OperatorRefused as exc:
+            if exc.error.reason != "NoAttempt" or not args.follow or query.attempt is not None:
+                raise
+        job = Job.of(await cluster.get(namespace, name))
+        phase = job.status.phase
+        if phase is not None and phase.is_terminal:
+            raise PluginError(
+                f"slurmjob {name} is {phase} without any attempt: {job.status.message or ''}".rstrip(
+                    ": "
+                )
+            )
+        if not told:
+            _note(err, f"slurmjob {name} has no attempt yet; waiting for its submission")
+            told = True
+        await sleep(FOLLOW_INTERVAL)
 
 
 def _file(answer: LogAnswer) -> str:
