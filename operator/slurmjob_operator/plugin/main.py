@@ -315,11 +315,8 @@ async def _first_read(
         job = Job.of(await cluster.get(namespace, name))
         phase = job.status.phase
         if phase is not None and phase.is_terminal:
-            raise PluginError(
-                f"slurmjob {name} is {phase} without any attempt: {job.status.message or ''}".rstrip(
-                    ": "
-                )
-            )
+            why = f": {job.status.message}" if job.status.message else ""
+            raise PluginError(f"slurmjob {name} is {phase} without any attempt{why}")
         if not told:
             _note(err, f"slurmjob {name} has no attempt yet; waiting for its submission")
             told = True
