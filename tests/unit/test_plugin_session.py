@@ -162,3 +162,38 @@ async def test_no_kubeconfig_and_no_pod_is_an_error(
         await Session.open()
     with pytest.raises(PluginError, match="cannot use context 'elsewhere'"):
         await Session.open("elsewhere")
+
+
+async def test_ctrl_c_ends_a_follower_quietly(
+    apiserver: tuple[Apiserver, str], tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import signal
+
+    fake, url = apiserver
+    fake.body = {**ANSWER, "stream": "stdout", "ended": False}  # never ends by itself
+    path = kubeconfig(tmp_path / "config", url, {"token": "sa-token-123"}, "team-a")
+    plugin = Path(sys.executable).parent / "kubectl-slurmjob"
+    proc = await asyncio.create_subprocess_exec(
+        str(plugin),
+        "logs",
+        "train",
+        "-f",
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(path)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    first = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert first == b"hello\n"
+    # Following: it asks again from the offset it was given (and this stand-in answers the
+    # same text every time).
+    again = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert again == b"hello\n"
+    assert fake.requests[-1][2]["offset"] == "6"
+    proc.send_signal(signal.SIGINT)
+    code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 130
+    assert await proc.stderr.read() == b""
