@@ -353,6 +353,22 @@ async def test_a_symlinked_log_is_refused_and_its_target_never_shown(bed: Bed) -
     assert (status, data["reason"]) == (422, "UnsafeFile")
 
 
+async def test_a_symlinked_attempt_directory_is_refused_without_the_roots_path(
+    bed: Bed,
+) -> None:
+    elsewhere = bed.root / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "stdout.log").write_text("not this job's\n")
+    attempt = naming.staging_dir(bed.root, NS, NAME, UID, 1)
+    attempt.parent.mkdir(parents=True)
+    attempt.symlink_to(elsewhere)
+    status, data = await bed.get()
+    assert (status, data["reason"]) == (422, "UnsafeFile")
+    assert "not this job's" not in str(data)
+    assert str(bed.root) not in data["message"]
+    assert "attempt-1" in data["message"]
+
+
 async def test_a_fifo_does_not_hang_the_endpoint(bed: Bed) -> None:
     os.mkfifo(bed.attempt_dir() / "stdout.log")
     status, data = await bed.get(offset="0")

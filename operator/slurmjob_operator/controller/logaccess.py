@@ -198,9 +198,8 @@ class LogAccess:
             ) from None
         except UnsafePath as exc:
             log.warning("refusing the log of %s/%s: %s", namespace, name, exc)
-            raise LogFailure(
-                422, "UnsafeFile", f"the log file is refused: {_relative(exc, base)}"
-            ) from None
+            where = _relative(exc, base, files.settings.storage_root)
+            raise LogFailure(422, "UnsafeFile", f"the log file is refused: {where}") from None
         except OSError as exc:
             log.warning("cannot read the log of %s/%s: %s", namespace, name, exc)
             raise LogFailure(500, "ReadError", f"the log cannot be read: {exc.strerror}") from None
@@ -248,7 +247,7 @@ class LogAccess:
         return values
 
 
-def _relative(exc: UnsafePath, base: Path) -> str:
-    """The refusal without the storage root's path (the user needs the file, not the root)."""
-    text = str(exc)
-    return text.replace(str(base) + "/", "")
+def _relative(exc: UnsafePath, base: Path, root: Path) -> str:
+    """The refusal without the storage root's path (the user needs the file, not the root):
+    a file of the attempt by its name, a directory above it from below the root."""
+    return str(exc).replace(str(base) + "/", "").replace(str(root) + "/", "")
