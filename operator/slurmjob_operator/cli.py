@@ -125,7 +125,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace or (),
             liveness_endpoint=args.liveness,
-            memo=kopf.Memo(watch_streams=streams),
+            memo=kopf.Memo(watch_streams=streams, namespaces=tuple(args.namespace or ())),
         )
         return EXIT_OK
     from slurmjob_operator.election import run_with_lease

@@ -257,6 +257,21 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
     )
+    logs_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description=(
+            "Port of the log endpoint `kubectl slurmjob logs` reads through the apiserver's "
+            "service proxy (every replica serves it); 0 disables it."
+        ),
+    )
+    logs_address: str = Field(
+        default="0.0.0.0",  # noqa: S104  (a pod's address is not known before it runs)
+        min_length=1,
+        max_length=253,
+        description="Address the log endpoint listens on.",
+    )
     leader_election: bool = Field(
         default=True,
         description=(

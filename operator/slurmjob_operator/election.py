@@ -39,6 +39,7 @@ from slurmjob_operator.core.leadership import (
 )
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.leases import LeaseConflict, LeaseStore, PodLabel
+from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.times import utc_now
 
@@ -321,6 +322,17 @@ async def run_with_lease(
     if labels is not None:
         labels.tell(False)  # a restarted container's pod may still say it leads
     health = await serve_health(liveness, elector.healthy) if liveness else None
+    # Standbys serve the logs too: the read needs nothing of the leader's, and the Service
+    # may send a request to any replica.
+    try:
+        logs = await serve_logs(settings, kube, namespaces)
+    except BaseException:
+        if logs is not None:
+            await logs.cleanup()
+        if health is not None:
+            await health.cleanup()
+        await kube.close()
+        raise
     log.info("standing by for lease %s/%s as %s", store.namespace, store.name, elector.identity)
 
     async def lead(stop: asyncio.Event) -> None:
@@ -329,7 +341,7 @@ async def run_with_lease(
             clusterwide=not namespaces,
             namespaces=namespaces,
             stop_flag=stop,
-            memo=kopf.Memo(metrics=metrics, watch_streams=len(namespaces) or 1),
+            memo=kopf.Memo(metrics=metrics, watch_streams=len(namespaces) or 1, logs_serving=True),
         )
 
     try:
@@ -345,6 +357,8 @@ async def run_with_lease(
     finally:
         if labels is not None:
             await labels.flush(settings.lease_retry_period)
+        if logs is not None:
+            await logs.cleanup()
         if health is not None:
             await health.cleanup()
         await kube.close()

@@ -1,4 +1,6 @@
-"""The Kubernetes edge: read SlurmJobs and Secrets, patch status, post Events.
+"""The Kubernetes edge: read SlurmJobs and Secrets, patch status, post Events; and for the log
+endpoint, who a token belongs to (TokenReview) and what that user may do
+(SubjectAccessReview).
 
 One `kubernetes_asyncio` ApiClient per process, opened at startup and closed at cleanup. kopf
 drives the handlers; these calls are the operator's own writes, made *when* the decision core
@@ -11,6 +13,7 @@ import base64
 import binascii
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +33,30 @@ _counter = itertools.count()
 
 class SecretError(LookupError):
     """A referenced Secret or key is missing: the user must create it; nothing is submitted."""
+
+
+class ReviewUnavailable(RuntimeError):
+    """The apiserver did not answer a review (or refused the operator the right to ask)."""
+
+
+@dataclass(frozen=True)
+class ReviewedUser:
+    """A user as the apiserver's TokenReview names it: what a SubjectAccessReview asks for."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class AccessReviewer(Protocol):
+    """Who a bearer token belongs to, and whether that user may read a SlurmJob."""
+
+    async def review_token(self, token: str) -> ReviewedUser | None: ...
+
+    async def may_get_slurmjob(
+        self, user: ReviewedUser, namespace: str, name: str
+    ) -> tuple[bool, str]: ...
 
 
 class ResourceStore(Protocol):
@@ -56,6 +83,8 @@ class KubeApi:
         self._api = api
         self._custom = k8s.CustomObjectsApi(api)
         self._core = k8s.CoreV1Api(api)
+        self._authn = k8s.AuthenticationV1Api(api)
+        self._authz = k8s.AuthorizationV1Api(api)
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None) -> KubeApi:
@@ -149,3 +178,70 @@ class KubeApi:
             "count": 1,
         }
         await self._core.create_namespaced_event(ref.namespace, body)
+
+    async def review_token(self, token: str) -> ReviewedUser | None:
+        """The user a bearer token authenticates as, None when the apiserver does not accept
+        it (ReviewUnavailable when it cannot be asked). The token is sent in the body only,
+        and no exception raised here carries it."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        try:
+            review = await self._authn.create_token_review(body)
+        except ApiException as exc:
+            raise ReviewUnavailable(f"TokenReview: HTTP {exc.status} {exc.reason}") from None
+        except ValueError:  # the client's models refuse an answer without a required field
+            raise ReviewUnavailable("TokenReview: an answer that is no TokenReview") from None
+        status = review.status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        user = status.user
+        if not user.username:
+            return None
+        return ReviewedUser(
+            username=str(user.username),
+            uid=str(user.uid or ""),
+            groups=tuple(str(g) for g in user.groups or ()),
+            extra={str(k): tuple(str(v) for v in vs or ()) for k, vs in (user.extra or {}).items()},
+        )
+
+    async def may_get_slurmjob(
+        self, user: ReviewedUser, namespace: str, name: str
+    ) -> tuple[bool, str]:
+        """Whether `user` may `get` the SlurmJob `namespace/name` (a SubjectAccessReview, as
+        the apiserver would decide `kubectl get slurmjob`), and the authoriser's reason."""
+        spec: dict[str, Any] = {
+            "user": user.username,
+            "groups": list(user.groups),
+            "extra": {k: list(v) for k, v in user.extra.items()},
+            "resourceAttributes": {
+                "namespace": namespace,
+                "verb": "get",
+                "group": GROUP,
+                "version": VERSION,
+                "resource": PLURAL,
+                "name": name,
+            },
+        }
+        if user.uid:
+            spec["uid"] = user.uid
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": spec,
+        }
+        try:
+            review = await self._authz.create_subject_access_review(body)
+        except ApiException as exc:
+            raise ReviewUnavailable(
+                f"SubjectAccessReview: HTTP {exc.status} {exc.reason}"
+            ) from None
+        except ValueError:
+            raise ReviewUnavailable(
+                "SubjectAccessReview: an answer that is no SubjectAccessReview"
+            ) from None
+        status = review.status
+        allowed = bool(status is not None and status.allowed and not status.denied)
+        return allowed, str((status.reason if status is not None else None) or "")

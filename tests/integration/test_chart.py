@@ -120,6 +120,12 @@ def ensure_namespace(kube: KubeTestbed, name: str) -> None:
     )
 
 
+def named(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    """The one object of `kind` whose name ends in `suffix`."""
+    (found,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"].endswith(suffix)]
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -234,16 +240,21 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
         "runtime-registry.yaml",
         "gpu-series.yaml",
     ]
-    # Cluster-wide RBAC, metrics Service, no monitoring objects.
-    assert [d["kind"] for d in docs if "Role" in d["kind"]] == [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
+    # Cluster-wide RBAC, the reviews of the log endpoint, the Lease's Role and the log
+    # Service's proxy Role; the metrics and log Services, no monitoring objects.
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if "Role" in d["kind"]) == [
+        ("ClusterRole", "ci-slurmjob-operator"),
+        ("ClusterRole", "ci-slurmjob-operator-reviews"),
+        ("ClusterRoleBinding", "ci-slurmjob-operator"),
+        ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
+        ("Role", "ci-slurmjob-operator-leader-election"),
+        ("Role", "ci-slurmjob-operator-logs-proxy"),
+        ("RoleBinding", "ci-slurmjob-operator-leader-election"),
+        ("RoleBinding", "ci-slurmjob-operator-logs-proxy"),
     ]
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
     # Each replica labels its own pod: patch on the release namespace's pods, nothing more.
-    (election,) = of_kind(docs, "Role")
+    election = named(docs, "Role", "-leader-election")
     assert election["metadata"]["namespace"] == CI_NAMESPACE
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]} in election["rules"]
     leader_pod = next(e for e in c["env"] if e["name"] == "SLURMJOB_LEADER_POD")
@@ -251,19 +262,71 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
     unlabelled = render(
         kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "leaderElection.podLabel=false"
     )
-    (election,) = of_kind(unlabelled, "Role")
+    election = named(unlabelled, "Role", "-leader-election")
     assert all("pods" not in rule["resources"] for rule in election["rules"])
     assert all(e["name"] != "SLURMJOB_LEADER_POD" for e in container(unlabelled)["env"])
-    (svc,) = of_kind(docs, "Service")
+    svc = named(docs, "Service", "-metrics")
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not of_kind(docs, "ServiceMonitor")
     assert not of_kind(docs, "PrometheusRule")
+    # The log endpoint: its port on every replica, a Service of the name the plugin looks
+    # for, the reviews it makes, and the proxy right to that one port for every user.
+    assert env["SLURMJOB_LOGS_PORT"] == "8081"
+    assert {"name": "logs", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
+    logs = named(docs, "Service", "slurmjob-operator-logs")
+    assert logs["metadata"]["namespace"] == CI_NAMESPACE
+    assert logs["spec"]["ports"] == [
+        {"name": "logs", "port": 8081, "targetPort": "logs", "protocol": "TCP"}
+    ]
+    assert logs["spec"]["selector"] == deployment(docs)["spec"]["selector"]["matchLabels"]
+    reviews = named(docs, "ClusterRole", "-reviews")
+    assert reviews["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["subjectaccessreviews"],
+            "verbs": ["create"],
+        },
+    ]
+    proxy = named(docs, "Role", "-logs-proxy")
+    assert proxy["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["services/proxy"],
+            "resourceNames": ["slurmjob-operator-logs:logs", "http:slurmjob-operator-logs:logs"],
+            "verbs": ["get"],
+        }
+    ]
+    assert named(docs, "RoleBinding", "-logs-proxy")["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}
+    ]
+    off = render(kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "logs.port=0")
+    names = {d["metadata"]["name"] for d in off}
+    assert not names & {
+        "slurmjob-operator-logs",
+        "ci-slurmjob-operator-logs-proxy",
+        "ci-slurmjob-operator-reviews",
+    }
+    assert env_of(off)["SLURMJOB_LOGS_PORT"] == "0"
 
 
 def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
-    docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
+    # With the log endpoint on, the one cluster-wide grant is its reviews (cluster-scoped
+    # kinds); without it, nothing.
+    with_logs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
+    cluster_wide = [d for d in with_logs if d["kind"].startswith("Cluster")]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in cluster_wide) == [
+        ("ClusterRole", "ci-slurmjob-operator-reviews"),
+        ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
+    ]
+    docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"), "--set", "logs.port=0")
     assert not of_kind(docs, "ClusterRole")
     assert not of_kind(docs, "ClusterRoleBinding")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-logs-proxy")]
     # Besides the Lease's Role in the release namespace.
     election = [d for d in docs if d["metadata"]["name"].endswith("-leader-election")]
     assert [d["kind"] for d in election] == ["Role", "RoleBinding"]
@@ -335,7 +398,7 @@ def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -
 def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) -> None:
     docs = render(kube, "-f", str(CHART / "ci/monitoring-values.yaml"))
     (monitor,) = of_kind(docs, "ServiceMonitor")
-    (svc,) = of_kind(docs, "Service")
+    svc = named(docs, "Service", "-metrics")
     assert monitor["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
     for key, value in monitor["spec"]["selector"]["matchLabels"].items():
         assert svc["metadata"]["labels"][key] == value
@@ -388,7 +451,7 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
         "--set",
         "metrics.port=0",
     )
-    assert not of_kind(docs, "Service")
+    assert [d["metadata"]["name"] for d in of_kind(docs, "Service")] == ["slurmjob-operator-logs"]
     assert not of_kind(docs, "ServiceMonitor")
     assert not of_kind(docs, "PrometheusRule")
     assert env_of(docs)["SLURMJOB_METRICS_PORT"] == "0"
@@ -624,6 +687,10 @@ def sa_operator(
         print(f"--- operator log ({jobs_ns}) ---\n{op.log_tail(200)}")
         for ns in (op_ns, jobs_ns):
             kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        kube.kubectl(
+            "delete", "clusterrolebinding,clusterrole", f"{release}-slurmjob-operator-reviews",
+            "--ignore-not-found", check=False,
+        )  # fmt: skip
 
 
 @pytest.mark.slurm2605
@@ -698,6 +765,9 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
         assert can_i(kube, who, verb, lease, "-n", op.op_namespace), verb
     assert can_i(kube, who, "create", "leases.coordination.k8s.io", "-n", op.op_namespace)
     assert can_i(kube, who, "patch", "pods", "-n", op.op_namespace)  # its leader label
+    # The log endpoint's reviews (cluster-scoped kinds: the one cluster-wide grant).
+    assert can_i(kube, who, "create", "tokenreviews.authentication.k8s.io")
+    assert can_i(kube, who, "create", "subjectaccessreviews.authorization.k8s.io")
     denied = [
         ("get", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
         ("update", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
@@ -757,8 +827,9 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
         ]:
             assert not can_i(kube, who, *args), args
     finally:
-        kube.kubectl(
-            "delete", "clusterrolebinding,clusterrole", f"{release}-slurmjob-operator",
-            "--ignore-not-found", check=False,
-        )  # fmt: skip
+        for name in (f"{release}-slurmjob-operator", f"{release}-slurmjob-operator-reviews"):
+            kube.kubectl(
+                "delete", "clusterrolebinding,clusterrole", name,
+                "--ignore-not-found", check=False,
+            )  # fmt: skip
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -212,3 +212,19 @@ def test_the_tenants_values_are_the_tenants_file() -> None:
         info.alias or name for name, info in Tenant.model_fields.items() if info.is_required()
     }
     assert set(node["required"]) == required
+
+
+def test_the_plugins_defaults_find_the_charts_log_service() -> None:
+    """`kubectl slurmjob logs` reaches `<operator ns>/<service>:logs` by default: the chart's
+    Service has that fixed name and port name, in the namespace the README installs into."""
+    from slurmjob_operator.plugin.kubeclient import Operator
+    from slurmjob_operator.plugin.main import DEFAULT_OPERATOR_NAMESPACE, DEFAULT_OPERATOR_SERVICE
+
+    assert VALUES["logs"]["service"]["name"] == DEFAULT_OPERATOR_SERVICE
+    assert f"-n {DEFAULT_OPERATOR_NAMESPACE} " in (REPO / "README.md").read_text()
+    service = (CHART / "templates" / "logs.yaml").read_text()
+    assert f"- name: {Operator('x', 'y').port}\n" in service
+    assert "targetPort: logs" in service
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert "- name: logs\n              containerPort: {{ .Values.logs.port }}" in deployment
+    assert VALUES["logs"]["port"] not in (VALUES["health"]["port"], VALUES["metrics"]["port"])

@@ -64,6 +64,8 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LEASE_RETRY_PERIOD", "1", "lease_retry_period", 1.0),
     ("SLURMJOB_METRICS_PORT", "0", "metrics_port", 0),
     ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
+    ("SLURMJOB_LOGS_PORT", "8081", "logs_port", 8081),
+    ("SLURMJOB_LOGS_ADDRESS", "192.0.2.7", "logs_address", "192.0.2.7"),
 ]
 
 
@@ -167,6 +169,8 @@ ERRORS: list[tuple[dict[str, str], str]] = [
     ({"SLURMJOB_STATUS_TAIL_BYTES": "65537"}, "SLURMJOB_STATUS_TAIL_BYTES: Input should be less"),
     ({"SLURMJOB_METRICS_PORT": "-1"}, "SLURMJOB_METRICS_PORT: Input should be greater"),
     ({"SLURMJOB_METRICS_PORT": "http"}, "SLURMJOB_METRICS_PORT: Input should be a valid integer"),
+    ({"SLURMJOB_LOGS_PORT": "65536"}, "SLURMJOB_LOGS_PORT: Input should be less than"),
+    ({"SLURMJOB_LOGS_ADDRESS": "a" * 254}, "SLURMJOB_LOGS_ADDRESS: String should have at most"),
     ({"SLURMJOB_STAGING_OWNER": "1000"}, "SLURMJOB_STAGING_OWNER: String should match pattern"),
     ({"SLURMJOB_STAGING_OWNER": "slurm:slurm"}, "SLURMJOB_STAGING_OWNER: String should match"),
     (

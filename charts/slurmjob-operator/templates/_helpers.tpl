@@ -134,6 +134,11 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 {{- if and $le.enabled (not (and (lt (float64 $le.retryPeriod) (float64 $le.renewDeadline)) (lt (float64 $le.renewDeadline) (float64 $le.leaseDuration)))) }}
 {{- fail "leaderElection: retryPeriod < renewDeadline < leaseDuration is required" }}
 {{- end }}
+{{- if .Values.logs.port }}
+{{- if or (eq (int .Values.logs.port) (int .Values.health.port)) (eq (int .Values.logs.port) (int .Values.metrics.port)) }}
+{{- fail "logs.port: the log endpoint needs a port of its own (not health.port or metrics.port)" }}
+{{- end }}
+{{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when serviceAccount.create is false" }}
 {{- end }}

@@ -9,6 +9,8 @@ operator finds the same job name, comment and directories again.
 - `comment`: the Slurm comment, carrying all four values in full so that a job found by name
   can be matched exactly (`parse_comment`).
 - `staging_dir`: `<root>/<namespace>/<name>-<uid8>/attempt-<n>`; `resource_dir` is its parent.
+- `log_file`: the name of a log in the attempt's directory: `stdout.log` / `stderr.log`, and
+  `stdout-<i>.log` / `stderr-<i>.log` for task `i` of a job array.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+# Array task indexes a log name may carry: 0 to 999,999 (an index is also part of a file name
+# here, so it is kept short and plain).
+from slurmjob_operator.api.logs import MAX_ARRAY_INDEX, LogStream
 
 #: The files of an attempt's staging directory.
 SCRIPT_FILE = "job.sh"
@@ -27,6 +33,9 @@ STDERR_FILE = "stderr.log"
 #: in the paths of the submit to the task's index.
 ARRAY_STDOUT_PATTERN = "stdout-%a.log"
 ARRAY_STDERR_PATTERN = "stderr-%a.log"
+
+#: The two log streams of an attempt, as `log_file` names them.
+LOG_STREAMS = tuple(s.value for s in LogStream)
 
 JOB_NAME_MAX = 200
 COMMENT_TAG = "slurmjob.io"
@@ -92,18 +101,12 @@ def parse_comment(text: str | None) -> JobIdentity | None:
 def array_log_file(stream: str, index: int) -> str:
     """`stdout-<index>.log` / `stderr-<index>.log`: the log file of one task of an array, in
     its attempt's staging directory (what Slurm makes of `ARRAY_*_PATTERN`)."""
-    if stream not in ("stdout", "stderr"):
-        raise ValueError(f"stream {stream!r} is neither stdout nor stderr")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"index {index!r} is not a task index")
-    return f"{stream}-{index}.log"
+    return log_file(stream, index)
 
 
 def log_files(index: int | None) -> tuple[str, str]:
     """The (stdout, stderr) file names of a plain job (None) or of one task of an array."""
-    if index is None:
-        return STDOUT_FILE, STDERR_FILE
-    return array_log_file("stdout", index), array_log_file("stderr", index)
+    return log_file("stdout", index), log_file("stderr", index)
 
 
 def resource_dir(storage_root: Path, namespace: str, name: str, uid: str) -> Path:
@@ -116,3 +119,16 @@ def staging_dir(storage_root: Path, namespace: str, name: str, uid: str, attempt
     """`<root>/<namespace>/<name>-<uid8>/attempt-<n>`: one attempt's script, env and logs."""
     _check(namespace, name, uid, attempt)
     return resource_dir(storage_root, namespace, name, uid) / f"attempt-{attempt}"
+
+
+def log_file(stream: str, index: int | None = None) -> str:
+    """The file name of `stream` ("stdout" or "stderr") in an attempt's directory:
+    `stdout.log`, or `stdout-<index>.log` for task `index` of a job array. The index is an
+    int from 0 to `MAX_ARRAY_INDEX`, never text, so a name can hold no path."""
+    if stream not in LOG_STREAMS:
+        raise ValueError(f"log stream {stream!r} is not one of {', '.join(LOG_STREAMS)}")
+    if index is None:
+        return f"{stream}.log"
+    if type(index) is not int or not 0 <= index <= MAX_ARRAY_INDEX:
+        raise ValueError(f"array index {index!r} is not an integer from 0 to {MAX_ARRAY_INDEX}")
+    return f"{stream}-{index}.log"

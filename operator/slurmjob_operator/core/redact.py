@@ -155,14 +155,23 @@ class Redactor:
                     hits.append((len(flat) - k, len(flat)))
         return hits
 
-    def redact(self, text: str, *, cut_start: bool = False, cut_end: bool = False) -> str:
-        """`text` with every form replaced (see the module docstring)."""
+    def redact(
+        self, text: str, *, cut_start: bool = False, cut_end: bool = False, start: int = 0
+    ) -> str:
+        """`text` with every form replaced (see the module docstring).
+
+        With `start`, only `text[start:]` is returned, redacted as a part of the whole: a
+        value that begins before `start` and ends after it is replaced from `start` on. A
+        reader that goes on from where it stopped passes the text it already gave out as
+        context, so a value split between two reads is still found whole."""
+        if not 0 <= start <= len(text):
+            raise ValueError(f"start {start} is outside the text")
         if not self._forms or not text:
-            return text
+            return text[start:]
         flat = _strip(text)
         hits = self._hits(flat, cut_start, cut_end)
         if not hits:
-            return text
+            return text[start:]
         # Original index of flat index s: s plus the breaks at or before it. Break j (at
         # original position b) is followed by flat index b - j, so count those <= s.
         breaks = [m.start() for m in _BREAK_RE.finditer(text)] if flat != text else []
@@ -172,18 +181,20 @@ class Redactor:
             return s + bisect_right(after, s)
 
         out: list[str] = []
-        done = 0  # original index up to which `out` is complete
+        done = start  # original index up to which `out` is complete
         hits.sort()
-        start, end = hits[0]
+        first, end = hits[0]
         for s, e in [*hits[1:], (len(flat) + 1, len(flat) + 1)]:
             if s < end:
                 end = max(end, e)
                 continue
-            lo, hi = original(start), original(end - 1) + 1
-            out.append(text[done:lo])
-            out.append(_replace_keeping_breaks(text[lo:hi]))
-            done = hi
-            start, end = s, e
+            lo, hi = original(first), original(end - 1) + 1
+            if hi > start:  # a hit inside the context alone is not given out
+                lo = max(lo, start)
+                out.append(text[done:lo])
+                out.append(_replace_keeping_breaks(text[lo:hi]))
+                done = hi
+            first, end = s, e
         out.append(text[done:])
         return "".join(out)
 

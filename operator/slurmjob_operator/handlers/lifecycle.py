@@ -17,6 +17,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.kube import KubeApi
+from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.slurm.connect import open_transport
@@ -71,6 +72,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await kube.close()
         raise
     fleet = Fleet(members, clusters)
+    if config.logs_port and not memo.get("logs_serving"):
+        # Without leader election nobody started it before kopf (`election.run_with_lease`).
+        try:
+            memo.logs_runner = await serve_logs(config, kube, memo.get("namespaces") or ())
+        except BaseException:
+            for transport in opened:
+                await transport.close()
+            await kube.close()
+            raise
     memo.controller = fleet
     memo.pollers = [
         asyncio.create_task(
@@ -95,6 +105,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         poller.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poller
+    runner = memo.get("logs_runner")
+    if runner is not None:
+        await runner.cleanup()
     fleet: Fleet | None = memo.get("controller")
     if fleet is not None:
         for member in fleet.members:

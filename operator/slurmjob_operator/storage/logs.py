@@ -13,6 +13,13 @@ with one link owned by the job user. A link (to a token, a key, /proc/self/envir
 a device, a hard link or another owner's file is refused with `UnsafePath` (an OSError) and
 its content never read; a FIFO or a device is not even opened (so it cannot block the reader).
 
+`read_from` is the follower's read (the log endpoint, `kubectl slurmjob logs -f`): the bytes
+from an offset on, at most `max_bytes`, up to the last line break read (`core.logtail.
+follow_cut`). It reads up to `context` bytes before the offset too, never given out, so a
+secret value split between two reads is still found and hidden whole (`Redactor.redact`'s
+`start`); and while the file can still grow, a value's beginning at the end of the read is
+hidden too (`cut_end`), since its rest may come in the next one.
+
 `read_attempt_logs` is the controller's entry: both tails of one attempt, redacted with the
 values the attempt was given (`redactions`) and the current ones. It blocks; the controller
 runs it in a worker thread bounded by `READ_TIMEOUT`, so a slow shared filesystem never stalls
@@ -25,11 +32,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurmjob_operator.api.status import Logs, LogTail
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core.logtail import count_lines, skip_continuation
+from slurmjob_operator.core.logtail import count_lines, follow_cut, skip_continuation
 from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH, REDACTED, Redactor, redact_text
 from slurmjob_operator.storage.nofollow import (
@@ -45,14 +53,19 @@ from slurmjob_operator.storage.nofollow import (
 from slurmjob_operator.storage.redactions import recall
 
 __all__ = [
+    "CONTEXT_BYTES",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_LINES",
     "MIN_REDACT_LENGTH",
     "READ_TIMEOUT",
     "REDACTED",
+    "Chunk",
+    "SecretsUnknown",
     "Signature",
     "UnsafePath",
+    "attempt_redactor",
     "read_attempt_logs",
+    "read_from",
     "read_logs",
     "read_tail",
     "redact_text",
@@ -65,6 +78,9 @@ DEFAULT_MAX_LINES = 2000
 #: milliseconds on a healthy filesystem; a read still running after this means the storage
 #: (or something a job put there) is stuck, and the status keeps the tails it had.
 READ_TIMEOUT = 5.0
+#: Bytes before a follower's offset read again as context for the redaction (a PEM key, a
+#: certificate chain and their base64 forms are shorter).
+CONTEXT_BYTES = 16 * 1024
 
 #: What tells a poller that a log file moved: type and inode (replaced), size, mtime, ctime.
 Signature = tuple[int, int, int, int, int]
@@ -176,6 +192,62 @@ def read_tail(
     return LogTail(tail=text, truncated=truncated, bytes=size, lines=count_lines(text))
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """What `read_from` read: `text` starts at byte `start` of the file (the offset asked
+    for, or 0 when the file is now shorter than that: it was cut short or replaced), the
+    next read starts at `next_offset`; `size` is the file's size as it was read."""
+
+    text: str
+    start: int
+    next_offset: int
+    size: int
+
+
+def read_from(
+    path: Path,
+    offset: int,
+    *,
+    root: Path,
+    owner: int,
+    complete: bool,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    context: int = CONTEXT_BYTES,
+    redact: Redactor | Collection[str] = (),
+) -> Chunk | None:
+    """The text of `path` (reached as `read_tail` reaches it) from byte `offset` on; None
+    when it does not exist, UnsafePath when it is refused.
+
+    At most `max_bytes` bytes, up to the last line break read unless `complete` (the file
+    grows no more) and the end was reached; a line longer than `max_bytes` is given out in
+    pieces of whole characters. One positioned read of at most `context + max_bytes` bytes,
+    whatever the file's size."""
+    if max_bytes < 1 or offset < 0 or context < 0:
+        raise ValueError("max_bytes must be at least 1, offset and context at least 0")
+    fd = _open_log(path, root, owner)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        start = 0 if offset > size else offset
+        back = min(start, context)
+        raw = read_at_most(fd, back + max_bytes, start - back)
+    finally:
+        os.close(fd)
+    before, data = raw[:back], raw[back:]
+    full = len(data) >= max_bytes
+    cut = follow_cut(data, full=full, complete=complete)
+    at_end = complete and not full and cut == len(data)
+    if start - back > 0:
+        before = skip_continuation(before)  # the context may begin inside a character
+    shown = before.decode("utf-8", errors="replace")
+    body = data[:cut].decode("utf-8", errors="replace")
+    text = _redactor(redact).redact(
+        shown + body, cut_start=start - back > 0, cut_end=not at_end, start=len(shown)
+    )
+    return Chunk(text=text, start=start, next_offset=start + cut, size=max(size, start + len(data)))
+
+
 def read_logs(
     stdout: Path,
     stderr: Path | None,
@@ -202,6 +274,27 @@ def read_logs(
     return Logs(stdout=out, stderr=err)
 
 
+class SecretsUnknown(LookupError):
+    """Neither the secret values an attempt was given nor the current ones are known: no
+    text is given out rather than an unredacted one."""
+
+
+def attempt_redactor(
+    settings: Settings, staging_dir: Path, current: Collection[str] | None, owner: int
+) -> Redactor:
+    """What hides the attempt's secrets: the `current` values and those it was staged with
+    (`redactions.recall`); SecretsUnknown when neither is known (the Secrets cannot be read
+    and no copy is kept)."""
+    try:
+        given = recall(settings.storage_root, staging_dir, owner)
+    except (UnsafePath, ValueError) as exc:
+        log.warning("ignoring the secret values kept for %s: %s", staging_dir, exc)
+        given = None
+    if current is None and given is None:
+        raise SecretsUnknown(f"the secret values to hide in the logs of {staging_dir} are unknown")
+    return Redactor([*(current or ()), *(given or ())])
+
+
 def read_attempt_logs(
     settings: Settings,
     staging_dir: Path,
@@ -218,13 +311,9 @@ def read_attempt_logs(
     a job array whose files to read (`naming.array_log_file`)."""
     owner = job_owner(settings) if owner is None else owner
     try:
-        given = recall(settings.storage_root, staging_dir, owner)
-    except (UnsafePath, ValueError) as exc:
-        log.warning("ignoring the secret values kept for %s: %s", staging_dir, exc)
-        given = None
-    if current is None and given is None:
+        redactor = attempt_redactor(settings, staging_dir, current, owner)
+    except SecretsUnknown:
         return None
-    redactor = Redactor([*(current or ()), *(given or ())])
     stdout, stderr = log_files(index)
     return read_logs(
         staging_dir / stdout,

@@ -1,0 +1,161 @@
+"""The operator's log endpoint on the wire: what `kubectl slurmjob logs` asks and what the
+operator answers (`logserver.py` serves it, `plugin/` reads it).
+
+    GET /v1/namespaces/{namespace}/slurmjobs/{name}/log
+        ?stream=stdout|stderr&attempt=N&index=I&offset=B
+    X-Slurmjob-Token: <the user's bearer token>
+
+Without `offset` the answer is the log's tail (at most 64 KiB and 2,000 lines, whole lines);
+with it, the bytes from `offset` on (at most 64 KiB, up to the last line break read), so a
+follower asks again from `nextOffset`. The plugin reaches it through the kube-apiserver's
+service proxy, which authenticates the user but passes no identity on and drops the
+`Authorization` header: hence the token in a header of its own, which the operator checks
+with a TokenReview and a SubjectAccessReview (docs/security.md).
+
+The query is parsed strictly: only the four parameters, each at most once, numbers as plain
+decimal digits (`int()` would take "+1", " 1" and "1_000"), so what reaches a path is
+always a small int and never text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from slurmjob_operator.api.model import Model
+
+#: Where the endpoint is, below the operator's logs port (the service proxy's path after
+#: `/proxy`).
+LOG_PATH = "/v1/namespaces/{namespace}/slurmjobs/{name}/log"
+#: The header the user's bearer token travels in (the apiserver's proxy drops Authorization).
+TOKEN_HEADER = "X-Slurmjob-Token"  # noqa: S105 (a header name, not a secret)
+#: A longer header is refused unread: Kubernetes tokens are a few KiB at most.
+MAX_TOKEN_LENGTH = 16 * 1024
+#: What one answer holds at most: the log reader's caps (storage/logs.py).
+READ_BYTES = 64 * 1024
+READ_LINES = 2000
+#: Array task indexes a log name may carry (`core.naming.log_file`).
+MAX_ARRAY_INDEX = 999_999
+#: The answer's `kind`, so a client tells the operator's refusals from the apiserver's own.
+ERROR_KIND: Literal["SlurmJobLogError"] = "SlurmJobLogError"
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+_MAX_OFFSET = 2**62
+
+
+def dns_name(value: str, max_length: int, *, dots: bool) -> bool:
+    """A namespace (an RFC 1123 label: `dots` False, 63) or an object name (a subdomain: dots
+    True, 253): lower-case letters, digits, `-` (and `.`), alphanumeric at both ends and
+    around every dot. Checked by hand: nothing to backtrack."""
+    if not 0 < len(value) <= max_length:
+        return False
+    for label in value.split(".") if dots else [value]:
+        if not label or not set(label) <= _LABEL_CHARS:
+            return False
+        if label[0] == "-" or label[-1] == "-":
+            return False
+    return True
+
+
+class LogStream(StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+class QueryError(ValueError):
+    """A query the endpoint does not take; the message names the parameter."""
+
+
+class LogQuery(Model):
+    stream: LogStream = LogStream.STDOUT
+    attempt: int | None = Field(default=None, ge=1, le=1_000_000)
+    index: int | None = Field(default=None, ge=0, le=MAX_ARRAY_INDEX)
+    offset: int | None = Field(default=None, ge=0, le=_MAX_OFFSET)
+
+    @classmethod
+    def parse(cls, items: Iterable[tuple[str, str]]) -> LogQuery:
+        """The query from its (name, value) pairs; QueryError naming what is wrong."""
+        seen: dict[str, str] = {}
+        for name, value in items:
+            if name not in cls.model_fields:
+                raise QueryError(f"unknown parameter {name!r}")
+            if name in seen:
+                raise QueryError(f"{name}: given more than once")
+            seen[name] = value
+        values: dict[str, object] = {}
+        for name, value in seen.items():
+            if name == "stream":
+                if value not in tuple(LogStream):
+                    raise QueryError(f"stream: {value!r} is not stdout or stderr")
+                values[name] = LogStream(value)
+                continue
+            if not _DIGITS.fullmatch(value):
+                raise QueryError(f"{name}: {value!r} is not a non-negative decimal integer")
+            values[name] = int(value)
+        bounds = {
+            "attempt": (1, 1_000_000),
+            "index": (0, MAX_ARRAY_INDEX),
+            "offset": (0, _MAX_OFFSET),
+        }
+        for name, (low, high) in bounds.items():
+            number = values.get(name)
+            if isinstance(number, int) and not low <= number <= high:
+                raise QueryError(f"{name}: {number} is not from {low} to {high}")
+        return cls.model_validate(values)
+
+    def items(self) -> list[tuple[str, str]]:
+        """The query parameters, for a client (defaults left out)."""
+        out = [("stream", self.stream.value)]
+        out += [
+            (name, str(value))
+            for name in ("attempt", "index", "offset")
+            if (value := getattr(self, name)) is not None
+        ]
+        return out
+
+
+class _Answer(Model):
+    # A client reads the answers of a newer operator: fields it does not know are left out.
+    model_config = ConfigDict(**{**Model.model_config, "extra": "ignore"})
+
+
+class LogAnswer(_Answer):
+    """One read of one log file of one attempt."""
+
+    namespace: str
+    name: str
+    attempt: int = Field(ge=1, description="The attempt read.")
+    latest_attempt: int = Field(ge=1, description="The resource's newest attempt.")
+    stream: LogStream
+    index: int | None = None
+    found: bool = Field(description="Whether the log file exists (yet).")
+    text: str = Field(default="", description="The text read, redacted.")
+    offset: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "A read from an offset: the byte `text` starts at (the offset asked for, or 0 when "
+            "the file is now shorter: it was replaced or cut short). None for a tail."
+        ),
+    )
+    next_offset: int = Field(ge=0, description="Where the next read (`offset`) starts.")
+    size: int = Field(ge=0, description="The file's size when it was read.")
+    truncated: bool = Field(
+        default=False, description="A tail: earlier content was left out (64 KiB / 2,000 lines)."
+    )
+    ended: bool = Field(description="The attempt has ended: its logs grow no more.")
+    phase: str | None = None
+
+
+class LogError(_Answer):
+    """A refusal or failure, in the operator's words."""
+
+    kind: Literal["SlurmJobLogError"] = ERROR_KIND
+    code: int
+    reason: str
+    message: str

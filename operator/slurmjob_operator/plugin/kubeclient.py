@@ -1,0 +1,295 @@
+"""The plugin's way to the cluster: the user's kubeconfig (as kubectl reads it: `KUBECONFIG`,
+else `~/.kube/config`; `--context`), or a pod's ServiceAccount, and nothing else.
+
+Every call goes to the kube-apiserver as the user. The log endpoint is reached through the
+apiserver's service proxy (`/api/v1/namespaces/<operator ns>/services/<service>:logs/proxy/
+...`), which needs `get` on `services/proxy` for that Service (the chart grants it, see
+docs/security.md). The proxy authenticates the user but tells the operator nothing about
+them and drops the Authorization header, so the user's bearer token goes along in
+`X-Slurmjob-Token`; a kubeconfig without one (client certificates) cannot prove the user to
+the operator, and the caller falls back to the status.
+
+The kubeconfig is never written back (a refreshed OIDC token stays in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from slurmjob_operator import GROUP, PLURAL, VERSION
+from slurmjob_operator.api.logs import (
+    ERROR_KIND,
+    LOG_PATH,
+    TOKEN_HEADER,
+    LogAnswer,
+    LogError,
+    LogQuery,
+)
+
+_MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: An answer larger than this is no answer of the operator's (64 KiB of text, JSON-escaped,
+#: stays far below).
+MAX_ANSWER_BYTES = 2 * 1024 * 1024
+REQUEST_TIMEOUT = 30.0
+
+
+class PluginError(Exception):
+    """What the user must be told, and the command ends with exit status 1."""
+
+
+class OperatorUnavailable(Exception):
+    """The log endpoint cannot answer (not installed, unreachable, not allowed through the
+    proxy, failing): the caller falls back to the status tail, saying why."""
+
+
+class TokenRejected(OperatorUnavailable):
+    """HTTP 401: the apiserver or the operator does not accept the token (it may have
+    expired: an exec plugin's is fetched again once)."""
+
+
+class OperatorRefused(PluginError):
+    """The operator answered and refused (no right to the SlurmJob, no such job or attempt,
+    a refused file): no fallback would be any better."""
+
+    def __init__(self, error: LogError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Operator:
+    """Where the log endpoint is: the Service (and its named port) in the operator's
+    namespace."""
+
+    namespace: str
+    service: str
+    port: str = "logs"
+
+    def proxy_path(self, namespace: str, name: str) -> str:
+        return (
+            f"/api/v1/namespaces/{self.namespace}/services/{self.service}:{self.port}/proxy"
+            + LOG_PATH.format(namespace=namespace, name=name)
+        )
+
+
+class Session:
+    """One ApiClient on the user's credentials."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str, loader: Any = None) -> None:
+        self.api = api
+        self.namespace = namespace
+        self._loader = loader
+        self._custom = k8s.CustomObjectsApi(api)
+
+    @classmethod
+    async def open(cls, context: str | None = None) -> Session:
+        configuration = k8s.Configuration()
+        paths = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        try:
+            loader = await k8s_config.load_kube_config(
+                config_file=paths,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (k8s_config.ConfigException, OSError, ValueError, KeyError) as exc:
+            if context is not None:
+                raise PluginError(f"cannot use context {context!r}: {exc}") from None
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except k8s_config.ConfigException:
+                raise PluginError(
+                    f"no usable kubeconfig ({paths}: {exc}) and not inside a pod"
+                ) from None
+            return cls(k8s.ApiClient(configuration), _pod_namespace())
+        current = loader.current_context or {}
+        namespace = (current.get("context") or {}).get("namespace") or "default"
+        return cls(k8s.ApiClient(configuration), str(namespace), loader)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def bearer_token(self) -> str | None:
+        """The user's bearer token, None when the credentials are no token (client
+        certificates, basic auth, an exec plugin that gives certificates)."""
+        value = await self.api.configuration.get_api_key_with_prefix("BearerToken")
+        if not isinstance(value, str) or not value.startswith("Bearer "):
+            return None
+        token = value[len("Bearer ") :].strip()
+        return token or None
+
+    async def refresh_token(self) -> None:
+        """Run the kubeconfig's exec plugin again when its token has expired (and keep it in
+        memory only)."""
+        loader = self._loader
+        if loader is None or "exec" not in (getattr(loader, "_user", None) or {}):
+            return
+        await loader.load_from_exec_plugin()
+        token = getattr(loader, "token", None)
+        if token:
+            self.api.configuration.api_key["BearerToken"] = token
+
+    # -- SlurmJobs, as the user -----------------------------------------------------------
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            obj = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            raise PluginError(
+                _api_error(exc, f"slurmjob {name} in namespace {namespace}")
+            ) from None
+        result: dict[str, Any] = obj
+        return result
+
+    async def exists(self, namespace: str, name: str) -> bool:
+        try:
+            await self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise PluginError(
+                _api_error(exc, f"slurmjob {name} in namespace {namespace}")
+            ) from None
+        return True
+
+    async def list(self, namespace: str | None) -> list[dict[str, Any]]:
+        try:
+            if namespace is None:
+                obj = await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            else:
+                obj = await self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL
+                )
+        except ApiException as exc:
+            where = f"namespace {namespace}" if namespace else "all namespaces"
+            raise PluginError(_api_error(exc, f"slurmjobs in {where}")) from None
+        items: list[dict[str, Any]] = list(obj.get("items") or [])
+        return sorted(items, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
+
+    async def delete(self, namespace: str, name: str) -> None:
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            raise PluginError(
+                _api_error(exc, f"slurmjob {name} in namespace {namespace}")
+            ) from None
+
+    async def patch(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            obj = await self._custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                dict(patch),
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            raise PluginError(
+                _api_error(exc, f"slurmjob {name} in namespace {namespace}")
+            ) from None
+        result: dict[str, Any] = obj
+        return result
+
+    # -- the log endpoint -----------------------------------------------------------------
+
+    async def read_log(
+        self, operator: Operator, namespace: str, name: str, query: LogQuery, token: str
+    ) -> LogAnswer:
+        """One read of the log endpoint through the service proxy."""
+        try:
+            response = await self.api.call_api(
+                operator.proxy_path(namespace, name),
+                "GET",
+                query_params=query.items(),
+                header_params={TOKEN_HEADER: token, "Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise OperatorUnavailable(f"the apiserver cannot be reached: {exc}") from None
+        try:
+            status = int(response.status)
+            body = await _read_capped(response.content, MAX_ANSWER_BYTES + 1)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise OperatorUnavailable(f"the answer was cut off: {exc}") from None
+        finally:
+            response.release()
+        if len(body) > MAX_ANSWER_BYTES:
+            raise OperatorUnavailable("the answer is larger than any the operator gives")
+        return _answer(status, body)
+
+
+async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to its end or `limit` bytes, whichever comes first."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = await stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _answer(status: int, body: bytes) -> LogAnswer:
+    """The operator's answer, or the exception that says what the proxy or operator said."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if status == 401:
+        message = data.get("message") if isinstance(data, dict) else None
+        raise TokenRejected(f"your token is not accepted: {message or 'HTTP 401'}")
+    if status == 200:
+        try:
+            return LogAnswer.model_validate(data)
+        except ValidationError:
+            raise OperatorUnavailable("the answer is not the operator's") from None
+    if isinstance(data, dict) and data.get("kind") == ERROR_KIND:
+        try:
+            error = LogError.model_validate(data)
+        except ValidationError:
+            raise OperatorUnavailable(f"HTTP {status} from the operator") from None
+        if error.code >= 500:
+            raise OperatorUnavailable(f"the operator failed: {error.message}")
+        raise OperatorRefused(error)
+    # The apiserver's own Status: the Service, its endpoints or the proxy right are missing.
+    message = data.get("message") if isinstance(data, dict) else None
+    raise OperatorUnavailable(f"HTTP {status} from the apiserver's proxy: {message or 'no detail'}")
+
+
+def _api_error(exc: ApiException, what: str) -> str:
+    try:
+        message = json.loads(exc.body or "").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    if exc.status == 404:
+        return f"{what} not found"
+    return f"{what}: HTTP {exc.status} {message or exc.reason}"
+
+
+def _pod_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
+    except OSError:
+        return "default"
