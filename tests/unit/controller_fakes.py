@@ -179,6 +179,7 @@ class MemorySlurm:
     node_list: list[NodeInfo] | Exception = field(default_factory=list)
     accounts: frozenset[str] | None = None
     qos: frozenset[str] | None = None
+    enforced: frozenset[str] | None = None  # AccountingStorageEnforce; None: not served
     partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
     dependency: dict[int, str] = field(default_factory=dict)  # each job's Slurm dependency
 
@@ -409,6 +410,9 @@ class MemorySlurm:
         if isinstance(self.node_list, Exception):
             raise self.node_list
         return list(self.node_list)
+
+    async def accounting_enforced(self) -> frozenset[str] | None:
+        return self.enforced
 
     async def account_names(self) -> frozenset[str]:
         if self.accounts is None:

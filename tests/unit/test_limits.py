@@ -367,3 +367,43 @@ async def test_a_failed_job_that_wrote_its_output_keeps_slurms_reason(bed: Bed) 
     await bed.controller.refresh(item, await bed.slurm.get_job(100))
     failed = next(c for c in bed.store.status(ref).conditions if c.type == "Failed")
     assert failed.reason != Reason.STAGING_NOT_WRITABLE
+
+
+def test_accounting_enforcement_is_read_from_the_captured_conf() -> None:
+    from slurmjob_operator.slurm.nodes import parse_enforce
+
+    assert parse_enforce(_load(SAMPLES / "resp_conf.json")) == frozenset()
+    conf = {"slurm_conf": {"AccountingStorageEnforce": ["ASSOCIATIONS", "QOS"]}}
+    assert parse_enforce(conf) == {"associations", "qos"}
+    assert parse_enforce({"slurm_conf": {"AccountingStorageEnforce": "limits,safe"}}) == {
+        "limits",
+        "safe",
+    }
+    assert parse_enforce({"slurm_conf": 7}) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("enforced", "refused"),
+    [
+        (None, []),  # not served: nothing checked
+        (frozenset(), []),  # Slurm runs a job of any account: so does the operator
+        (frozenset({"associations"}), ["spec.account"]),
+        (frozenset({"qos"}), ["spec.account", "spec.qos"]),
+    ],
+)
+async def test_accounts_and_qos_are_refused_only_where_slurm_enforces_them(
+    tmp_path: Path, enforced: frozenset[str] | None, refused: list[str]
+) -> None:
+    bed = make_bed(tmp_path)
+    bed.slurm.enforced = enforced
+    bed.slurm.accounts = frozenset({"root"})
+    bed.slurm.qos = frozenset({"normal"})
+    ref = bed.store.create("train", cpu_spec(account="team-a", qos="high"))
+    await bed.controller.reconcile(ref)
+    status = bed.store.status(ref)
+    if not refused:
+        assert status.phase is Phase.QUEUED
+        return
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == Reason.LIMIT_EXCEEDED
+    assert [m.split(":")[0] for m in failed.message.split("; ")] == refused

@@ -20,6 +20,9 @@ from slurmjob_operator.slurm.errors import SlurmError
 
 log = logging.getLogger(__name__)
 
+#: The AccountingStorageEnforce words under which a job's account must exist in slurmdbd.
+ASSOCIATIONS_ENFORCED = frozenset({"associations", "limits", "qos", "safe"})
+
 
 async def read_snapshot(client: SlurmClient, cluster: str) -> Snapshot:
     """One read of everything a submission is checked against; raises SlurmError when the
@@ -53,9 +56,14 @@ async def read_snapshot(client: SlurmClient, cluster: str) -> Snapshot:
         nodes = ()
     accounts = qos = None
     try:
-        if await client.has_accounting():
-            accounts = await client.account_names()
-            qos = await client.qos_names()
+        # Only what slurmctld enforces: without AccountingStorageEnforce=associations it runs
+        # a job whose account slurmdbd does not know, and the operator must not refuse it.
+        enforced = await client.accounting_enforced()
+        if enforced and await client.has_accounting():
+            if enforced & ASSOCIATIONS_ENFORCED:
+                accounts = await client.account_names()
+            if "qos" in enforced:
+                qos = await client.qos_names()
     except SlurmError as exc:
         log.info("limits of %s: accounts and QOS not read (%s); not checked", cluster, exc)
         accounts = qos = None

@@ -55,6 +55,7 @@ from slurmjob_operator.slurm.nodes import (
     NodeInfo,
     PartitionInfo,
     parse_dbd_queue,
+    parse_enforce,
     parse_names,
     parse_nodes,
     parse_partition_names,
@@ -381,6 +382,15 @@ class SlurmClient:
         template = self._slurm("/partitions")
         answer = await self._rest.call("GET", template, template)
         return answer.parse(parse_partitions, template)
+
+    async def accounting_enforced(self) -> frozenset[str] | None:
+        """slurmctld's `AccountingStorageEnforce` (`GET /conf`, served from v0.0.45); None
+        where this version does not serve it."""
+        if self.version != "v0.0.45":
+            return None
+        template = self._slurm("/conf")
+        answer = await self._rest.call("GET", template, template)
+        return answer.parse(parse_enforce, template)
 
     async def account_names(self) -> frozenset[str]:
         """The accounts slurmdbd knows (lower-cased); needs accounting."""

@@ -175,6 +175,14 @@ def parse_names(key: str) -> Callable[[Mapping[str, Any]], frozenset[str]]:
     return parse
 
 
+def parse_enforce(payload: Mapping[str, Any]) -> frozenset[str]:
+    """`AccountingStorageEnforce` of `GET /conf` (lower-cased words; a list, or a comma
+    string as slurm.conf writes it)."""
+    conf = payload.get("slurm_conf")
+    value = conf.get("AccountingStorageEnforce") if isinstance(conf, Mapping) else None
+    return frozenset(n.lower() for n in _names(value))
+
+
 def parse_dbd_queue(payload: Mapping[str, Any]) -> int | None:
     """`statistics.dbd_agent_queue_size` of `GET /slurm/V/diag`: the records slurmctld still
     has to send to slurmdbd (None when the answer does not say, or says nonsense)."""
