@@ -303,6 +303,8 @@ def _follow(bed: Bed, name: str) -> tuple[int, list[tuple[float, str]], str]:
             proc.kill()
             proc.wait()
     drain.join(timeout=10)
+    stdout.close()
+    stderr.close()
     return code, lines, "".join(errors)
 
 
