@@ -327,8 +327,6 @@ async def run_with_lease(
     try:
         logs = await serve_logs(settings, kube, namespaces)
     except BaseException:
-        if logs is not None:
-            await logs.cleanup()
         if health is not None:
             await health.cleanup()
         await kube.close()

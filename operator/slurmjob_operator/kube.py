@@ -9,6 +9,7 @@ says (a status write must land before the submit POST, not after the handler ret
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import itertools
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -33,6 +35,10 @@ _counter = itertools.count()
 
 class SecretError(LookupError):
     """A referenced Secret or key is missing: the user must create it; nothing is submitted."""
+
+
+#: TokenReviews and SubjectAccessReviews in flight at once (the log endpoint's).
+REVIEWS_AT_ONCE = 8
 
 
 class ReviewUnavailable(RuntimeError):
@@ -85,6 +91,9 @@ class KubeApi:
         self._core = k8s.CoreV1Api(api)
         self._authn = k8s.AuthenticationV1Api(api)
         self._authz = k8s.AuthorizationV1Api(api)
+        # The log endpoint may be reached by anything that can reach the pod: a flood of
+        # forged tokens costs at most this many reviews at once, never unbounded apiserver load.
+        self._reviews = asyncio.Semaphore(REVIEWS_AT_ONCE)
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None) -> KubeApi:
@@ -189,9 +198,12 @@ class KubeApi:
             "spec": {"token": token},
         }
         try:
-            review = await self._authn.create_token_review(body)
+            async with self._reviews:
+                review = await self._authn.create_token_review(body)
         except ApiException as exc:
             raise ReviewUnavailable(f"TokenReview: HTTP {exc.status} {exc.reason}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ReviewUnavailable(f"TokenReview: {type(exc).__name__}") from None
         except ValueError:  # the client's models refuse an answer without a required field
             raise ReviewUnavailable("TokenReview: an answer that is no TokenReview") from None
         status = review.status
@@ -233,11 +245,14 @@ class KubeApi:
             "spec": spec,
         }
         try:
-            review = await self._authz.create_subject_access_review(body)
+            async with self._reviews:
+                review = await self._authz.create_subject_access_review(body)
         except ApiException as exc:
             raise ReviewUnavailable(
                 f"SubjectAccessReview: HTTP {exc.status} {exc.reason}"
             ) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ReviewUnavailable(f"SubjectAccessReview: {type(exc).__name__}") from None
         except ValueError:
             raise ReviewUnavailable(
                 "SubjectAccessReview: an answer that is no SubjectAccessReview"

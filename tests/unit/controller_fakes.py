@@ -64,7 +64,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
-from slurmjob_operator.slurm.nodes import NodeInfo, PartitionInfo
+from slurmjob_operator.slurm.nodes import ConfFacts, NodeInfo, PartitionInfo
 
 SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
 OPERATOR_USER = "slurmci"
@@ -179,7 +179,9 @@ class MemorySlurm:
     node_list: list[NodeInfo] | Exception = field(default_factory=list)
     accounts: frozenset[str] | None = None
     qos: frozenset[str] | None = None
-    enforced: frozenset[str] | None = None  # AccountingStorageEnforce; None: not served
+    enforced: frozenset[str] | None = None  # AccountingStorageEnforce; None: no GET /conf
+    private_data: frozenset[str] = frozenset()
+    dependency_parameters: frozenset[str] = frozenset()
     partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
     dependency: dict[int, str] = field(default_factory=dict)  # each job's Slurm dependency
 
@@ -368,6 +370,7 @@ class MemorySlurm:
         if fault == "unsent":
             self.next_id -= 1
             del self.jobs[job_id]
+            self.dependency.pop(job_id, None)
         if fault in ("lost", "twice", "unsent"):
             raise SlurmAmbiguous("the connection was reset after the request was sent")
         return SubmitReceipt(job_id=job_id)
@@ -411,8 +414,14 @@ class MemorySlurm:
             raise self.node_list
         return list(self.node_list)
 
-    async def accounting_enforced(self) -> frozenset[str] | None:
-        return self.enforced
+    async def conf(self) -> ConfFacts | None:
+        if self.enforced is None and not self.dependency_parameters:
+            return None
+        return ConfFacts(
+            enforce=self.enforced or frozenset(),
+            private_data=self.private_data,
+            dependency_parameters=self.dependency_parameters,
+        )
 
     async def account_names(self) -> frozenset[str]:
         if self.accounts is None:

@@ -339,7 +339,7 @@ def test_any_mix_of_task_states(states: list[str]) -> None:
         assert expand(status.failed_indices) == unsuccessful
         attempt = Attempt(number=1, job_name="sj-a", job_id=1, array=seen.record)
         retried = next_indices([attempt], n)
-        assert retried == (unsuccessful or list(range(n)))
+        assert retried == unsuccessful  # never the whole range again: it succeeded
         if unsuccessful:
             assert seen.log_index == unsuccessful[0] or states[seen.log_index] in failing
     elif "RUNNING" in states:
@@ -420,6 +420,9 @@ def _attempt(number: int, indices: str, *, job_id: int | None = 1, **array: Any)
         # A status naming tasks beyond the array: never widens it.
         ([_attempt(1, "0-40", succeeded="0-9")], 20, list(range(10, 20))),
         ([_attempt(1, "garbage")], 4, [0, 1, 2, 3]),
+        # spec.array.count lowered below every task left: nothing (the submit refuses it),
+        # never the whole range again.
+        ([_attempt(1, "0-9", succeeded="0-6", failed="7-9")], 5, []),
     ],
 )
 def test_next_indices(attempts: list[Attempt], count: int, expected: list[int]) -> None:

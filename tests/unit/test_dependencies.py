@@ -331,3 +331,114 @@ async def test_an_upstream_of_another_namespace_is_never_read(bed: Bed) -> None:
     assert await _reconcile(bed, post) is not None
     ready = next(c for c in bed.store.status(post).conditions if c.type == "Ready")
     assert ready.message == "waiting for dependencies: SlurmJob pre does not exist"
+
+
+# -- the paths kopf takes: bodies, restarts, lost submits ----------------------------------
+
+
+async def _queued_behind_pre(bed: Bed, pre_spec: dict[str, Any]) -> tuple[Any, Any]:
+    pre = bed.store.create("pre", pre_spec)
+    await _reconcile(bed, pre)  # job 100
+    post = bed.store.create("post", cpu_spec(dependsOn=[{"name": "pre"}]))
+    await _reconcile(bed, post)  # job 101, afterok:100
+    assert bed.slurm.dependency[101] == "afterok:100"
+    return pre, post
+
+
+async def test_a_resume_with_the_body_repoints_what_was_missed(bed: Bed) -> None:
+    pre, post = await _queued_behind_pre(bed, cpu_spec(retry=RETRY_ONCE))
+    # pre retried while nobody looked at post (no watch event reached it).
+    bed.slurm.set_state(100, "FAILED", 3)
+    await _fold(bed, pre)
+    await _reconcile(bed, pre)  # attempt 2: job 102
+    # The resume handler, with the body the watch delivered (the path kopf takes).
+    await bed.controller.reconcile(post, bed.store.body(post))
+    assert bed.slurm.dependency[101] == "afterok:102"
+
+
+async def test_a_restarts_list_in_any_order_cancels_a_dependent_left_behind(bed: Bed) -> None:
+    pre, post = await _queued_behind_pre(bed, cpu_spec())
+    bed.slurm.set_state(100, "FAILED", 1)
+    await _fold(bed, pre)  # pre failed for good while post's operator was away
+    _notice(bed, pre)  # the first list: pre first, nobody indexed yet
+    _notice(bed, post)
+    await _settle(bed)
+    failed = next(c for c in bed.store.status(post).conditions if c.type == "Failed")
+    assert failed.reason == "DependencyFailed"
+    assert "cancel 101" in bed.slurm.calls
+
+
+async def test_a_cancel_that_fails_writes_nothing_final_and_is_tried_again(bed: Bed) -> None:
+    from slurmjob_operator.slurm.errors import SlurmTransient
+
+    pre, post = await _queued_behind_pre(bed, cpu_spec())
+    real = bed.slurm.do_cancel
+    failures = [SlurmTransient("slurmctld busy")]
+
+    async def flaky(ref: int | str, user: str | None) -> None:
+        if failures:
+            raise failures.pop()
+        await real(ref, user)
+
+    bed.slurm.do_cancel = flaky  # type: ignore[method-assign]
+    bed.slurm.set_state(100, "FAILED", 1)
+    await _fold(bed, pre)
+    retry = await _reconcile(bed, post)
+    assert retry is not None
+    assert bed.store.status(post).phase is Phase.QUEUED, "not Failed while still queued"
+    await _reconcile(bed, post)
+    assert bed.store.status(post).phase is Phase.FAILED
+    assert "cancel 101" in bed.slurm.calls
+
+
+async def test_an_attempt_after_a_lost_submit_waits_on_the_upstream_too(bed: Bed) -> None:
+    from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
+
+    pre = bed.store.create("pre", cpu_spec())
+    await _reconcile(bed, pre)  # job 100, queued
+    bed.slurm.faults = ["unsent"]
+    post = bed.store.create("post", cpu_spec(dependsOn=[{"name": "pre"}]))
+    await _reconcile(bed, post)  # attempt 1: the answer lost, no job made
+    bed.store.update(post, annotations={DECLARE_LOST_ANNOTATION: "1"})
+    await _reconcile(bed, post)
+    first, second = bed.store.status(post).attempts
+    assert first.declared_lost
+    assert second.job_id is not None
+    assert bed.slurm.dependency[second.job_id] == "afterok:100"
+    assert [d.job_id for d in second.dependencies or []] == [100]
+
+
+async def test_a_dependency_failure_stands_until_the_spec_changes(bed: Bed) -> None:
+    pre = bed.store.create("pre", cpu_spec())
+    await _reconcile(bed, pre)
+    bed.slurm.set_state(100, "FAILED", 1)
+    await _fold(bed, pre)
+    post = bed.store.create("post", cpu_spec(dependsOn=[{"name": "pre"}]))
+    await _reconcile(bed, post)
+    assert bed.store.status(post).phase is Phase.FAILED
+    # pre deleted and made anew: a restart's resume must not bring post back to life.
+    del bed.store.objects[("team-a", "pre")]
+    bed.store.create("pre", cpu_spec())
+    await bed.controller.reconcile(post, bed.store.body(post))
+    await _reconcile(bed, post)
+    assert bed.store.status(post).phase is Phase.FAILED
+    assert bed.slurm.calls.count("submit") == 1
+    # A new generation is judged anew.
+    bed.store.update(post, command=["echo", "again"])
+    assert await _reconcile(bed, post) is not None  # the new pre is not queued yet
+    assert bed.store.status(post).phase is Phase.PENDING
+
+
+async def test_kill_invalid_depend_keeps_the_dependent_in_the_operator(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path)
+    bed.slurm.dependency_parameters = frozenset({"kill_invalid_depend"})
+    pre = bed.store.create("pre", cpu_spec())
+    await _reconcile(bed, pre)
+    post = bed.store.create("post", cpu_spec(dependsOn=[{"name": "pre"}]))
+    assert await _reconcile(bed, post) is not None  # waits: Slurm would kill it on a retry
+    assert bed.store.status(post).attempts == []
+    bed.slurm.set_state(100, "COMPLETED", 0)
+    await _fold(bed, pre)
+    await _reconcile(bed, post)
+    assert bed.store.status(post).phase is Phase.QUEUED
+    assert 101 not in bed.slurm.dependency

@@ -370,16 +370,21 @@ async def test_a_failed_job_that_wrote_its_output_keeps_slurms_reason(bed: Bed) 
 
 
 def test_accounting_enforcement_is_read_from_the_captured_conf() -> None:
-    from slurmjob_operator.slurm.nodes import parse_enforce
+    from slurmjob_operator.slurm.nodes import ConfFacts, parse_conf
 
-    assert parse_enforce(_load(SAMPLES / "resp_conf.json")) == frozenset()
-    conf = {"slurm_conf": {"AccountingStorageEnforce": ["ASSOCIATIONS", "QOS"]}}
-    assert parse_enforce(conf) == {"associations", "qos"}
-    assert parse_enforce({"slurm_conf": {"AccountingStorageEnforce": "limits,safe"}}) == {
-        "limits",
-        "safe",
+    assert parse_conf(_load(SAMPLES / "resp_conf.json")) == ConfFacts()
+    conf = {
+        "slurm_conf": {
+            "AccountingStorageEnforce": ["ASSOCIATIONS", "QOS"],
+            "PrivateData": "accounts,jobs",
+            "DependencyParameters": ["kill_invalid_depend"],
+        }
     }
-    assert parse_enforce({"slurm_conf": 7}) == frozenset()
+    facts = parse_conf(conf)
+    assert facts.enforce == {"associations", "qos"}
+    assert facts.private_data == {"accounts", "jobs"}
+    assert facts.dependency_parameters == {"kill_invalid_depend"}
+    assert parse_conf({"slurm_conf": 7}) == ConfFacts()
 
 
 @pytest.mark.parametrize(
@@ -407,3 +412,42 @@ async def test_accounts_and_qos_are_refused_only_where_slurm_enforces_them(
     failed = next(c for c in status.conditions if c.type == "Failed")
     assert failed.reason == Reason.LIMIT_EXCEEDED
     assert [m.split(":")[0] for m in failed.message.split("; ")] == refused
+
+
+async def test_accounts_are_not_judged_where_the_operator_may_not_see_them(
+    tmp_path: Path,
+) -> None:
+    bed = make_bed(tmp_path)
+    bed.slurm.enforced = frozenset({"associations"})
+    bed.slurm.private_data = frozenset({"accounts"})
+    bed.slurm.accounts = frozenset({"root"})
+    ref = bed.store.create("train", cpu_spec(account="team-a"))
+    await bed.controller.reconcile(ref)
+    assert bed.store.status(ref).phase is Phase.QUEUED
+
+
+def test_a_partition_list_is_refused_only_when_no_name_exists() -> None:
+    assert check(launch(partition="long,short"), snapshot()).ok
+    [refusal] = check(launch(partition="long,longer"), snapshot()).refusals
+    assert refusal.message.startswith("none of the partitions long,longer exists on cluster tb")
+
+
+async def test_a_refusal_is_made_only_on_a_read_made_now(tmp_path: Path) -> None:
+    from slurmjob_operator.slurm.errors import SlurmTransient
+
+    bed = make_bed(tmp_path, poll_interval=3600)
+    first = bed.store.create("first", cpu_spec())
+    await bed.controller.reconcile(first)  # the cluster read: only `debug`
+    # A partition made a moment ago: the kept answer does not know it, a new read does.
+    bed.slurm.partition_list = [
+        PartitionInfo(name="debug", states=frozenset({"UP"})),
+        PartitionInfo(name="fresh", states=frozenset({"UP"})),
+    ]
+    ref = bed.store.create("train", cpu_spec(partition="fresh"))
+    await bed.controller.reconcile(ref)
+    assert bed.store.status(ref).phase is Phase.QUEUED
+    # Not refused on an answer kept from before reads that fail.
+    bed.slurm.partition_list = SlurmTransient("down")
+    other = bed.store.create("other", cpu_spec(partition="gone"))
+    await bed.controller.reconcile(other)
+    assert bed.store.status(other).phase is Phase.QUEUED

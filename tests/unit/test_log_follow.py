@@ -241,6 +241,26 @@ def test_a_split_secret_is_hidden_on_both_sides_of_the_offset(tmp_path: Path) ->
     assert second.text == "***\n"
 
 
+@pytest.mark.parametrize("into", range(1, 4))
+def test_an_offset_inside_a_character_cannot_unmask_a_non_ascii_secret(
+    tmp_path: Path, into: int
+) -> None:
+    secret = "p\u00e4ssw\u00f6rd-Zugang-\U0001f511-123"
+    text = f"key={secret}\n"
+    log = write(tmp_path / "stdout.log", text)
+    raw = text.encode()
+    # Offsets inside the two-byte 'ä' and the four-byte key emoji.
+    for lead in (raw.index("\u00e4".encode()), raw.index("\U0001f511".encode())):
+        width = 2 if raw[lead] < 0xE0 else 4
+        if into >= width:
+            continue
+        chunk = read_from(log, lead + into, root=tmp_path, owner=ME, complete=True, redact=[secret])
+        assert chunk is not None
+        assert chunk.start == lead
+        assert "\ufffd" not in chunk.text
+        assert "Zugang" not in chunk.text
+
+
 def test_a_missing_file_is_none(tmp_path: Path) -> None:
     assert read_from(tmp_path / "nope.log", 0, root=tmp_path, owner=ME, complete=False) is None
 

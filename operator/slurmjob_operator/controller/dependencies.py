@@ -23,6 +23,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.resource import RetryLater
+from slurmjob_operator.core.decisions import awaits_upstream
 from slurmjob_operator.core.dependencies import (
     MAX_VISITED,
     Kind,
@@ -36,6 +37,9 @@ from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.kube import ResourceStore
 
 log = logging.getLogger(__name__)
+
+#: How soon a dependent whose reconcile failed unexpectedly is tried again.
+RETRY_AFTER_ERROR = 30.0
 
 #: The facts of an upstream its dependents' rules read; a change of any one wakes them.
 Fingerprint = tuple[Any, ...]
@@ -70,6 +74,7 @@ class Dependencies:
         self._dependents: dict[tuple[str, str], dict[str, ObjectRef]] = {}
         self._upstreams_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._seen: dict[tuple[str, str], Fingerprint] = {}
+        self._own: dict[str, tuple[int, int | None] | None] = {}  # queued dependents' attempts
         self._scheduled: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
 
@@ -81,6 +86,7 @@ class Dependencies:
         final = view.status.phase is not None and view.status.phase.is_terminal
         names = () if deleted or final or view.deleting else view.depends_on
         self._index(ref, names)
+        self._self_check(view, deleted)
         key = (ref.namespace, ref.name)
         dependents = self._dependents.get(key)
         if not dependents:
@@ -92,6 +98,20 @@ class Dependencies:
         self._seen[key] = mark
         for dependent in list(dependents.values()):
             self._wake(dependent)
+
+    def _self_check(self, view: ResourceView, deleted: bool) -> None:
+        """A job queued behind its upstreams' jobs is looked at once whenever its own
+        attempt changes (a restart's first list, a submit confirmed): an upstream may have
+        been retried or have failed while nobody was watching it."""
+        uid = view.ref.uid
+        if deleted or view.deleting or not awaits_upstream(view.status):
+            self._own.pop(uid, None)
+            return
+        attempt = view.status.current_attempt
+        mark = (attempt.number, attempt.job_id) if attempt is not None else None
+        if self._own.get(uid) != mark:
+            self._own[uid] = mark
+            self._wake(view.ref)
 
     def _index(self, ref: ObjectRef, names: tuple[str, ...]) -> None:
         before = self._upstreams_of.get(ref.uid)
@@ -119,16 +139,22 @@ class Dependencies:
         self._scheduled.add(ref.uid)
 
         async def run() -> None:
+            again: float | None = None
             try:
                 await asyncio.sleep(0)  # after the event that woke it is handled
                 self._scheduled.discard(ref.uid)
                 await self._reconcile(ref)
-            except RetryLater:
-                pass  # its own handler is retried by kopf as well
+            except RetryLater as exc:
+                # A waiting dependent's own handler is retried by kopf too, but a queued one
+                # has nothing else to try again a repoint or a cancel that did not go through.
+                again = exc.delay
             except Exception:
                 log.exception("dependent %s/%s: reconcile failed", ref.namespace, ref.name)
+                again = RETRY_AFTER_ERROR
             finally:
                 self._scheduled.discard(ref.uid)
+            if again is not None and ref.uid in self._upstreams_of:
+                asyncio.get_running_loop().call_later(max(again, 1.0), self._wake, ref)
 
         task = asyncio.get_running_loop().create_task(run())
         self._background.add(task)
@@ -174,7 +200,9 @@ class Dependencies:
             view.ref.name, view.ref.uid, status, view.depends_on, place == self._cluster
         )
 
-    async def resolve(self, view: ResourceView, spec: SlurmJobSpec) -> tuple[Resolution, bool]:
+    async def resolve(
+        self, view: ResourceView, spec: SlurmJobSpec, *, slurm_allowed: bool = True
+    ) -> tuple[Resolution, bool]:
         """The resolution for a dependent with nothing submitted; True with it when the spec
         itself is wrong (a cycle, itself as a dependency)."""
         names = tuple(d.name for d in spec.depends_on)
@@ -187,10 +215,14 @@ class Dependencies:
         if cycle is not None:
             text = " -> ".join(cycle)
             return Resolution(Kind.FAIL, f"spec.dependsOn: a dependency cycle: {text}"), True
-        return resolve(spec.depends_on, upstreams), False
+        return resolve(spec.depends_on, upstreams, slurm_allowed=slurm_allowed), False
 
     async def current(
         self, view: ResourceView, names: tuple[str, ...]
     ) -> Mapping[str, Upstream | None]:
-        upstreams, _ = await self.upstreams(view.ref.namespace, names)
-        return upstreams
+        """The upstreams named, and nothing further (no cycle search: the job is queued)."""
+        found: dict[str, Upstream | None] = {}
+        for name in dict.fromkeys(names):
+            body = await self._store.get(view.ref.namespace, name)
+            found[name] = self._upstream(ResourceView.of(body)) if body is not None else None
+        return found

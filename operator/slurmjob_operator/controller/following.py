@@ -183,6 +183,7 @@ class Following:
         index = seen.log_index if seen is not None else shown_index(status)
         if attempt.staging_dir:
             logs = await self.logs(view, attempt, index=index)
+        decided = obs  # what the retry rules judge: Slurm's own reason, not the rewrite
         if obs is not None:
             assert views
             if lacks_output(obs, logs is not None and logs.stdout is None):
@@ -207,8 +208,8 @@ class Following:
                 )
                 await asyncio.to_thread(remove_secrets, self.settings, staging)
         transition = Transition(new, transition.events)
-        if obs is not None and obs.final and obs.phase is Phase.FAILED:
-            transition = self._after_failure(view, transition, obs, logs, now)
+        if decided is not None and decided.final and decided.phase is Phase.FAILED:
+            transition = self._after_failure(view, transition, decided, logs, now)
         await self.edge.apply(view, transition)
         if transition.status.next_attempt_at is not None:
             self._retry_later(view.ref, transition.status.next_attempt_at)
@@ -340,7 +341,7 @@ class Following:
                 READ_TIMEOUT,
             )
             return None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a task index no file can have
             log.warning("cannot read the logs of %s/%s: %s", ref.namespace, ref.name, exc)
             return None
 

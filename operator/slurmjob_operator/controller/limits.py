@@ -55,19 +55,26 @@ async def read_snapshot(client: SlurmClient, cluster: str) -> Snapshot:
         log.info("limits of %s: nodes not read (%s); node sizes not checked", cluster, exc)
         nodes = ()
     accounts = qos = None
+    kills_invalid = False
     try:
+        conf = await client.conf()
+        kills_invalid = conf is not None and "kill_invalid_depend" in conf.dependency_parameters
         # Only what slurmctld enforces: without AccountingStorageEnforce=associations it runs
-        # a job whose account slurmdbd does not know, and the operator must not refuse it.
-        enforced = await client.accounting_enforced()
+        # a job whose account slurmdbd does not know, and the operator must not refuse it;
+        # under PrivateData=accounts the operator's user may not see every account.
+        enforced = conf.enforce if conf is not None else frozenset()
         if enforced and await client.has_accounting():
-            if enforced & ASSOCIATIONS_ENFORCED:
+            private = conf.private_data if conf is not None else frozenset()
+            if enforced & ASSOCIATIONS_ENFORCED and "accounts" not in private:
                 accounts = await client.account_names()
             if "qos" in enforced:
                 qos = await client.qos_names()
     except SlurmError as exc:
         log.info("limits of %s: accounts and QOS not read (%s); not checked", cluster, exc)
         accounts = qos = None
-    return Snapshot(cluster, partitions, nodes, accounts, qos)
+    return Snapshot(
+        cluster, partitions, nodes, accounts, qos, kills_invalid_dependencies=kills_invalid
+    )
 
 
 class LimitsCache:
@@ -88,12 +95,14 @@ class LimitsCache:
         self._read_at: float | None = None
         self.reads = 0
 
-    async def snapshot(self) -> Snapshot | None:
+    async def snapshot(self, *, fresh: bool = False) -> Snapshot | None:
         """The cluster's limits, read anew when the last read is older than the ttl (a failed
-        read counts: it is not retried by every waiting submission)."""
+        read counts: it is not retried by every waiting submission). `fresh`: read now, and
+        None unless that read succeeds (what a refusal is made on: a partition made a moment
+        ago, or an answer kept from before failed reads, never refuses a job)."""
         async with self._lock:
             now = self._clock()
-            if self._read_at is not None and now - self._read_at < self._ttl:
+            if not fresh and self._read_at is not None and now - self._read_at < self._ttl:
                 return self._snapshot
             self._read_at = now
             self.reads += 1
@@ -106,4 +115,5 @@ class LimitsCache:
                     exc,
                     "the last ones are used" if self._snapshot else "nothing is checked",
                 )
+                return None if fresh else self._snapshot
             return self._snapshot

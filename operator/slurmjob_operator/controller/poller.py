@@ -334,7 +334,11 @@ class Poller:
         settings = self.controller.settings
         root = settings.storage_root
         base = attempt_dir(root, item.ref, item.attempt, item.staging_dir)
-        out, err = tail_signatures(root, base, log_files(item.log_index), job_owner(settings))
+        try:
+            names = log_files(item.log_index)
+        except ValueError:  # a task index no file can have (a status written by others)
+            return (None, None)
+        out, err = tail_signatures(root, base, names, job_owner(settings))
         return (out, err)
 
     def _logs_due(self, item: Tracked, now: float) -> bool:

@@ -16,6 +16,7 @@ At most `submit_concurrency` submits at once; the others wait for a slot of the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from pathlib import Path
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase
+from slurmjob_operator.api.status import Attempt, AttemptDependency, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
@@ -47,17 +48,19 @@ from slurmjob_operator.core.decisions import (
     Hold,
     Retry,
     adoption,
+    awaits_upstream,
     belongs,
     declared_lost_now,
     failed_step,
     gate,
     hold_action,
     hold_transition,
+    settled_refusal,
     stranger,
 )
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
 from slurmjob_operator.core.following import dependency_failed, dependency_repointed
-from slurmjob_operator.core.jobview import SlurmJobView, leader
+from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
@@ -136,6 +139,11 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
     if isinstance(exc, SlurmAuthError | TokenError):
         return Failure.SEND_REFUSED_CREDENTIALS
     return Failure.SEND_FAILED
+
+
+def _started(status: SlurmJobStatus) -> bool:
+    """Whether an attempt ever started: its dependencies were met then."""
+    return any(a.started_at is not None for a in status.attempts)
 
 
 def _messages(exc: Exception) -> list[str]:
@@ -218,6 +226,8 @@ class Submission:
         retry in the future), False when the job only needs following, None when a fresh read
         must decide."""
         step = next_step(seen.status)
+        if awaits_upstream(seen.status) or (seen.depends_on and not _started(seen.status)):
+            return None  # the upstreams are read first (a fresh read, before any slot)
         if step is Step.TRACK and hold_action(seen.status, seen.suspend) is Hold.NOTHING:
             self.edge.observe(seen.ref, seen.status)
             return False
@@ -256,7 +266,11 @@ class Submission:
             if blocked:
                 return False
             upstream: tuple[AttemptDependency, ...] = ()
-            if step is Step.SUBMIT and not view.status.attempts:
+            if settled_refusal(view.status, view.generation):
+                return False  # final for this generation: only a spec change tries again
+            # Until an attempt has started, every new one (a first, a retry of one that never
+            # ran, one after a lost submit) waits on its upstreams as the first did.
+            if not _started(view.status):
                 ready = await self._dependencies_ready(view)
                 if ready is None:
                     return False
@@ -340,7 +354,12 @@ class Submission:
         snapshot = await self.limits.snapshot()
         if snapshot is not None:
             names = [pool.name for pool in spec.pools]
-            enforce(check(prepared.rendered.launch, snapshot, names))
+            verdict = check(prepared.rendered.launch, snapshot, names)
+            if not verdict.ok:
+                # Judged again on what the cluster says now, before anything is refused.
+                snapshot = await self.limits.snapshot(fresh=True)
+                if snapshot is not None:
+                    enforce(check(prepared.rendered.launch, snapshot, names))
         await asyncio.to_thread(verify_runtime, prepared, self.settings)
         tenant = prepared.resolution.tenant
         return await self._as(tenant.slurm_user if tenant is not None else None), prepared
@@ -356,6 +375,16 @@ class Submission:
             if spec is not None and spec.array is not None
             else None
         )
+        if indices == []:
+            refused = SpecError(
+                [
+                    "spec.array.count: lowered below every task the retry would run; a retry "
+                    "runs only the tasks that did not succeed, so the count cannot shrink "
+                    "under them"
+                ]
+            )
+            await self._failed(view, refused, recorded=False)
+            return
         try:
             client, prepared = await self._prepare(view, number, indices)
         except PREPARE_ERRORS as exc:
@@ -478,22 +507,25 @@ class Submission:
         self._unfound_since.pop(key, None)
         keep = decision.keep
         assert keep is not None
+        # The job's own id: an array's, not one of its tasks' (whose record may be all that
+        # is left of it), which names every task for a cancel, a hold or a look-up.
+        kept = job_of(keep)
         for duplicate in decision.duplicates:
-            await cancel_quietly(await self._acting(view.ref), duplicate.job_id)
+            other = job_of(duplicate)
+            await cancel_quietly(await self._acting(view.ref), other)
             self.metrics.duplicates_total.inc()
             await self.edge.event(
                 view.ref,
                 "Warning",
                 "DuplicateCancelled",
-                f"Slurm job {duplicate.job_id} duplicated attempt {attempt.number} "
-                f"(kept {keep.job_id}); cancelled",
+                f"Slurm job {other} duplicated attempt {attempt.number} (kept {kept}); cancelled",
             )
         self.metrics.count_adoption("name")
+        # An array has no SLUID of its own: each one names a single task's record.
+        sluid = keep.sluid if keep.array_job_id is None else None
         view = await self.edge.apply(
             view,
-            submitted(
-                status, keep.job_id, view.generation, utc_now(), sluid=keep.sluid, adopted=True
-            ),
+            submitted(status, kept, view.generation, utc_now(), sluid=sluid, adopted=True),
         )
         await self._confirm(view)
         return None
@@ -553,7 +585,9 @@ class Submission:
         spec = view.spec
         if spec is None or not spec.depends_on or self.dependencies is None:
             return ()
-        resolution, spec_wrong = await self.dependencies.resolve(view, spec)
+        limits = await self.limits.snapshot()
+        allowed = limits is None or not limits.kills_invalid_dependencies
+        resolution, spec_wrong = await self.dependencies.resolve(view, spec, slurm_allowed=allowed)
         now = utc_now()
         if resolution.kind is Kind.READY:
             return resolution.slurm
@@ -580,13 +614,9 @@ class Submission:
         """A job waiting in Slurm on its upstreams' jobs: repoint it when one was retried,
         cancel it when one ended failed for good (`core.dependencies.repoint`)."""
         attempt = view.status.current_attempt
-        if (
-            self.dependencies is None
-            or attempt is None
-            or not attempt.dependencies
-            or attempt.job_id is None
-            or view.status.phase is not Phase.QUEUED
-        ):
+        if self.dependencies is None or attempt is None or attempt.job_id is None:
+            return
+        if not awaits_upstream(view.status) or not attempt.dependencies:
             return
         names = tuple(d.name for d in attempt.dependencies)
         upstreams = await self.dependencies.current(view, names)
@@ -602,7 +632,10 @@ class Submission:
                 for warning in warnings:
                     log.warning("repointing Slurm job %s: %s", attempt.job_id, warning)
             else:
-                await cancel_quietly(acting, attempt.job_id)
+                # Written Failed only once Slurm no longer has it queued: a cancel that did
+                # not go through is tried again, never left behind a final status.
+                with contextlib.suppress(SlurmNotFound):
+                    await acting.cancel(attempt.job_id)
         except SlurmError as exc:
             raise RetryLater(f"dependencies of job {attempt.job_id}: {exc}", self._backoff) from exc
         now = utc_now()

@@ -311,11 +311,16 @@ def next_indices(attempts: Sequence[Attempt], count: int) -> list[int]:
     previous = attempts[-1] if attempts else None
     if previous is None or previous.array is None:
         return list(range(count))
-    indices = [i for i in attempt_indices(previous) if i < count]
+    recorded = attempt_indices(previous)
+    if not recorded:
+        return list(range(count))  # an unreadable record: as for a first attempt
+    indices = [i for i in recorded if i < count]
     if previous.job_id is not None:
         done = set(_read(previous.array.succeeded, indices))
         indices = [i for i in indices if i not in done]
-    return indices or list(range(count))
+    # Empty: spec.array.count was lowered below every task left (the caller refuses that);
+    # never the whole range again, which would run tasks that succeeded.
+    return indices
 
 
 def shown_index(status: SlurmJobStatus) -> int | None:
@@ -324,7 +329,9 @@ def shown_index(status: SlurmJobStatus) -> int | None:
     attempt = status.current_attempt
     if attempt is None or attempt.array is None:
         return None
-    if status.array is not None and status.array.log_index is not None:
-        return status.array.log_index
     indices = attempt_indices(attempt)
+    chosen = status.array.log_index if status.array is not None else None
+    # A status can be written by others: only a task of this attempt names a file.
+    if chosen is not None and chosen in indices:
+        return chosen
     return indices[0] if indices else 0

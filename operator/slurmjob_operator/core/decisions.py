@@ -21,6 +21,7 @@ from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, j
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
+    FAILED,
     SUSPENDED,
     invalid_spec,
     not_submitted,
@@ -124,6 +125,37 @@ def failed_step(
     if plan.discard_attempt:
         return not_submitted(status, plan.reason, message, generation, now), plan
     return waiting(status, plan.reason, message, generation, now), plan
+
+
+#: Refusals that stand until the spec changes, though what they were judged on may change
+#: (the cluster's limits, an upstream SlurmJob deleted or recreated): not judged again on a
+#: restart or a resume, only for a new generation.
+STANDING_REFUSALS = frozenset({Reason.LIMIT_EXCEEDED, Reason.DEPENDENCY_FAILED})
+
+
+def settled_refusal(status: SlurmJobStatus, generation: int | None) -> bool:
+    """Nothing was submitted and a standing refusal ended it for this generation."""
+    failed = get_condition(status.conditions, FAILED)
+    return (
+        status.phase is Phase.FAILED
+        and not status.attempts
+        and failed is not None
+        and failed.status == "True"
+        and failed.reason in STANDING_REFUSALS
+        and failed.observed_generation == generation
+    )
+
+
+def awaits_upstream(status: SlurmJobStatus) -> bool:
+    """A job queued in Slurm behind its upstreams' jobs (`Attempt.dependencies`): to be
+    repointed or cancelled as they change."""
+    attempt = status.current_attempt
+    return (
+        attempt is not None
+        and bool(attempt.dependencies)
+        and attempt.started_at is None
+        and status.phase is Phase.QUEUED
+    )
 
 
 # -- spec.suspend ---------------------------------------------------------------------------

@@ -100,8 +100,15 @@ def _phase(upstream: Upstream) -> str:
     return upstream.phase.value if upstream.phase is not None else "new"
 
 
-def resolve(deps: Sequence[Dependency], upstreams: Mapping[str, Upstream | None]) -> Resolution:
-    """What to do with a dependent that has submitted nothing yet."""
+def resolve(
+    deps: Sequence[Dependency],
+    upstreams: Mapping[str, Upstream | None],
+    *,
+    slurm_allowed: bool = True,
+) -> Resolution:
+    """What to do with a dependent that has submitted nothing yet. `slurm_allowed`: False
+    where Slurm cancels a job whose dependency failed (DependencyParameters=
+    kill_invalid_depend): an upstream that may still be retried is then waited for here."""
     waits: list[str] = []
     slurm: list[AttemptDependency] = []
     for dep in deps:
@@ -118,7 +125,8 @@ def resolve(deps: Sequence[Dependency], upstreams: Mapping[str, Upstream | None]
                 )
             continue
         if (
-            dep.condition is DependencyCondition.SUCCEEDED
+            slurm_allowed
+            and dep.condition is DependencyCondition.SUCCEEDED
             and up.job_id is not None
             and up.attempt is not None
             and up.same_cluster

@@ -56,6 +56,9 @@ class Snapshot:
     accounts: frozenset[str] | None = None
     """Lower-cased; None: accounting does not answer, nothing is checked."""
     qos: frozenset[str] | None = None
+    kills_invalid_dependencies: bool = False
+    """DependencyParameters=kill_invalid_depend: Slurm cancels a job whose dependency can
+    no longer be met, so `afterok` on a job that may be retried cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,18 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
     order, so that a refusal names `spec.pools[i]`."""
     refusals: list[Refusal] = []
     checked: list[str] = []
+    if launch.partition is not None and "," in launch.partition:
+        # A list: Slurm takes the first that can run the job; only one that names no
+        # partition at all is refused.
+        names = [n.strip() for n in launch.partition.split(",") if n.strip()]
+        if any(n in snapshot.partitions for n in names) or not snapshot.partitions:
+            return Verdict(checked=("partition",))
+        known = ", ".join(sorted(snapshot.partitions)[:20])
+        message = (
+            f"none of the partitions {launch.partition} exists on cluster {snapshot.cluster}"
+            f" (partitions: {known})"
+        )
+        return Verdict(refusals=(Refusal("spec.partition", message),), checked=("partition",))
     partition = _partition_of(launch, snapshot)
     if partition is None:
         if launch.partition is None or not snapshot.partitions:

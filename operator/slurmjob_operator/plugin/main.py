@@ -202,7 +202,8 @@ class Writer:
 
 
 def _note(err: TextIO, text: str) -> None:
-    err.write(f"note: {text}\n")
+    # Notes carry what others wrote (a status message, an operator's or proxy's answer).
+    err.write(f"note: {printable(text)}\n")
     err.flush()
 
 
@@ -454,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except PluginError as exc:
-        err.write(f"error: {exc}\n")
+        err.write(f"error: {printable(str(exc))}\n")
         return EXIT_ERROR
 
 

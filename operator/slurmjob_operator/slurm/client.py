@@ -52,10 +52,11 @@ from slurmjob_operator.slurm.exchange import OnRequest, Requester
 from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
 from slurmjob_operator.slurm.nodes import (
+    ConfFacts,
     NodeInfo,
     PartitionInfo,
+    parse_conf,
     parse_dbd_queue,
-    parse_enforce,
     parse_names,
     parse_nodes,
     parse_partition_names,
@@ -378,19 +379,21 @@ class SlurmClient:
         return answer.parse(parse_partition_names, template)
 
     async def partitions(self) -> list[PartitionInfo]:
-        """Every partition with its state and limits."""
+        """Every partition with its state and limits, hidden ones included (`flags=ALL`,
+        v0.0.40+; v0.0.38 shows those the operator's user may see)."""
         template = self._slurm("/partitions")
-        answer = await self._rest.call("GET", template, template)
+        params = None if self.version == "v0.0.38" else [("flags", "ALL")]
+        answer = await self._rest.call("GET", template, template, params=params)
         return answer.parse(parse_partitions, template)
 
-    async def accounting_enforced(self) -> frozenset[str] | None:
-        """slurmctld's `AccountingStorageEnforce` (`GET /conf`, served from v0.0.45); None
-        where this version does not serve it."""
+    async def conf(self) -> ConfFacts | None:
+        """What slurmctld's configuration says that submissions depend on (`GET /conf`,
+        served from v0.0.45); None where this version does not serve it."""
         if self.version != "v0.0.45":
             return None
         template = self._slurm("/conf")
         answer = await self._rest.call("GET", template, template)
-        return answer.parse(parse_enforce, template)
+        return answer.parse(parse_conf, template)
 
     async def account_names(self) -> frozenset[str]:
         """The accounts slurmdbd knows (lower-cased); needs accounting."""

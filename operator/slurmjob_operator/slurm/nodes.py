@@ -175,12 +175,33 @@ def parse_names(key: str) -> Callable[[Mapping[str, Any]], frozenset[str]]:
     return parse
 
 
-def parse_enforce(payload: Mapping[str, Any]) -> frozenset[str]:
-    """`AccountingStorageEnforce` of `GET /conf` (lower-cased words; a list, or a comma
-    string as slurm.conf writes it)."""
+class ConfFacts(BaseModel):
+    """Words of slurm.conf (lower-cased) that decide what may be checked before submit."""
+
+    model_config = ConfigDict(frozen=True)
+
+    enforce: frozenset[str] = frozenset()
+    """AccountingStorageEnforce."""
+    private_data: frozenset[str] = frozenset()
+    """PrivateData: what a non-admin user cannot list (accounts, ...)."""
+    dependency_parameters: frozenset[str] = frozenset()
+    """DependencyParameters (kill_invalid_depend, ...)."""
+
+
+def _conf_words(conf: Mapping[str, Any], key: str) -> frozenset[str]:
+    return frozenset(n.lower() for n in _names(conf.get(key)))
+
+
+def parse_conf(payload: Mapping[str, Any]) -> ConfFacts:
+    """`GET /conf`'s words of interest (a list, or a comma string as slurm.conf writes it)."""
     conf = payload.get("slurm_conf")
-    value = conf.get("AccountingStorageEnforce") if isinstance(conf, Mapping) else None
-    return frozenset(n.lower() for n in _names(value))
+    if not isinstance(conf, Mapping):
+        return ConfFacts()
+    return ConfFacts(
+        enforce=_conf_words(conf, "AccountingStorageEnforce"),
+        private_data=_conf_words(conf, "PrivateData"),
+        dependency_parameters=_conf_words(conf, "DependencyParameters"),
+    )
 
 
 def parse_dbd_queue(payload: Mapping[str, Any]) -> int | None:

@@ -234,6 +234,12 @@ def read_from(
         raw = read_at_most(fd, back + max_bytes, start - back)
     finally:
         os.close(fd)
+    # An offset inside a character (anyone may send one) starts at that character instead:
+    # a secret split into two replacement characters would escape its redaction.
+    for _ in range(3):
+        if back > 0 and back < len(raw) and raw[back] & 0xC0 == 0x80:
+            back -= 1
+            start -= 1
     before, data = raw[:back], raw[back:]
     full = len(data) >= max_bytes
     cut = follow_cut(data, full=full, complete=complete)
