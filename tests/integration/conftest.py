@@ -99,3 +99,12 @@ def slurm(request: pytest.FixtureRequest) -> SlurmTestbed:
     fixture = "slurm_2205" if request.param == "22.05" else "slurm_2605"
     testbed: SlurmTestbed = request.getfixturevalue(fixture)
     return testbed
+
+
+@pytest.fixture(scope="module")
+def crd(request: pytest.FixtureRequest) -> None:
+    """The CRD of this release, applied once per module (the upgrade test applies an older
+    one, so every module asks for it again)."""
+    bed: KubeTestbed = request.getfixturevalue("kube")
+    bed.apply(Path(__file__).resolve().parents[2] / "crds/slurmjob.io_slurmjobs.yaml")
+    bed.wait_established("slurmjobs.slurmjob.io")

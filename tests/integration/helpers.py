@@ -32,6 +32,14 @@ def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> di
     return spec
 
 
+#: A retry rule for exit code 3, once: what the tests make fail on purpose.
+RETRY_EXIT_3 = {
+    "limit": 1,
+    "backoffSeconds": 0,
+    "rules": [{"action": "Retry", "onExitCodes": {"operator": "In", "values": [3]}}],
+}
+
+
 def het_pools(second_series: str = "a100") -> list[dict[str, Any]]:
     """Two one-node pools of 2 GPUs: "policy" on h100, "rollout" on ``second_series``."""
     return [

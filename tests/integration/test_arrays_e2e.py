@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import cpu_spec
-from tests.integration.test_operator_e2e import CRD, Operator, _operator
+from tests.integration.helpers import RETRY_EXIT_3, cpu_spec
+from tests.integration.test_operator_e2e import Operator, _operator
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
@@ -50,18 +50,6 @@ if [ "$i" = 5 ] || [ "$i" = 13 ]; then
 fi
 echo "task $i ok (attempt $SLURMJOB_ATTEMPT)"
 """
-
-RETRY_EXIT_3 = {
-    "limit": 1,
-    "backoffSeconds": 0,
-    "rules": [{"action": "Retry", "onExitCodes": {"operator": "In", "values": [3]}}],
-}
-
-
-@pytest.fixture(scope="module")
-def crd(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
 
 
 @pytest.fixture(scope="module")

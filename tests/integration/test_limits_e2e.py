@@ -20,36 +20,27 @@ from typing import Any
 import pytest
 from tests.integration.helpers import OPERATOR, cpu_spec
 from tests.integration.sitefiles import site_env
-from tests.integration.test_operator_e2e import CRD, Operator, _condition, _operator
+from tests.integration.test_operator_e2e import (
+    RELEASES,
+    Operator,
+    _condition,
+    _operator,
+    testbed_of,
+)
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SHORT_MAX_TIME, SHORT_PARTITION, SlurmTestbed
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def crd(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param("26.05", marks=pytest.mark.slurm2605),
-        pytest.param("22.05", marks=pytest.mark.slurm2205),
-    ],
-)
+@pytest.fixture(scope="module", params=RELEASES)
 def limits_op(
     request: pytest.FixtureRequest,
     kube: KubeTestbed,
     crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    testbed: SlurmTestbed = request.getfixturevalue(
-        "slurm_2605" if request.param == "26.05" else "slurm_2205"
-    )
-    yield from _operator(kube, testbed, tmp_path_factory.mktemp("limits"))
+    yield from _operator(kube, testbed_of(request), tmp_path_factory.mktemp("limits"))
 
 
 @pytest.fixture(scope="module")
