@@ -19,7 +19,7 @@ from tests.integration.test_operator_e2e import (
     Operator,
     _condition,
     _operator,
-    testbed_of,
+    release_testbed,
 )
 from tests.k8s.kube import KubeTestbed
 
@@ -33,7 +33,7 @@ def deps_op(
     crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    yield from _operator(kube, testbed_of(request), tmp_path_factory.mktemp("deps"))
+    yield from _operator(kube, release_testbed(request), tmp_path_factory.mktemp("deps"))
 
 
 def _attempts(obj: dict[str, Any]) -> list[dict[str, Any]]:

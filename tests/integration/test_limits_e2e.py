@@ -25,7 +25,7 @@ from tests.integration.test_operator_e2e import (
     Operator,
     _condition,
     _operator,
-    testbed_of,
+    release_testbed,
 )
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SHORT_MAX_TIME, SHORT_PARTITION, SlurmTestbed
@@ -40,7 +40,7 @@ def limits_op(
     crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    yield from _operator(kube, testbed_of(request), tmp_path_factory.mktemp("limits"))
+    yield from _operator(kube, release_testbed(request), tmp_path_factory.mktemp("limits"))
 
 
 @pytest.fixture(scope="module")

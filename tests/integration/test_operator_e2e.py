@@ -169,14 +169,14 @@ def crd(kube: KubeTestbed) -> None:
     kube.wait_established("slurmjobs.slurmjob.io")
 
 
-#: Both releases, for a module fixture parametrised over them (see `testbed_of`).
+#: Both releases, for a module fixture parametrised over them (see `release_testbed`).
 RELEASES = [
     pytest.param("26.05", marks=pytest.mark.slurm2605),
     pytest.param("22.05", marks=pytest.mark.slurm2205),
 ]
 
 
-def testbed_of(request: pytest.FixtureRequest) -> SlurmTestbed:
+def release_testbed(request: pytest.FixtureRequest) -> SlurmTestbed:
     """The cluster of a fixture parametrised over `RELEASES`."""
     testbed: SlurmTestbed = request.getfixturevalue(
         "slurm_2605" if request.param == "26.05" else "slurm_2205"
