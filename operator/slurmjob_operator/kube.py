@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
@@ -39,6 +39,29 @@ class SecretError(LookupError):
 
 #: TokenReviews and SubjectAccessReviews in flight at once (the log endpoint's).
 REVIEWS_AT_ONCE = 8
+
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+
+
+class WorkloadError(RuntimeError):
+    """A Kueue Workload could not be read or written (Kueue not installed, refused)."""
+
+
+@runtime_checkable
+class WorkloadStore(Protocol):
+    """Where Kueue's Workloads are read and written (`KubeApi`; not the local runner)."""
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def set_workload_conditions(
+        self, workload: Mapping[str, Any], conditions: list[dict[str, Any]]
+    ) -> bool: ...
+
+    async def delete_workload(self, namespace: str, name: str) -> None: ...
 
 
 class ReviewUnavailable(RuntimeError):
@@ -143,6 +166,72 @@ class KubeApi:
             raise
         result: dict[str, Any] = obj
         return result
+
+    # -- Kueue Workloads (only when a SlurmJob names a LocalQueue) ------------------------
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = await self._custom.get_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise WorkloadError(f"Workload {namespace}/{name}: HTTP {exc.status}") from None
+        result: dict[str, Any] = obj
+        return result
+
+    async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = str(body["metadata"]["namespace"])
+        try:
+            obj = await self._custom.create_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", dict(body)
+            )
+        except ApiException as exc:
+            if exc.status == 409:  # made by a previous leader: read it
+                found = await self.get_workload(namespace, str(body["metadata"]["name"]))
+                if found is not None:
+                    return found
+            raise WorkloadError(
+                f"Workload {namespace}/{body['metadata']['name']}: HTTP {exc.status} {exc.reason}"
+            ) from None
+        result: dict[str, Any] = obj
+        return result
+
+    async def set_workload_conditions(
+        self, workload: Mapping[str, Any], conditions: list[dict[str, Any]]
+    ) -> bool:
+        """Write the Workload's status conditions, on the version read (False: it changed or
+        is gone meanwhile; read it again)."""
+        meta = workload.get("metadata") or {}
+        body = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            "status": {"conditions": conditions},
+        }
+        try:
+            await self._custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                str(meta.get("namespace")),
+                "workloads",
+                str(meta.get("name")),
+                body,
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise WorkloadError(f"Workload {meta.get('name')}: HTTP {exc.status}") from None
+        return True
+
+    async def delete_workload(self, namespace: str, name: str) -> None:
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise WorkloadError(f"Workload {namespace}/{name}: HTTP {exc.status}") from None
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str:
         try:

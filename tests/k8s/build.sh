@@ -3,7 +3,9 @@
 #   * kube-apiserver and kubectl from k8s.io/kubernetes (wrapper module gomod/kube, whose go.mod
 #     sends every staging module k8s.io/X to its published v0.X.Y release);
 #   * etcd from go.etcd.io/etcd/server/v3 (wrapper module gomod/etcd);
-#   * helm from helm.sh/helm/v3 (wrapper module gomod/helm).
+#   * helm from helm.sh/helm/v3 (wrapper module gomod/helm);
+#   * Kueue's manager from sigs.k8s.io/kueue (wrapper module gomod/kueue), with its CRDs copied
+#     from the module next to the binary (crds/).
 # Versions come from the wrapper go.mod files; each binary is cached once under
 #   /var/cache/slurmjob-testbed/k8s/<component>-<version>/<component>
 # and skipped when present. Daemons are started by tests/k8s/kube.py, not here.
@@ -47,6 +49,7 @@ K8S_VERSION=$(modver kube k8s.io/kubernetes)
 ETCD_VERSION=$(modver etcd go.etcd.io/etcd/server/v3)
 HELM_VERSION=$(modver helm helm.sh/helm/v3)
 HELM_CLIENT_GO=$(modver helm k8s.io/client-go)
+KUEUE_VERSION=$(modver kueue sigs.k8s.io/kueue)
 
 # build <component> <version> <wrapper dir> <package> <go build args...>
 build() {
@@ -71,6 +74,7 @@ build() {
     case $comp in
     kubectl) vargs=(version --client) ;;
     helm) vargs=(version) ;;
+    kueue) vargs=(-help) ;; # no version flag; its flag set answers -help with status 0
     esac
     "$tmp/$comp" "${vargs[@]}" >"$tmp/version.txt" 2>&1 ||
         die "$tmp/$comp ${vargs[*]} failed: $(cat "$tmp/version.txt")"
@@ -111,5 +115,16 @@ for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$helm_minor"
 done
 build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm -ldflags "$helm_ldflags"
+
+build kueue "$KUEUE_VERSION" kueue sigs.k8s.io/kueue/cmd/kueue -ldflags "-s -w"
+kueue_crds="$CACHE/kueue-$KUEUE_VERSION/crds"
+if [[ ! -f $kueue_crds/kueue.x-k8s.io_workloads.yaml ]]; then
+    src="$(cd "$GOMOD/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config/components/crd/bases"
+    [[ -d $src ]] || die "Kueue's CRDs are not in the module ($src)"
+    rm -rf "$kueue_crds.tmp" && mkdir -p "$kueue_crds.tmp"
+    cp "$src"/*.yaml "$kueue_crds.tmp/" && chmod 0644 "$kueue_crds.tmp"/*.yaml
+    mv "$kueue_crds.tmp" "$kueue_crds"
+    log "kueue $KUEUE_VERSION: CRDs copied from $src"
+fi
 
 log "all binaries ready in $((SECONDS - t_all)) s under $CACHE"

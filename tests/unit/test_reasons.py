@@ -85,6 +85,8 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     out.append((following.observed(QUEUED, unwritable, 1, NOW).status, False))
     # spec.dependsOn (controller/submission.py).
     out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_DEPENDENCY, "w", 1, NOW).status, False))
+    # Kueue (controller/submission.py).
+    out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_ADMISSION, "k", 1, NOW).status, False))
     out.append(
         (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
     )

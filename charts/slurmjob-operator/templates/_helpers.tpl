@@ -103,6 +103,15 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.kueue.enabled }}
+# Kueue: one Workload per SlurmJob labelled with a LocalQueue, deleted with it (docs/kueue.md).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
 
 {{/* Settings that cannot work together fail the render with the value named. */}}

@@ -44,6 +44,7 @@ class ResourceView:
     status: SlurmJobStatus
     # Kept for the spec's lazy parse only: most reads (the poller's) never need the spec.
     _raw_spec: Any = field(repr=False, compare=False)
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> ResourceView:
@@ -57,6 +58,9 @@ class ResourceView:
             deleting=bool(meta.get("deletionTimestamp")),
             status=SlurmJobStatus.parse(body.get("status")),
             _raw_spec=body.get("spec"),
+            labels=MappingProxyType(
+                {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            ),
         )
 
     @cached_property
@@ -131,7 +135,13 @@ class ResourceView:
     def with_status(self, status: SlurmJobStatus) -> ResourceView:
         """The same resource after a status write (the spec parse is not repeated)."""
         new = ResourceView(
-            self.ref, self.generation, self.annotations, self.deleting, status, self._raw_spec
+            self.ref,
+            self.generation,
+            self.annotations,
+            self.deleting,
+            status,
+            self._raw_spec,
+            self.labels,
         )
         if "_parsed" in self.__dict__:
             new.__dict__["_parsed"] = self.__dict__["_parsed"]

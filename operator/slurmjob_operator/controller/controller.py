@@ -17,6 +17,7 @@ from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.registry import Registry, Tracked
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
@@ -24,7 +25,7 @@ from slurmjob_operator.controller.submission import Submission
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.kube import ResourceStore
+from slurmjob_operator.kube import ResourceStore, WorkloadStore
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
@@ -81,6 +82,10 @@ class Controller:
             settings.submit_concurrency, on_waiting=metrics.waiting_submissions.set
         )
         self._dependencies = Dependencies(kube, self.clusters, self.name, self.reconcile)
+        # Kueue's Workloads, where the store can hold them (not the local runner's files).
+        self._queues = Queues(kube) if isinstance(kube, WorkloadStore) else None
+        if self._queues is not None:
+            self._edge.after_phase = self._queues.observed
         self._submission = Submission(
             settings,
             self.site,
@@ -93,10 +98,12 @@ class Controller:
             limiter=self.submit_slots,
             clusters=self.clusters,
             dependencies=self._dependencies,
+            queues=self._queues,
         )
         self._deletion = Deletion(
             settings, self._edge, self.slurm, self._following, self.site, self.slurm_as
         )
+        self._deletion.queues = self._queues
 
     async def slurm(self) -> SlurmClient:
         """The operator's own client, connected (and the version chosen) on first use."""

@@ -17,6 +17,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following, refuse_stranger
 from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.arrays import shown_index
@@ -47,6 +48,7 @@ class Deletion:
         self._site = site
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
+        self.queues: Queues | None = None
 
     async def _client_as(self, user: str | None) -> SlurmClient:
         return await (self.slurm() if self._slurm_as is None else self._slurm_as(user))
@@ -81,6 +83,8 @@ class Deletion:
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )
+            if self.queues is not None:
+                await self.queues.delete(view)  # the quota is released with the job
         self.edge.forget(ref)
 
     async def _end_job(self, ref: ObjectRef, client: SlurmClient, attempt: Attempt) -> None:

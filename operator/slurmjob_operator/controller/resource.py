@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
@@ -49,6 +50,8 @@ class ResourceEdge:
         self.registry = registry
         self._locks: dict[str, asyncio.Lock] = {}
         self._secrets: dict[str, dict[str, str]] = {}
+        # Told of every phase change written (Kueue's Workload follows the job's phase).
+        self.after_phase: Callable[[ResourceView, SlurmJobStatus], Awaitable[None]] | None = None
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -73,6 +76,8 @@ class ResourceEdge:
         for event in transition.events:
             await self.event(ref, event.type, event.reason, event.message)
         self.registry.observe(ref, new)
+        if self.after_phase is not None and old.phase != new.phase:
+            await self.after_phase(view, new)
         return view.with_status(new)
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:

@@ -38,6 +38,7 @@ from slurmjob_operator.controller.pipeline import (
     stage,
     verify_runtime,
 )
+from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
@@ -61,6 +62,7 @@ from slurmjob_operator.core.decisions import (
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
 from slurmjob_operator.core.following import dependency_failed, dependency_repointed
 from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
+from slurmjob_operator.core.kueue import Admission, queue_of
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
@@ -166,6 +168,7 @@ class Submission:
         clusters: Clusters | None = None,
         limits: LimitsCache | None = None,
         dependencies: Dependencies | None = None,
+        queues: Queues | None = None,
     ) -> None:
         """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
         `limiter`: the slots submits are made in, by namespace (None: its own); `clusters`:
@@ -191,8 +194,11 @@ class Submission:
         self._limiter = limiter or FairLimiter[str](settings.submit_concurrency)
         self.limits = limits or LimitsCache(self.cluster, slurm, settings.poll_interval)
         self.dependencies = dependencies
+        self.queues = queues
         # How soon a dependent that waits looks again, besides being woken by a change.
         self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
+        # Kueue's admission is looked for this often (no watch on Workloads yet).
+        self._admission_wait = max(1.0, min(10.0, settings.poll_interval))
 
     async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
@@ -228,6 +234,8 @@ class Submission:
         step = next_step(seen.status)
         if awaits_upstream(seen.status) or (seen.depends_on and not _started(seen.status)):
             return None  # the upstreams are read first (a fresh read, before any slot)
+        if queue_of(seen.labels) and step in (Step.SUBMIT, Step.RETRY):
+            return None  # Kueue is asked first (a fresh read, before any slot)
         if step is Step.TRACK and hold_action(seen.status, seen.suspend) is Hold.NOTHING:
             self.edge.observe(seen.ref, seen.status)
             return False
@@ -268,6 +276,8 @@ class Submission:
             upstream: tuple[AttemptDependency, ...] = ()
             if settled_refusal(view.status, view.generation):
                 return False  # final for this generation: only a spec change tries again
+            if not await self._admitted(view):
+                return False
             # Until an attempt has started, every new one (a first, a retry of one that never
             # ran, one after a lost submit) waits on its upstreams as the first did.
             if not _started(view.status):
@@ -575,6 +585,24 @@ class Submission:
         return await self.edge.apply(
             view, proven_absent(view.status, waited, view.generation, utc_now())
         )
+
+    # -- Kueue ----------------------------------------------------------------------------
+
+    async def _admitted(self, view: ResourceView) -> bool:
+        """Whether Kueue admitted the SlurmJob's Workload (always, without the queue label).
+        Not yet: written as WaitingForAdmission, and RetryLater raised."""
+        spec = view.spec
+        if self.queues is None or spec is None or queue_of(view.labels) is None:
+            return True
+        found = await self.queues.admission(view, spec)
+        if found.admission is Admission.ADMITTED:
+            return True
+        text = f"Kueue: {found.message or found.reason or found.admission.value}"
+        await self.edge.apply(
+            view,
+            waiting(view.status, Reason.WAITING_FOR_ADMISSION, text, view.generation, utc_now()),
+        )
+        raise RetryLater(text, self._admission_wait)
 
     # -- dependencies ---------------------------------------------------------------------
 

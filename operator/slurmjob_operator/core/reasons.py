@@ -78,6 +78,7 @@ class Reason(StrEnum):
     STAGING_NOT_WRITABLE = "StagingNotWritable"
     WAITING_FOR_DEPENDENCY = "WaitingForDependency"
     DEPENDENCY_FAILED = "DependencyFailed"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
 
 
 #: What each reason tells a user.
@@ -133,6 +134,11 @@ REASON_MEANINGS: dict[Reason, str] = {
         "yet (it waits itself, or a retry is scheduled), or whose condition (Failed, Finished) "
         "can only be told once it is final: nothing is submitted yet."
     ),
+    Reason.WAITING_FOR_ADMISSION: (
+        "The SlurmJob names a Kueue LocalQueue (label kueue.x-k8s.io/queue-name) and its "
+        "Workload is not admitted yet: nothing is submitted to Slurm until it is. The message "
+        "is Kueue's."
+    ),
     Reason.DEPENDENCY_FAILED: (
         "An upstream SlurmJob ended in a way that cannot satisfy spec.dependsOn (after its "
         "retries): nothing is submitted, or the job waiting on it in Slurm is cancelled."
@@ -172,6 +178,7 @@ WRITTEN: frozenset[Written] = frozenset(
                 R.SECRET_NOT_FOUND,
                 R.PARTITION_UNAVAILABLE,
                 R.WAITING_FOR_DEPENDENCY,
+                R.WAITING_FOR_ADMISSION,
                 R.SLURM_AUTH_FAILED,
                 R.SLURM_UNAVAILABLE,
                 R.SUBMIT_FAILED,

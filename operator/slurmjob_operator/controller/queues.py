@@ -1,0 +1,103 @@
+"""Kueue's Workload for each SlurmJob that names a LocalQueue (`core.kueue`): made before the
+first submit, asked whether it is admitted before every new attempt, told when the Slurm job
+runs (`PodsReady`) and when it has ended (`Finished`, which releases the quota), and deleted
+with the SlurmJob (the test bed, like some clusters, runs no garbage collector).
+
+A SlurmJob without the label costs nothing here, and the operator runs without Kueue
+installed; one with it waits (`WaitingForAdmission`) while Kueue cannot be asked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from slurmjob_operator import GROUP, VERSION
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Phase, SlurmJobStatus
+from slurmjob_operator.core.kueue import (
+    PRIORITY_LABEL,
+    Admission,
+    Verdict,
+    condition,
+    queue_of,
+    verdict,
+    with_condition,
+    workload_body,
+    workload_name,
+)
+from slurmjob_operator.kube import WorkloadError, WorkloadStore
+from slurmjob_operator.times import rfc3339, utc_now
+
+log = logging.getLogger(__name__)
+
+
+class Queues:
+    def __init__(self, store: WorkloadStore) -> None:
+        self._store = store
+
+    async def admission(self, view: ResourceView, spec: SlurmJobSpec) -> Verdict:
+        """Kueue's verdict on the SlurmJob's Workload, made first when there is none."""
+        queue = queue_of(view.labels)
+        assert queue is not None
+        ref = view.ref
+        name = workload_name(ref.name, ref.uid)
+        try:
+            workload = await self._store.get_workload(ref.namespace, name)
+            if workload is None:
+                body = workload_body(
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
+                    spec,
+                    queue,
+                    view.labels.get(PRIORITY_LABEL),
+                    f"{GROUP}/{VERSION}",
+                )
+                workload = await self._store.create_workload(body)
+                log.info(
+                    "%s/%s: Workload %s made in queue %s", ref.namespace, ref.name, name, queue
+                )
+        except WorkloadError as exc:
+            return Verdict(Admission.WAITING, "KueueUnavailable", str(exc))
+        return verdict(workload)
+
+    async def observed(self, view: ResourceView, status: SlurmJobStatus) -> None:
+        """After a status write: tell Kueue the job runs, or has ended for good."""
+        if queue_of(view.labels) is None or status.phase is None:
+            return
+        if status.phase is Phase.RUNNING:
+            await self._mark(view, "PodsReady", "Running", "the Slurm job runs")
+        elif status.phase.is_terminal and status.next_attempt_at is None:
+            await self._mark(
+                view, "Finished", status.phase.value, status.message or status.phase.value
+            )
+
+    async def _mark(self, view: ResourceView, kind: str, reason: str, message: str) -> None:
+        ref = view.ref
+        name = workload_name(ref.name, ref.uid)
+        for _ in range(3):  # Kueue writes the same status: on a conflict, read it again
+            try:
+                workload = await self._store.get_workload(ref.namespace, name)
+                if workload is None:
+                    return
+                new = condition(kind, reason, message, None, rfc3339(utc_now()))
+                conditions = with_condition(workload, new)
+                if conditions is None or await self._store.set_workload_conditions(
+                    workload, conditions
+                ):
+                    return
+            except WorkloadError as exc:
+                log.warning(
+                    "%s/%s: Workload %s not marked %s: %s", ref.namespace, ref.name, name, kind, exc
+                )
+                return
+
+    async def delete(self, view: ResourceView) -> None:
+        if queue_of(view.labels) is None:
+            return
+        ref = view.ref
+        try:
+            await self._store.delete_workload(ref.namespace, workload_name(ref.name, ref.uid))
+        except WorkloadError as exc:
+            log.warning("%s/%s: Workload not deleted: %s", ref.namespace, ref.name, exc)

@@ -1,0 +1,199 @@
+"""Kueue's admission over SlurmJobs: the Workload the operator owns for each SlurmJob labelled
+with a LocalQueue, and what Kueue's conditions on it mean for the submission.
+
+Kueue's integration library (`jobframework`) is Go only, so the contract is kept here the way
+an external framework keeps it: one Workload per SlurmJob, created and owned by the operator,
+its podSets the job's resources (one per pool; nodes x tasks at once for an array); nothing is
+submitted to Slurm before the Workload is admitted; `PodsReady` once the Slurm job runs;
+`Finished` when it ends, which releases the quota. `spec.suspend` stays the user's own gate;
+Kueue's admission is a second one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.core import naming
+
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta2"
+PLURAL = "workloads"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+#: The SlurmJob a Workload stands for (the operator's own label: owner references are not
+#: garbage-collected on the test bed, and a label lets a person find the pair).
+SLURMJOB_LABEL = "slurmjob.io/slurmjob"
+GPU = "nvidia.com/gpu"
+NAME_MAX = 253
+
+
+def workload_name(name: str, uid: str) -> str:
+    """`slurmjob-<name>-<uid8>`, at most 253 characters (the uid tells two objects of one name
+    apart)."""
+    tail = f"-{naming.uid8(uid)}"
+    head = f"slurmjob-{name}"[: NAME_MAX - len(tail)].rstrip("-.")
+    return head + tail
+
+
+def pod_sets(spec: SlurmJobSpec) -> list[dict[str, Any]]:
+    """One podSet per pool: its nodes (times the tasks of an array that run at once), each
+    asking for the pool's CPUs, memory and GPUs per node."""
+    at_once = 1
+    if spec.array is not None:
+        at_once = min(spec.array.count, spec.array.parallelism or spec.array.count)
+    sets: list[dict[str, Any]] = []
+    for pool in spec.pools:
+        requests: dict[str, str] = {"cpu": str(pool.cpus), "memory": f"{pool.memory_gb}Gi"}
+        if pool.gpus_per_node:
+            requests[GPU] = str(pool.gpus_per_node)
+        sets.append(
+            {
+                "name": pool.name,
+                "count": pool.nodes * at_once,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "slurm", "image": "slurm", "resources": {"requests": requests}}
+                        ],
+                    }
+                },
+            }
+        )
+    return sets
+
+
+def workload_body(
+    namespace: str,
+    name: str,
+    uid: str,
+    spec: SlurmJobSpec,
+    queue: str,
+    priority_class: str | None,
+    api_version: str,
+) -> dict[str, Any]:
+    """The Workload for a SlurmJob, owned by it."""
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(name, uid),
+            "namespace": namespace,
+            "labels": {SLURMJOB_LABEL: name},
+            "ownerReferences": [
+                {
+                    "apiVersion": api_version,
+                    "kind": "SlurmJob",
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"queueName": queue, "active": True, "podSets": pod_sets(spec)},
+    }
+    if priority_class:
+        body["spec"]["priorityClassRef"] = {
+            "group": GROUP,
+            "kind": "WorkloadPriorityClass",
+            "name": priority_class,
+        }
+    return body
+
+
+class Admission(Enum):
+    MISSING = "missing"  # no Workload yet
+    WAITING = "waiting"  # no quota reserved, or reserved and admission checks pending
+    ADMITTED = "admitted"
+    EVICTED = "evicted"  # Kueue asks for the job to stop (preemption, a queue change)
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admission: Admission
+    reason: str = ""
+    message: str = ""
+    cluster_queue: str | None = None
+
+
+def _conditions(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    status = workload.get("status")
+    items = status.get("conditions") if isinstance(status, Mapping) else None
+    out: dict[str, Mapping[str, Any]] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, Mapping) and isinstance(item.get("type"), str):
+            out[item["type"]] = item
+    return out
+
+
+def _true(conds: Mapping[str, Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    cond = conds.get(kind)
+    return cond if cond is not None and cond.get("status") == "True" else None
+
+
+def verdict(workload: Mapping[str, Any] | None) -> Verdict:
+    """What Kueue says of the Workload now."""
+    if workload is None:
+        return Verdict(Admission.MISSING)
+    conds = _conditions(workload)
+    status = workload.get("status")
+    admission = status.get("admission") if isinstance(status, Mapping) else None
+    queue = admission.get("clusterQueue") if isinstance(admission, Mapping) else None
+    queue = queue if isinstance(queue, str) else None
+    if (done := _true(conds, "Finished")) is not None:
+        return Verdict(
+            Admission.FINISHED, str(done.get("reason", "")), str(done.get("message", ""))
+        )
+    if (evicted := _true(conds, "Evicted")) is not None:
+        return Verdict(
+            Admission.EVICTED,
+            str(evicted.get("reason", "")),
+            str(evicted.get("message", "")),
+            queue,
+        )
+    if _true(conds, "Admitted") is not None and _true(conds, "QuotaReserved") is not None:
+        return Verdict(Admission.ADMITTED, "Admitted", "", queue)
+    pending = conds.get("QuotaReserved") or {}
+    message = str(pending.get("message") or "waiting for quota in its ClusterQueue")
+    return Verdict(Admission.WAITING, str(pending.get("reason") or "Pending"), message, queue)
+
+
+def condition(
+    kind: str, reason: str, message: str, generation: int | None, now: str
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": now,
+        **({"observedGeneration": generation} if generation is not None else {}),
+    }
+
+
+def with_condition(
+    workload: Mapping[str, Any], new: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    """The Workload's conditions with `new` set; None when it is set already (nothing to
+    write)."""
+    status = workload.get("status")
+    items = status.get("conditions") if isinstance(status, Mapping) else None
+    current = [dict(c) for c in items if isinstance(c, Mapping)] if isinstance(items, list) else []
+    for cond in current:
+        if cond.get("type") == new["type"]:
+            if cond.get("status") == new["status"] and cond.get("reason") == new["reason"]:
+                return None
+            cond.update(new)
+            return current
+    return [*current, dict(new)]
+
+
+def queue_of(labels: Mapping[str, str]) -> str | None:
+    queue = labels.get(QUEUE_LABEL)
+    return queue if queue else None

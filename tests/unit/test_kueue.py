@@ -1,0 +1,137 @@
+"""Kueue's Workload for a SlurmJob, and what its conditions mean (tables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.core.kueue import (
+    Admission,
+    pod_sets,
+    queue_of,
+    verdict,
+    with_condition,
+    workload_body,
+    workload_name,
+)
+
+from .controller_fakes import cpu_spec
+
+UID = "1a2b3c4d-0000-0000-0000-000000000000"
+
+
+def gpu_spec(**extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-sif"},
+        "command": ["train"],
+        "pools": [
+            {"name": "a", "gpuSeries": "h100", "nodes": 2, "gpusPerNode": 8, "cpus": 32,
+             "memoryGb": 512},
+            {"name": "b", "gpuSeries": "a100", "nodes": 1, "gpusPerNode": 4, "cpus": 16,
+             "memoryGb": 256},
+        ],
+    }  # fmt: skip
+    spec.update(extra)
+    return spec
+
+
+def test_one_podset_per_pool_with_its_nodes_and_requests() -> None:
+    sets = pod_sets(parse_spec(gpu_spec()))
+    assert [(s["name"], s["count"]) for s in sets] == [("a", 2), ("b", 1)]
+    [container] = sets[0]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == {
+        "cpu": "32",
+        "memory": "512Gi",
+        "nvidia.com/gpu": "8",
+    }
+    assert (
+        "nvidia.com/gpu"
+        not in (
+            pod_sets(parse_spec(cpu_spec()))[0]["template"]["spec"]["containers"][0]["resources"][
+                "requests"
+            ]
+        )
+    )
+
+
+def test_an_array_asks_for_the_tasks_that_run_at_once() -> None:
+    spec = parse_spec(cpu_spec(array={"count": 20, "parallelism": 3}))
+    assert pod_sets(spec)[0]["count"] == 3
+    assert pod_sets(parse_spec(cpu_spec(array={"count": 4})))[0]["count"] == 4
+
+
+def test_the_workload_is_owned_by_the_slurmjob_and_names_its_queue() -> None:
+    body = workload_body(
+        "team-a", "train", UID, parse_spec(cpu_spec()), "lq", "high", "slurmjob.io/v1alpha1"
+    )
+    assert body["metadata"]["name"] == "slurmjob-train-1a2b3c4d"
+    [owner] = body["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("SlurmJob", UID, True)
+    assert body["spec"]["queueName"] == "lq"
+    assert body["spec"]["priorityClassRef"]["name"] == "high"
+    assert (
+        "priorityClassRef"
+        not in workload_body(
+            "team-a", "train", UID, parse_spec(cpu_spec()), "lq", None, "slurmjob.io/v1alpha1"
+        )["spec"]
+    )
+
+
+def test_workload_names_are_bounded() -> None:
+    name = workload_name("x" * 253, UID)
+    assert len(name) <= 253
+    assert name.endswith("-1a2b3c4d")
+
+
+def _wl(*conds: tuple[str, str], reason: str = "r", message: str = "m") -> dict[str, Any]:
+    return {
+        "status": {
+            "conditions": [
+                {"type": t, "status": s, "reason": reason, "message": message} for t, s in conds
+            ],
+            "admission": {"clusterQueue": "cq"},
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("workload", "admission"),
+    [
+        (None, Admission.MISSING),
+        ({}, Admission.WAITING),
+        (_wl(("QuotaReserved", "False")), Admission.WAITING),
+        (_wl(("QuotaReserved", "True")), Admission.WAITING),  # admission checks pending
+        (_wl(("QuotaReserved", "True"), ("Admitted", "True")), Admission.ADMITTED),
+        (
+            _wl(("QuotaReserved", "True"), ("Admitted", "True"), ("Evicted", "True")),
+            Admission.EVICTED,
+        ),
+        (_wl(("Finished", "True"), ("Admitted", "True")), Admission.FINISHED),
+        ({"status": {"conditions": "garbage"}}, Admission.WAITING),
+        ({"status": {"conditions": [7, {"type": 3}]}}, Admission.WAITING),
+    ],
+)
+def test_what_kueues_conditions_mean(workload: dict[str, Any] | None, admission: Admission) -> None:
+    assert verdict(workload).admission is admission
+
+
+def test_kueues_message_is_kept_while_waiting() -> None:
+    found = verdict(_wl(("QuotaReserved", "False"), message="insufficient unused quota for cpu"))
+    assert found.message == "insufficient unused quota for cpu"
+    assert verdict(_wl(("QuotaReserved", "True"), ("Admitted", "True"))).cluster_queue == "cq"
+
+
+def test_a_condition_is_written_once() -> None:
+    new = {"type": "Finished", "status": "True", "reason": "Succeeded", "message": "x"}
+    first = with_condition(_wl(("Admitted", "True")), new)
+    assert first is not None
+    assert [c["type"] for c in first] == ["Admitted", "Finished"]
+    assert with_condition({"status": {"conditions": first}}, new) is None
+
+
+def test_the_queue_label() -> None:
+    assert queue_of({"kueue.x-k8s.io/queue-name": "lq"}) == "lq"
+    assert queue_of({"kueue.x-k8s.io/queue-name": ""}) is None
+    assert queue_of({}) is None
