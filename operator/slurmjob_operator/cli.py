@@ -109,6 +109,11 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     _check_site(settings)
     import slurmjob_operator.handlers  # noqa: F401  (registers the handlers)
 
+    if settings.kueue:
+        from slurmjob_operator.handlers import workloads
+
+        workloads.register()
+
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
@@ -118,7 +123,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandler())
     # One watch stream per namespace (or one for all): the login handler's session keeps a
     # connection for each besides its bounded pool.
-    streams = len(args.namespace) or 1
+    streams = (len(args.namespace) or 1) * (2 if settings.kueue else 1)
     if args.no_leader_election or not settings.leader_election:
         kopf.run(
             standalone=True,

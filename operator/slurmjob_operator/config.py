@@ -272,6 +272,15 @@ class Settings(BaseSettings):
         max_length=253,
         description="Address the log endpoint listens on.",
     )
+    kueue: bool = Field(
+        default=False,
+        description=(
+            "Watch Kueue's Workloads (kueue.x-k8s.io/v1beta2): a SlurmJob labelled "
+            "kueue.x-k8s.io/queue-name is then reconciled as soon as Kueue admits or evicts "
+            "it. Without it, admission is looked for every poll interval and evictions are not "
+            "acted on. The chart sets it with kueue.enabled."
+        ),
+    )
     leader_election: bool = Field(
         default=True,
         description=(

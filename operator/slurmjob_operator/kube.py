@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import itertools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +46,16 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 
 
+def _api_message(exc: ApiException) -> str:
+    """The apiserver's own words of a refusal (its Status message), bounded."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message)[:2048] if message else ""
+
+
 class WorkloadError(RuntimeError):
     """A Kueue Workload could not be read or written (Kueue not installed, refused)."""
 
@@ -57,11 +68,13 @@ class WorkloadStore(Protocol):
 
     async def create_workload(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
-    async def set_workload_conditions(
-        self, workload: Mapping[str, Any], conditions: list[dict[str, Any]]
+    async def set_workload_status(
+        self, workload: Mapping[str, Any], status: Mapping[str, Any]
     ) -> bool: ...
 
     async def delete_workload(self, namespace: str, name: str) -> None: ...
+
+    async def workload_priority(self, name: str) -> int | None: ...
 
 
 class ReviewUnavailable(RuntimeError):
@@ -193,20 +206,36 @@ class KubeApi:
                 if found is not None:
                     return found
             raise WorkloadError(
-                f"Workload {namespace}/{body['metadata']['name']}: HTTP {exc.status} {exc.reason}"
+                f"Workload {namespace}/{body['metadata']['name']}: HTTP {exc.status} "
+                f"{exc.reason}: {_api_message(exc)}"
             ) from None
         result: dict[str, Any] = obj
         return result
 
-    async def set_workload_conditions(
-        self, workload: Mapping[str, Any], conditions: list[dict[str, Any]]
+    async def workload_priority(self, name: str) -> int | None:
+        """The value of WorkloadPriorityClass `name` (None when there is none): Kueue's
+        defaulting webhook sets a Workload's priority from it, which a Workload made by the
+        operator must carry itself."""
+        try:
+            obj = await self._custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise WorkloadError(f"WorkloadPriorityClass {name}: HTTP {exc.status}") from None
+        value = obj.get("value") if isinstance(obj, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    async def set_workload_status(
+        self, workload: Mapping[str, Any], status: Mapping[str, Any]
     ) -> bool:
-        """Write the Workload's status conditions, on the version read (False: it changed or
-        is gone meanwhile; read it again)."""
+        """Merge-patch the Workload's status, on the version read (False: it changed or is
+        gone meanwhile; read it again)."""
         meta = workload.get("metadata") or {}
         body = {
             "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"conditions": conditions},
+            "status": dict(status),
         }
         try:
             await self._custom.patch_namespaced_custom_object_status(

@@ -37,13 +37,19 @@ def queued(
     start_kueue(kube)
     tag = uuid.uuid4().hex[:6]
     cq, flavor = f"sj-cq-{tag}", f"sj-flavor-{tag}"
-    for op in _operator(kube, slurm_2605, tmp_path_factory.mktemp("kueue")):
+    env = {"SLURMJOB_KUEUE": "true"}
+    for op in _operator(kube, slurm_2605, tmp_path_factory.mktemp("kueue"), **env):
         queues = [
             {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
              "metadata": {"name": flavor}},
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+             "metadata": {"name": f"low-{tag}"}, "value": 100},
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+             "metadata": {"name": f"high-{tag}"}, "value": 1000},
             {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
              "metadata": {"name": cq},
-             "spec": {"namespaceSelector": {"matchLabels": {
+             "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
+                 "namespaceSelector": {"matchLabels": {
                  "kubernetes.io/metadata.name": op.namespace}},
                  "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [
                      {"name": flavor, "resources": [
@@ -55,19 +61,24 @@ def queued(
         ]  # fmt: skip
         kube.apply(yaml.safe_dump_all(queues))
         try:
-            yield op, cq
+            yield op, tag
         finally:
             kube.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
             kube.kubectl("delete", "resourceflavor", flavor, "--wait=false", check=False)
+            for cls in (f"low-{tag}", f"high-{tag}"):
+                kube.kubectl("delete", "workloadpriorityclass", cls, "--wait=false", check=False)
             if not keep_requested():
                 stop_kueue()
 
 
-def _apply(op: Operator, name: str, spec: dict[str, Any]) -> None:
+def _apply(op: Operator, name: str, spec: dict[str, Any], priority: str | None = None) -> None:
+    labels = {QUEUE_LABEL: "team"}
+    if priority is not None:
+        labels["kueue.x-k8s.io/priority-class"] = priority
     manifest = {
         "apiVersion": "slurmjob.io/v1alpha1",
         "kind": "SlurmJob",
-        "metadata": {"name": name, "namespace": op.namespace, "labels": {QUEUE_LABEL: "team"}},
+        "metadata": {"name": name, "namespace": op.namespace, "labels": labels},
         "spec": spec,
     }
     op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
@@ -148,3 +159,25 @@ def test_deleting_an_admitted_slurmjob_releases_its_quota(queued: tuple[Operator
     assert op.wait_phase("next", "Succeeded", "Failed", within=120)["status"]["phase"] == (
         "Succeeded"
     )
+
+
+def test_a_higher_priority_job_preempts_and_the_evicted_one_runs_again(
+    queued: tuple[Operator, str],
+) -> None:
+    op, tag = queued
+    _apply(op, "low", cpu_spec(["bash", "-c", "sleep 15; echo low-done"]), f"low-{tag}")
+    op.wait_phase("low", "Running", within=90)
+    _apply(op, "high", cpu_spec(["bash", "-c", "sleep 2; echo high-done"]), f"high-{tag}")
+    high = op.wait_phase("high", "Succeeded", "Failed", within=120)
+    low = op.wait_phase("low", "Succeeded", "Failed", within=180)
+    assert high["status"]["phase"] == "Succeeded", high["status"]
+    assert low["status"]["phase"] == "Succeeded", low["status"]
+    first, second = low["status"]["attempts"]
+    assert first["retryAction"] == "Evicted"  # not a failure, no retry spent
+    assert first["jobId"] != second["jobId"]
+    # The preemptor ran only once the evicted job was gone; the evicted one ran again after.
+    assert _when(high["status"]["startTime"]) >= _when(first["finishedAt"])
+    assert _when(second["submittedAt"]) >= _when(high["status"]["completionTime"])
+    assert "Evicted" in [e["reason"] for e in op.events("low")]
+    jobs = op.slurm_job(first["jobId"])
+    assert all(j.is_final for j in jobs)

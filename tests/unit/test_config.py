@@ -46,6 +46,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_STATUS_TAIL_BYTES", "65536", "status_tail_bytes", 65536),
     ("SLURMJOB_STATUS_TAIL_BYTES", "256", "status_tail_bytes", 256),
     ("SLURMJOB_LEADER_ELECTION", "0", "leader_election", False),
+    ("SLURMJOB_KUEUE", "1", "kueue", True),
     ("SLURMJOB_LEASE_NAME", "ops.lease-1", "lease_name", "ops.lease-1"),
     ("SLURMJOB_LEASE_NAMESPACE", "slurmjob-system", "lease_namespace", "slurmjob-system"),
     ("SLURMJOB_LEASE_IDENTITY", "pod-7f9c", "lease_identity", "pod-7f9c"),

@@ -7,10 +7,13 @@ from typing import Any
 import pytest
 
 from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.core.following import EVICTED_ACTION, evicted
 from slurmjob_operator.core.kueue import (
     Admission,
+    owner_of,
     pod_sets,
     queue_of,
+    reservation_cleared,
     verdict,
     with_condition,
     workload_body,
@@ -71,6 +74,11 @@ def test_the_workload_is_owned_by_the_slurmjob_and_names_its_queue() -> None:
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("SlurmJob", UID, True)
     assert body["spec"]["queueName"] == "lq"
     assert body["spec"]["priorityClassRef"]["name"] == "high"
+    assert body["spec"]["priority"] == 0  # the class's value is the caller's to give
+    with_value = workload_body(
+        "team-a", "train", UID, parse_spec(cpu_spec()), "lq", "high", "slurmjob.io/v1alpha1", 1000
+    )
+    assert with_value["spec"]["priority"] == 1000
     assert (
         "priorityClassRef"
         not in workload_body(
@@ -135,3 +143,55 @@ def test_the_queue_label() -> None:
     assert queue_of({"kueue.x-k8s.io/queue-name": "lq"}) == "lq"
     assert queue_of({"kueue.x-k8s.io/queue-name": ""}) is None
     assert queue_of({}) is None
+
+
+def test_an_evicted_workload_gives_its_quota_back_as_jobframework_does() -> None:
+    workload = _wl(("QuotaReserved", "True"), ("Admitted", "True"), ("Evicted", "True"))
+    workload["metadata"] = {"generation": 3}
+    patch = reservation_cleared(workload, "Preempted", "preempted by high", "2026-12-01T19:00:00Z")
+    assert patch["admission"] is None
+    kinds = {c["type"]: (c["status"], c["reason"]) for c in patch["conditions"]}
+    assert kinds["QuotaReserved"] == ("False", "Pending")
+    assert kinds["Admitted"] == ("False", "NoReservation")
+    assert kinds["Requeued"] == ("True", "Preempted")
+    assert kinds["Evicted"] == ("True", "r")  # Kueue's own, kept
+    assert all(c.get("observedGeneration", 3) == 3 for c in patch["conditions"])
+    other = reservation_cleared(workload, "PodsReadyTimeout", "", "2026-12-01T19:00:00Z")
+    assert {c["type"]: c["status"] for c in other["conditions"]}["Requeued"] == "False"
+
+
+def test_the_slurmjob_of_a_workload_is_its_controller_owner() -> None:
+    body = workload_body("team-a", "train", UID, parse_spec(cpu_spec()), "lq", None, "x/v1")
+    assert owner_of(body) == ("train", UID)
+    assert (
+        owner_of(
+            {
+                "metadata": {
+                    "ownerReferences": [
+                        {"kind": "Job", "name": "j", "uid": "u", "controller": True}
+                    ]
+                }
+            }
+        )
+        is None
+    )
+    assert owner_of({"metadata": {"ownerReferences": "garbage"}}) is None
+    assert owner_of({}) is None
+
+
+def test_an_evicted_attempt_spends_no_retry_and_is_due_at_once() -> None:
+    from datetime import UTC, datetime
+
+    from slurmjob_operator.api.status import Phase
+    from slurmjob_operator.core import reconcile
+
+    now = datetime(2026, 12, 1, 19, 0, tzinfo=UTC)
+    recorded = reconcile.record_attempt(
+        reconcile.SlurmJobStatus(), number=1, job_name="sj", staging_dir="/s", generation=1, now=now
+    ).status
+    queued = reconcile.submitted(recorded, 7, 1, now).status
+    new = evicted(queued, "Preempted", "by high", 1, now).status
+    assert new.phase is Phase.PENDING
+    assert new.next_attempt_at == "2026-12-01T19:00:00Z"
+    assert new.attempts[-1].retry_action == EVICTED_ACTION
+    assert reconcile.next_step(new) is reconcile.Step.RETRY

@@ -88,6 +88,9 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     # Kueue (controller/submission.py).
     out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_ADMISSION, "k", 1, NOW).status, False))
     out.append(
+        (following.evicted(QUEUED, "Preempted", "by a higher priority", 1, NOW).status, False)
+    )
+    out.append(
         (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
     )
     out.append((following.dependency_failed(QUEUED, "x", 1, NOW).status, False))

@@ -107,10 +107,14 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 # Kueue: one Workload per SlurmJob labelled with a LocalQueue, deleted with it (docs/kueue.md).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+# The value of the WorkloadPriorityClass a SlurmJob names (Kueue's webhook would set it).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
 {{- end }}
 {{- end }}
 

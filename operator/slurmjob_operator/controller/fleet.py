@@ -86,6 +86,13 @@ class Fleet:
             return
         await owner.reconcile(ref, view)  # the view parsed here, not parsed again
 
+    async def wake(self, ref: ObjectRef) -> None:
+        """Reconcile `ref` now, from a fresh read (something it depends on changed)."""
+        body = await self.members[0].kube.get(ref.namespace, ref.name)
+        if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
+            return
+        await self.reconcile(ref, body)
+
     async def finalize(self, body: Mapping[str, Any]) -> None:
         view = ResourceView.of(body)
         owner = self.owner(view)

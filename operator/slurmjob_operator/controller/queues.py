@@ -21,6 +21,7 @@ from slurmjob_operator.core.kueue import (
     Verdict,
     condition,
     queue_of,
+    reservation_cleared,
     verdict,
     with_condition,
     workload_body,
@@ -45,14 +46,25 @@ class Queues:
         try:
             workload = await self._store.get_workload(ref.namespace, name)
             if workload is None:
+                priority_class = view.labels.get(PRIORITY_LABEL) or None
+                priority = None
+                if priority_class is not None:
+                    priority = await self._store.workload_priority(priority_class)
+                    if priority is None:
+                        return Verdict(
+                            Admission.WAITING,
+                            "PriorityClassNotFound",
+                            f"WorkloadPriorityClass {priority_class} does not exist",
+                        )
                 body = workload_body(
                     ref.namespace,
                     ref.name,
                     ref.uid,
                     spec,
                     queue,
-                    view.labels.get(PRIORITY_LABEL),
+                    priority_class,
                     f"{GROUP}/{VERSION}",
+                    priority,
                 )
                 workload = await self._store.create_workload(body)
                 log.info(
@@ -81,10 +93,12 @@ class Queues:
                 workload = await self._store.get_workload(ref.namespace, name)
                 if workload is None:
                     return
+                if verdict(workload).admission is Admission.EVICTED:
+                    return  # its job was stopped for Kueue: it runs again once re-admitted
                 new = condition(kind, reason, message, None, rfc3339(utc_now()))
                 conditions = with_condition(workload, new)
-                if conditions is None or await self._store.set_workload_conditions(
-                    workload, conditions
+                if conditions is None or await self._store.set_workload_status(
+                    workload, {"conditions": conditions}
                 ):
                     return
             except WorkloadError as exc:
@@ -92,6 +106,35 @@ class Queues:
                     "%s/%s: Workload %s not marked %s: %s", ref.namespace, ref.name, name, kind, exc
                 )
                 return
+
+    async def give_back(self, view: ResourceView, found: Verdict) -> None:
+        """The evicted Workload's job has stopped: clear its quota reservation, so that Kueue
+        admits what preempted it (and this one again, later)."""
+        ref = view.ref
+        name = workload_name(ref.name, ref.uid)
+        for _ in range(3):
+            workload = await self._store.get_workload(ref.namespace, name)
+            if workload is None or verdict(workload).admission is not Admission.EVICTED:
+                return
+            status = workload.get("status") or {}
+            reserved = any(
+                c.get("type") == "QuotaReserved" and c.get("status") == "True"
+                for c in status.get("conditions") or []
+                if isinstance(c, dict)
+            )
+            if not reserved and status.get("admission") is None:
+                return
+            patch = reservation_cleared(workload, found.reason, found.message, rfc3339(utc_now()))
+            if await self._store.set_workload_status(workload, patch):
+                log.info(
+                    "%s/%s: Workload %s evicted (%s): quota given back",
+                    ref.namespace,
+                    ref.name,
+                    name,
+                    found.reason,
+                )
+                return
+        raise WorkloadError(f"Workload {ref.namespace}/{name} kept changing; not given back yet")
 
     async def delete(self, view: ResourceView) -> None:
         if queue_of(view.labels) is None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt, AttemptDependency, SlurmJobStatus
+from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
@@ -60,7 +60,7 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
-from slurmjob_operator.core.following import dependency_failed, dependency_repointed
+from slurmjob_operator.core.following import dependency_failed, dependency_repointed, evicted
 from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
 from slurmjob_operator.core.kueue import Admission, queue_of
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
@@ -80,7 +80,7 @@ from slurmjob_operator.core.reconcile import (
     unconfirmed,
     waiting,
 )
-from slurmjob_operator.kube import SecretError
+from slurmjob_operator.kube import SecretError, WorkloadError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import ArtifactError
 from slurmjob_operator.site.preflight import PreflightError
@@ -114,6 +114,8 @@ PREPARE_ERRORS = (
     PartitionUnavailable,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
+#: How long (x 0.5 s) an evicted job's end is waited for under its lock before trying later.
+EVICTION_WAIT_ROUNDS = 60
 
 
 def classify(exc: Exception, *, recorded: bool) -> Failure:
@@ -234,8 +236,8 @@ class Submission:
         step = next_step(seen.status)
         if awaits_upstream(seen.status) or (seen.depends_on and not _started(seen.status)):
             return None  # the upstreams are read first (a fresh read, before any slot)
-        if queue_of(seen.labels) and step in (Step.SUBMIT, Step.RETRY):
-            return None  # Kueue is asked first (a fresh read, before any slot)
+        if queue_of(seen.labels):
+            return None  # Kueue is asked first, and an eviction looked for (a fresh read)
         if step is Step.TRACK and hold_action(seen.status, seen.suspend) is Hold.NOTHING:
             self.edge.observe(seen.ref, seen.status)
             return False
@@ -265,6 +267,8 @@ class Submission:
             if step not in (Step.SUBMIT, Step.RETRY):
                 self.edge.observe(ref, view.status)
                 if step is Step.TRACK:
+                    if await self._follow_admission(view):
+                        return False
                     await self._sync_hold(view)
                     await self._follow_dependencies(view)
                 return False
@@ -597,12 +601,72 @@ class Submission:
         found = await self.queues.admission(view, spec)
         if found.admission is Admission.ADMITTED:
             return True
+        if found.admission is Admission.EVICTED:
+            # Its job has ended (no new attempt is made while one runs): give the quota back
+            # if that was not done yet (a crash between the two writes).
+            try:
+                await self.queues.give_back(view, found)
+            except WorkloadError as exc:
+                raise RetryLater(str(exc), self._admission_wait) from exc
         text = f"Kueue: {found.message or found.reason or found.admission.value}"
         await self.edge.apply(
             view,
             waiting(view.status, Reason.WAITING_FOR_ADMISSION, text, view.generation, utc_now()),
         )
         raise RetryLater(text, self._admission_wait)
+
+    async def _follow_admission(self, view: ResourceView) -> bool:
+        """A job Kueue evicted while queued or running in Slurm: cancel it, wait for its end,
+        record the attempt as evicted (not a failure, no retry spent) and give the quota back.
+        True when that was done (nothing else to follow). Raises RetryLater while the job is
+        still ending."""
+        attempt = view.status.current_attempt
+        spec = view.spec
+        if (
+            self.queues is None
+            or spec is None
+            or queue_of(view.labels) is None
+            or attempt is None
+            or attempt.job_id is None
+            or attempt.retry_action is not None
+            # Cancelled: the fold of the job this eviction cancelled may have come first.
+            or view.status.phase not in (Phase.QUEUED, Phase.RUNNING, Phase.CANCELLED)
+        ):
+            return False
+        found = await self.queues.admission(view, spec)
+        if found.admission is not Admission.EVICTED:
+            return False
+        try:
+            acting = await self._acting(view.ref)
+            with contextlib.suppress(SlurmNotFound):
+                await acting.cancel(attempt.job_id)
+            client = await self.slurm()
+            ref = client.lifecycle_ref(attempt.job_id, attempt.sluid)
+            # Waited for here, under the resource's lock: the poller's fold of the cancelled
+            # job must find the attempt evicted, not end the SlurmJob Cancelled.
+            for _ in range(EVICTION_WAIT_ROUNDS):
+                try:
+                    views = await client.get_job(ref)
+                except SlurmNotFound:
+                    break
+                if all(v.is_final for v in views):
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise RetryLater(f"evicted job {attempt.job_id} is still ending", 1.0)
+        except SlurmError as exc:
+            raise RetryLater(f"evicted job {attempt.job_id}: {exc}", self._backoff) from exc
+        # The status first: a fold of the cancelled job must find the attempt evicted, not
+        # end the SlurmJob Cancelled.
+        view = await self.edge.apply(
+            view,
+            evicted(view.status, found.reason, found.message, view.generation, utc_now()),
+        )
+        try:
+            await self.queues.give_back(view, found)
+        except WorkloadError as exc:
+            raise RetryLater(str(exc), self._admission_wait) from exc
+        return True
 
     # -- dependencies ---------------------------------------------------------------------
 

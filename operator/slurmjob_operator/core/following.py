@@ -293,3 +293,40 @@ def dependency_repointed(
     attempt = attempt.model_copy(update={"dependencies": list(records) or None})
     new = status.model_copy(update={"attempts": replace_attempt(status, attempt)})
     return Transition(new, (Event(NORMAL, "DependencyRepointed", message),))
+
+
+def evicted(
+    status: SlurmJobStatus, reason: str, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """Kueue evicted the admitted job and its Slurm job has ended: the attempt is over without
+    spending the retry budget (`retryAction: Evicted`), and the next one is due as soon as
+    Kueue admits the Workload again."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("nothing was submitted")
+    attempt = attempt.model_copy(
+        update={"retry_action": EVICTED_ACTION, "finished_at": attempt.finished_at or rfc3339(now)}
+    )
+    text = f"evicted by Kueue ({reason}): {message}" if message else f"evicted by Kueue ({reason})"
+    new = with_conditions(
+        status,
+        [
+            (READY, "False", Reason.EVICTED, text),
+            (RUNNING, "False", Reason.EVICTED, text),
+        ],
+        generation,
+        now,
+    ).model_copy(
+        update={
+            "phase": Phase.PENDING,
+            "attempts": replace_attempt(status, attempt),
+            "message": text,
+            "next_attempt_at": rfc3339(now),
+            "completion_time": None,
+        }
+    )
+    return Transition(new, (Event(WARNING, Reason.EVICTED, text),))
+
+
+#: An attempt Kueue evicted: not a failure, and not counted against the retry limit.
+EVICTED_ACTION = "Evicted"

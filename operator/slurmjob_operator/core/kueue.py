@@ -75,6 +75,7 @@ def workload_body(
     queue: str,
     priority_class: str | None,
     api_version: str,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The Workload for a SlurmJob, owned by it."""
     body: dict[str, Any] = {
@@ -103,6 +104,8 @@ def workload_body(
             "kind": "WorkloadPriorityClass",
             "name": priority_class,
         }
+        # What Kueue's defaulting webhook would set: the class's value (required with it).
+        body["spec"]["priority"] = priority if priority is not None else 0
     return body
 
 
@@ -197,3 +200,49 @@ def with_condition(
 def queue_of(labels: Mapping[str, str]) -> str | None:
     queue = labels.get(QUEUE_LABEL)
     return queue if queue else None
+
+
+#: Evictions after which Kueue's own job integrations set Requeued=True.
+REQUEUED_EVICTIONS = frozenset({"Preempted", "NodeFailures"})
+
+
+def reservation_cleared(
+    workload: Mapping[str, Any], reason: str, message: str, now: str
+) -> dict[str, Any]:
+    """The status patch that gives an evicted Workload's quota back, once its job has stopped
+    (what jobframework does: Requeued, QuotaReserved=False "Pending", Admitted=False, no
+    admission); without it Kueue never admits the preemptor."""
+    conditions: list[dict[str, Any]] = [
+        dict(c)
+        for c in ((workload.get("status") or {}).get("conditions") or [])
+        if isinstance(c, Mapping) and c.get("type") not in ("Requeued", "QuotaReserved", "Admitted")
+    ]
+    generation = (workload.get("metadata") or {}).get("generation")
+    extra = {"observedGeneration": generation} if isinstance(generation, int) else {}
+    requeued = "True" if reason in REQUEUED_EVICTIONS else "False"
+    conditions += [
+        {"type": "Requeued", "status": requeued, "reason": reason or "Evicted",
+         "message": message[:32768], "lastTransitionTime": now, **extra},
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+         "message": message[:32768], "lastTransitionTime": now, **extra},
+        {"type": "Admitted", "status": "False", "reason": "NoReservation",
+         "message": "The workload has no reservation", "lastTransitionTime": now, **extra},
+    ]  # fmt: skip
+    return {"conditions": conditions, "admission": None}
+
+
+def owner_of(workload: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the SlurmJob a Workload was made for: its controller owner reference of
+    kind SlurmJob, in the Workload's own namespace (owner references cannot cross one)."""
+    meta = workload.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    for ref in refs if isinstance(refs, list) else []:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == "SlurmJob"
+            and ref.get("controller") is True
+            and isinstance(ref.get("name"), str)
+            and isinstance(ref.get("uid"), str)
+        ):
+            return ref["name"], ref["uid"]
+    return None

@@ -79,6 +79,7 @@ class Reason(StrEnum):
     WAITING_FOR_DEPENDENCY = "WaitingForDependency"
     DEPENDENCY_FAILED = "DependencyFailed"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    EVICTED = "Evicted"
 
 
 #: What each reason tells a user.
@@ -138,6 +139,12 @@ REASON_MEANINGS: dict[Reason, str] = {
         "The SlurmJob names a Kueue LocalQueue (label kueue.x-k8s.io/queue-name) and its "
         "Workload is not admitted yet: nothing is submitted to Slurm until it is. The message "
         "is Kueue's."
+    ),
+    Reason.EVICTED: (
+        "Kueue evicted the SlurmJob's Workload (preempted by a higher-priority workload, a "
+        "ClusterQueue change, a PodsReady timeout): its Slurm job was cancelled and its quota "
+        "given back; the next attempt, not counted against the retry limit, is submitted "
+        "once Kueue admits it again."
     ),
     Reason.DEPENDENCY_FAILED: (
         "An upstream SlurmJob ended in a way that cannot satisfy spec.dependsOn (after its "
@@ -208,6 +215,8 @@ WRITTEN: frozenset[Written] = frozenset(
         (C.READY, _F, R.JOB_LOST),
         (C.RUNNING, _F, R.JOB_LOST),
         (C.READY, _F, R.RETRY_SCHEDULED),
+        (C.READY, _F, R.EVICTED),
+        (C.RUNNING, _F, R.EVICTED),
         (C.RUNNING, _F, R.RETRY_SCHEDULED),
         (C.FAILED, _F, R.RETRY_SCHEDULED),
         (C.SUSPENDED, _T, R.SUSPENDED),
