@@ -202,14 +202,18 @@ class KubeTestbed:
         return self.kubectl(*argv, "-f", str(manifest), check=check)
 
     def wait_established(self, crd_name: str, timeout: float = 30) -> None:
-        """Wait until a CustomResourceDefinition is Established (served)."""
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"--timeout={int(timeout)}s",
-            f"crd/{crd_name}",
-            timeout=timeout + 10,
-        )
+        """Wait until a CustomResourceDefinition is Established (served). Polled: `kubectl
+        wait` fails at once on a CRD made a moment ago, whose status has no conditions yet."""
+        deadline = time.monotonic() + timeout
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        last = ""
+        while time.monotonic() < deadline:
+            proc = self.kubectl("get", "crd", crd_name, "-o", jsonpath, check=False)
+            if proc.returncode == 0 and proc.stdout.strip() == "True":
+                return
+            last = (proc.stdout + proc.stderr).strip()
+            time.sleep(0.2)
+        raise TestbedError(f"crd/{crd_name} not Established within {timeout:.0f} s: {last}")
 
     def kubeconfig_for(self, user: str, groups: Sequence[str] = ()) -> Path:
         """A kubeconfig for a non-admin ``user`` (client cert; ``groups`` as its O= fields).

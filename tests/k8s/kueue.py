@@ -18,10 +18,13 @@ version, is what the operator and the tests use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -41,6 +44,9 @@ KUEUE_DIR = BASE / "kueue"
 CERTS = KUEUE_DIR / "certs"
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main.go
 PID_FILE = BASE / "run" / "kueue.pid"
+#: The kube-apiserver pid the running Kueue was started against.
+SERVED_BY = KUEUE_DIR / "apiserver.pid"
+RUN_DIR = BASE / "run"
 LOG_FILE = BASE / "log" / "kueue.log"
 HOST = "127.0.0.1"
 HEALTH_PORT = 28081
@@ -130,10 +136,19 @@ def start_kueue(kube: KubeTestbed, reuse: bool | None = None) -> Kueue:
     kube.wait_established("workloads.kueue.x-k8s.io")
     kube.kubectl("create", "namespace", NAMESPACE, check=False)
     reuse = keep_requested() if reuse is None else reuse
-    if reuse and procs.running("kueue", PID_FILE) and _healthy()[0]:
+    apiserver = (
+        (RUN_DIR / "kube-apiserver.pid").read_text().strip()
+        if (RUN_DIR / "kube-apiserver.pid").is_file()
+        else ""
+    )
+    same_apiserver = SERVED_BY.is_file() and SERVED_BY.read_text().strip() == apiserver
+    if reuse and same_apiserver and procs.running("kueue", PID_FILE) and _healthy()[0]:
         _log("re-using running Kueue")
         return Kueue(version(), LOG_FILE)
+    # A Kueue of an earlier kube-apiserver (a restart wiped its etcd) is not re-used: its
+    # caches describe objects that are gone.
     stop_kueue()
+    _stop_strays(binary)
     _certificates()
     KUEUE_DIR.mkdir(parents=True, exist_ok=True)
     config = KUEUE_DIR / "config.yaml"
@@ -159,6 +174,7 @@ def start_kueue(kube: KubeTestbed, reuse: bool | None = None) -> Kueue:
     log.close()
     _CHILD.append(proc)
     PID_FILE.write_text(f"{proc.pid}\n")
+    SERVED_BY.write_text(f"{apiserver}\n")
 
     def ready() -> bool:
         if proc.poll() is not None:
@@ -168,6 +184,27 @@ def start_kueue(kube: KubeTestbed, reuse: bool | None = None) -> Kueue:
     procs.wait("kueue readyz", ready, 60, [LOG_FILE], error=TestbedError, interval=0.5)
     _log(f"Kueue {version()} started (pid {proc.pid})")
     return Kueue(version(), LOG_FILE)
+
+
+def _stop_strays(binary: Path) -> None:
+    """Kueue processes of this binary whose pid file was lost (a crashed fixture)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+        except OSError:
+            continue
+        if exe == str(binary):
+            pid = int(entry.name)
+            _log(f"stopping a stray Kueue (pid {pid})")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(100):
+                if not procs.pid_alive(pid, "kueue"):
+                    break
+                procs.reap(pid)
+                time.sleep(0.05)
 
 
 def stop_kueue() -> None:
