@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from tests.faults.proxy import Action, Fault, FaultProxy
 from tests.integration.sitefiles import site_env
-from tests.integration.test_operator_e2e import CRD, Operator, cpu_spec, het_spec
+from tests.integration.test_operator_e2e import Operator, cpu_spec, het_spec
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
@@ -175,12 +175,6 @@ def unblock_by_hand(bench: Bench, name: str, obj: dict[str, Any]) -> None:
 # -- fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def crd_installed(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
-
-
 @pytest.fixture(
     scope="module",
     params=[
@@ -191,7 +185,7 @@ def crd_installed(kube: KubeTestbed) -> None:
 def bench(
     request: pytest.FixtureRequest,
     kube: KubeTestbed,
-    crd_installed: None,
+    crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Bench]:
     testbed: SlurmTestbed = request.getfixturevalue(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.integration.test_operator_e2e import CRD, Operator, _operator, cpu_spec
+from tests.integration.test_operator_e2e import Operator, _operator, cpu_spec
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
@@ -27,12 +27,6 @@ RETRY = {
     "backoffSeconds": 0,
     "rules": [{"action": "Retry", "onLogPattern": "(a+)+b"}],
 }
-
-
-@pytest.fixture(scope="module")
-def crd(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
 
 
 @pytest.fixture(scope="module")

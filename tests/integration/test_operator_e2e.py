@@ -163,12 +163,6 @@ class Operator:
         return slurm_job(self.env, job_id)
 
 
-@pytest.fixture(scope="module")
-def crd(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
-
-
 #: Both releases, for a module fixture parametrised over them (see `release_testbed`).
 RELEASES = [
     pytest.param("26.05", marks=pytest.mark.slurm2605),

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from tests.integration.helpers import cpu_spec
-from tests.integration.test_operator_e2e import CRD, Operator, _operator
+from tests.integration.test_operator_e2e import Operator, _operator
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
 
@@ -29,12 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 
 # The job's own directory, whichever way it is told; exit 7 when it is not there.
 ENTER = 'd=${SLURMJOB_STAGING_DIR:-$PWD}; cd "$d" && [ -e job.sh ] || exit 7; '
-
-
-@pytest.fixture(scope="module")
-def crd(kube: KubeTestbed) -> None:
-    kube.apply(CRD)
-    kube.wait_established("slurmjobs.slurmjob.io")
 
 
 @pytest.fixture(scope="module")

@@ -162,29 +162,48 @@ def retry_scheduled(
     now: datetime,
 ) -> Transition:
     """The attempt failed and the retry rules give it another: Pending until `nextAttemptAt`."""
-    attempt = status.current_attempt
-    if attempt is None:
-        raise ValueError("nothing failed")
-    attempt = attempt.model_copy(update={"retry_action": decision.action.value})
-    new = with_conditions(
+    return _next_attempt_due(
         status,
-        [
-            (READY, "False", Reason.RETRY_SCHEDULED, decision.message),
-            (RUNNING, "False", Reason.RETRY_SCHEDULED, decision.message),
-            (FAILED, "False", Reason.RETRY_SCHEDULED, decision.message),
-        ],
+        decision.action.value,
+        Reason.RETRY_SCHEDULED,
+        decision.message,
+        now + timedelta(seconds=decision.delay_seconds),
+        (READY, RUNNING, FAILED),
         generation,
         now,
+    )
+
+
+def _next_attempt_due(
+    status: SlurmJobStatus,
+    action: str,
+    reason: Reason,
+    text: str,
+    due: datetime,
+    conditions: tuple[str, ...],
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """The current attempt is over (`action` on it) and another is due at `due`: Pending,
+    `conditions` False with `reason`, nothing completed."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("no attempt to follow up")
+    # A failed attempt's end is Slurm's (already folded); an evicted one's is now.
+    ended = attempt.finished_at or rfc3339(now)
+    attempt = attempt.model_copy(update={"retry_action": action, "finished_at": ended})
+    new = with_conditions(
+        status, [(c, "False", reason, text) for c in conditions], generation, now
     ).model_copy(
         update={
             "phase": Phase.PENDING,
             "attempts": replace_attempt(status, attempt),
-            "message": decision.message,
-            "next_attempt_at": rfc3339(now + timedelta(seconds=decision.delay_seconds)),
+            "message": text,
+            "next_attempt_at": rfc3339(due),
             "completion_time": None,
         }
     )
-    return Transition(new, (Event(WARNING, Reason.RETRY_SCHEDULED, decision.message),))
+    return Transition(new, (Event(WARNING, reason, text),))
 
 
 def not_retried(status: SlurmJobStatus, decision: RetryDecision) -> SlurmJobStatus:
@@ -301,31 +320,10 @@ def evicted(
     """Kueue evicted the admitted job and its Slurm job has ended: the attempt is over without
     spending the retry budget (`retryAction: Evicted`), and the next one is due as soon as
     Kueue admits the Workload again."""
-    attempt = status.current_attempt
-    if attempt is None:
-        raise ValueError("nothing was submitted")
-    attempt = attempt.model_copy(
-        update={"retry_action": EVICTED_ACTION, "finished_at": attempt.finished_at or rfc3339(now)}
-    )
     text = f"evicted by Kueue ({reason}): {message}" if message else f"evicted by Kueue ({reason})"
-    new = with_conditions(
-        status,
-        [
-            (READY, "False", Reason.EVICTED, text),
-            (RUNNING, "False", Reason.EVICTED, text),
-        ],
-        generation,
-        now,
-    ).model_copy(
-        update={
-            "phase": Phase.PENDING,
-            "attempts": replace_attempt(status, attempt),
-            "message": text,
-            "next_attempt_at": rfc3339(now),
-            "completion_time": None,
-        }
+    return _next_attempt_due(
+        status, EVICTED_ACTION, Reason.EVICTED, text, now, (READY, RUNNING), generation, now
     )
-    return Transition(new, (Event(WARNING, Reason.EVICTED, text),))
 
 
 #: An attempt Kueue evicted: not a failure, and not counted against the retry limit.

@@ -59,7 +59,6 @@ from slurmjob_operator.slurm.nodes import (
     parse_dbd_queue,
     parse_names,
     parse_nodes,
-    parse_partition_names,
     parse_partitions,
 )
 
@@ -373,10 +372,8 @@ class SlurmClient:
         return answer.parse(parse_dbd_queue, template)
 
     async def list_partitions(self) -> list[str]:
-        """Names of the partitions the controller knows."""
-        template = self._slurm("/partitions")
-        answer = await self._rest.call("GET", template, template)
-        return answer.parse(parse_partition_names, template)
+        """Names of the partitions the controller knows (those the submit checks see)."""
+        return [p.name for p in await self.partitions()]
 
     async def partitions(self) -> list[PartitionInfo]:
         """Every partition with its state and limits, hidden ones included (`flags=ALL`,

@@ -120,14 +120,6 @@ def parse_nodes(payload: Mapping[str, Any]) -> list[NodeInfo]:
     return nodes
 
 
-def parse_partition_names(payload: Mapping[str, Any]) -> list[str]:
-    return [
-        str(p["name"])
-        for p in payload.get("partitions") or []
-        if isinstance(p, Mapping) and p.get("name")
-    ]
-
-
 def _partition_states(raw: Mapping[str, Any]) -> frozenset[str]:
     inner = raw.get("partition")
     state = inner.get("state") if isinstance(inner, Mapping) else raw.get("state")
