@@ -195,3 +195,69 @@ def test_an_evicted_attempt_spends_no_retry_and_is_due_at_once() -> None:
     assert new.next_attempt_at == "2026-12-01T19:00:00Z"
     assert new.attempts[-1].retry_action == EVICTED_ACTION
     assert reconcile.next_step(new) is reconcile.Step.RETRY
+
+
+class _Workloads:
+    """An in-memory WorkloadStore: what a namespace's user may have put there first."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((namespace, name))
+
+    async def create_workload(self, body: Any) -> dict[str, Any]:
+        self.objects[(body["metadata"]["namespace"], body["metadata"]["name"])] = dict(body)
+        return dict(body)
+
+    async def set_workload_status(self, workload: Any, status: Any) -> bool:
+        return True
+
+    async def delete_workload(self, namespace: str, name: str) -> None:
+        self.objects.pop((namespace, name), None)
+
+    async def workload_priority(self, name: str) -> int | None:
+        return None
+
+
+ADMITTED = {
+    "conditions": [
+        {"type": "QuotaReserved", "status": "True", "reason": "r"},
+        {"type": "Admitted", "status": "True", "reason": "r"},
+    ]
+}
+
+
+async def test_a_workload_a_user_made_first_is_not_trusted_with_the_admission() -> None:
+    from slurmjob_operator.api.resource import ResourceView
+    from slurmjob_operator.controller.queues import Queues
+
+    body = {
+        "metadata": {
+            "name": "train",
+            "namespace": "team-a",
+            "uid": UID,
+            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+        },
+        "spec": gpu_spec(),
+    }
+    view = ResourceView.of(body)
+    spec = parse_spec(gpu_spec())
+    store = _Workloads()
+    # Made ahead of the operator under the name it uses: one small pod, admitted cheaply.
+    tiny = workload_body(
+        "team-a", "train", UID, parse_spec(cpu_spec()), "lq", None, "slurmjob.io/v1alpha1"
+    )
+    store.objects[("team-a", "slurmjob-train-1a2b3c4d")] = {**tiny, "status": ADMITTED}
+    found = await Queues(store).admission(view, spec)
+    assert found.admission is Admission.WAITING
+    assert found.reason == "WorkloadNotOurs"
+    # Another owner, the same shape: not ours either.
+    stolen = workload_body("team-a", "train", UID, spec, "lq", None, "slurmjob.io/v1alpha1")
+    stolen["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    store.objects[("team-a", "slurmjob-train-1a2b3c4d")] = {**stolen, "status": ADMITTED}
+    assert (await Queues(store).admission(view, spec)).reason == "WorkloadNotOurs"
+    # The operator's own, admitted: admitted.
+    own = workload_body("team-a", "train", UID, spec, "lq", None, "slurmjob.io/v1alpha1")
+    store.objects[("team-a", "slurmjob-train-1a2b3c4d")] = {**own, "status": ADMITTED}
+    assert (await Queues(store).admission(view, spec)).admission is Admission.ADMITTED

@@ -451,3 +451,29 @@ async def test_a_refusal_is_made_only_on_a_read_made_now(tmp_path: Path) -> None
     other = bed.store.create("other", cpu_spec(partition="gone"))
     await bed.controller.reconcile(other)
     assert bed.store.status(other).phase is Phase.QUEUED
+
+
+@pytest.mark.parametrize(
+    "partition", ["p" * 100_000, "a,\n\x1b[31mred,b", ",,,,", "x" * 50_000 + ",y"]
+)
+async def test_a_hostile_partition_name_is_refused_with_a_bounded_message(
+    tmp_path: Path, partition: str
+) -> None:
+    bed = make_bed(tmp_path)
+    ref = bed.store.create("train", cpu_spec(partition=partition))
+    await bed.controller.reconcile(ref)  # no crash: a message echoing 100 kB is bounded
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == Reason.LIMIT_EXCEEDED
+    assert len(failed.message) < 1000
+    assert bed.slurm.calls == []
+
+
+def test_a_condition_message_is_bounded_whatever_a_refusal_echoes() -> None:
+    from datetime import UTC, datetime
+
+    from slurmjob_operator.api.status import CONDITION_MESSAGE_MAX, set_condition
+
+    [cond] = set_condition([], "Failed", "True", "InvalidSpec", "x" * 100_000, 1, datetime.now(UTC))
+    assert len(cond.message) == CONDITION_MESSAGE_MAX

@@ -35,6 +35,8 @@ CONDITION_REASON_RE = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 _RFC3339: JsonDict = {"format": "date-time"}
 
 ConditionStatus = Literal["True", "False", "Unknown"]
+#: metav1.Condition's bound on a message.
+CONDITION_MESSAGE_MAX = 32768
 
 #: The most tasks one SlurmJob array may have (`spec.array.count`). The status keeps the
 #: indices of each attempt and their outcomes as compact text: in the worst case (every other
@@ -81,7 +83,9 @@ class Condition(_Model):
         description="Machine-readable reason for the last transition, in CamelCase.",
     )
     message: str = Field(
-        default="", max_length=32768, description="Human-readable detail; may be empty."
+        default="",
+        max_length=CONDITION_MESSAGE_MAX,
+        description="Human-readable detail; may be empty.",
     )
     last_transition_time: str = Field(
         json_schema_extra=_RFC3339,
@@ -339,6 +343,8 @@ def set_condition(
     """
     old = get_condition(conditions, type_)
     when = old.last_transition_time if old is not None and old.status == status else rfc3339(now)
+    if len(message) > CONDITION_MESSAGE_MAX:  # a message may echo what a spec wrote
+        message = message[: CONDITION_MESSAGE_MAX - 1] + "\u2026"
     new = Condition(
         type=type_,
         status=status,

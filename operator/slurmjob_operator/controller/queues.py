@@ -20,6 +20,7 @@ from slurmjob_operator.core.kueue import (
     Admission,
     Verdict,
     condition,
+    is_ours,
     queue_of,
     reservation_cleared,
     verdict,
@@ -43,8 +44,19 @@ class Queues:
         assert queue is not None
         ref = view.ref
         name = workload_name(ref.name, ref.uid)
+        expected = workload_body(
+            ref.namespace, ref.name, ref.uid, spec, queue, None, f"{GROUP}/{VERSION}"
+        )
         try:
             workload = await self._store.get_workload(ref.namespace, name)
+            if workload is not None and not is_ours(workload, expected):
+                return Verdict(
+                    Admission.WAITING,
+                    "WorkloadNotOurs",
+                    f"Workload {name} was not made by the operator for this SlurmJob (its "
+                    "owner, queue or podSets differ): nothing is submitted on its admission; "
+                    "delete it and the operator makes its own",
+                )
             if workload is None:
                 priority_class = view.labels.get(PRIORITY_LABEL) or None
                 priority = None

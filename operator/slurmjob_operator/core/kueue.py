@@ -246,3 +246,31 @@ def owner_of(workload: Mapping[str, Any]) -> tuple[str, str] | None:
         ):
             return ref["name"], ref["uid"]
     return None
+
+
+def _shape(body: Mapping[str, Any]) -> Any:
+    spec = body.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    sets = spec.get("podSets")
+    shape = []
+    for item in sets if isinstance(sets, list) else []:
+        if not isinstance(item, Mapping):
+            return None
+        containers = ((item.get("template") or {}).get("spec") or {}).get("containers") or []
+        requests = [
+            ((c.get("resources") or {}).get("requests") or {}) if isinstance(c, Mapping) else None
+            for c in (containers if isinstance(containers, list) else [])
+        ]
+        shape.append((item.get("name"), item.get("count"), requests))
+    return spec.get("queueName"), shape
+
+
+def is_ours(workload: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    """Whether a Workload found under the SlurmJob's Workload name is the one the operator
+    makes for it: owned by that SlurmJob, in its queue, asking for its resources. Anyone who
+    may create Workloads in the namespace could otherwise make a small one that Kueue admits
+    cheaply, ahead of the operator, and have a large job sent to Slurm on it."""
+    owner = owner_of(workload)
+    mine = owner_of(expected)
+    return owner is not None and owner == mine and _shape(workload) == _shape(expected)

@@ -91,6 +91,14 @@ def _partition_of(launch: LaunchRequest, snapshot: Snapshot) -> Partition | None
     return defaults[0] if len(defaults) == 1 else None
 
 
+def _named(text: str) -> str:
+    """A name the spec wrote, as a message shows it: bounded (the spec's fields are not)."""
+    return text if len(text) <= NAME_SHOWN else text[: NAME_SHOWN - 1] + "\u2026"
+
+
+NAME_SHOWN = 200
+
+
 def _gib(mb: int) -> str:
     return f"{mb / 1024:g} GiB"
 
@@ -142,7 +150,8 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
             return Verdict(checked=("partition",))
         known = ", ".join(sorted(snapshot.partitions)[:20])
         message = (
-            f"none of the partitions {launch.partition} exists on cluster {snapshot.cluster}"
+            f"none of the partitions {_named(launch.partition)} exists on cluster "
+            f"{snapshot.cluster}"
             f" (partitions: {known})"
         )
         return Verdict(refusals=(Refusal("spec.partition", message),), checked=("partition",))
@@ -155,7 +164,8 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
             refusals=(
                 Refusal(
                     "spec.partition",
-                    f"partition {launch.partition} does not exist on cluster {snapshot.cluster}"
+                    f"partition {_named(launch.partition)} does not exist on cluster "
+                    f"{snapshot.cluster}"
                     f" (partitions: {known})",
                 ),
             ),
@@ -203,7 +213,8 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
             refusals.append(
                 Refusal(
                     "spec.account",
-                    f"account {launch.account} does not exist in the accounting of cluster "
+                    f"account {_named(launch.account)} does not exist in the accounting of "
+                    "cluster "
                     f"{snapshot.cluster}",
                 )
             )
@@ -213,7 +224,7 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
             refusals.append(
                 Refusal(
                     "spec.qos",
-                    f"QOS {launch.qos} does not exist in the accounting of cluster "
+                    f"QOS {_named(launch.qos)} does not exist in the accounting of cluster "
                     f"{snapshot.cluster}",
                 )
             )
