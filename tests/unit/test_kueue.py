@@ -195,3 +195,23 @@ def test_an_evicted_attempt_spends_no_retry_and_is_due_at_once() -> None:
     assert new.next_attempt_at == "2026-12-01T19:00:00Z"
     assert new.attempts[-1].retry_action == EVICTED_ACTION
     assert reconcile.next_step(new) is reconcile.Step.RETRY
+
+
+async def test_a_tenant_that_requires_a_queue_refuses_a_slurmjob_without_one(
+    tmp_path: Any,
+) -> None:
+    from slurmjob_operator.api.status import Phase
+
+    from .controller_fakes import make_bed
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n  - {name: team-a, namespaces: [team-a], requireQueue: true}\n")
+    bed = make_bed(tmp_path, tenants_file=tenants)
+    ref = bed.store.create("train", cpu_spec())
+    await bed.controller.reconcile(ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == "InvalidSpec"
+    assert "requires a Kueue LocalQueue (label kueue.x-k8s.io/queue-name)" in failed.message
+    assert bed.slurm.calls == []
