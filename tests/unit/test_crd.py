@@ -213,6 +213,7 @@ def test_printer_columns() -> None:
         ("Phase", ".status.phase", "string"),
         ("Slurm Job", ".status.slurmJobId", "integer"),
         ("Nodes", ".status.nodes", "string"),
+        ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", "string"),
         ("Age", ".metadata.creationTimestamp", "date"),
     ]
     status = crd_schema()["properties"]["status"]["properties"]

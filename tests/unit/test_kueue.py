@@ -9,6 +9,7 @@ import pytest
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.core.following import EVICTED_ACTION, evicted
 from slurmjob_operator.core.kueue import (
+    QUEUE_LABEL,
     Admission,
     owner_of,
     pod_sets,
@@ -261,3 +262,31 @@ async def test_a_workload_a_user_made_first_is_not_trusted_with_the_admission() 
     own = workload_body("team-a", "train", UID, spec, "lq", None, "slurmjob.io/v1alpha1")
     store.objects[("team-a", "slurmjob-train-1a2b3c4d")] = {**own, "status": ADMITTED}
     assert (await Queues(store).admission(view, spec)).admission is Admission.ADMITTED
+
+
+async def test_a_tenant_that_requires_a_queue_refuses_a_slurmjob_without_one(
+    tmp_path: Any,
+) -> None:
+    from slurmjob_operator.api.status import Phase
+
+    from .controller_fakes import make_bed
+
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        "tenants:\n  - {name: team-a, namespaces: [team-a], accounts: [team-a],\n"
+        "     partitions: [debug], requireQueue: true}\n"
+    )
+    bed = make_bed(tmp_path, tenants_file=tenants)
+    ref = bed.store.create("train", cpu_spec())
+    await bed.controller.reconcile(ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    failed = next(c for c in status.conditions if c.type == "Failed")
+    assert failed.reason == "InvalidSpec"
+    assert "requires a Kueue LocalQueue (label kueue.x-k8s.io/queue-name)" in failed.message
+    assert bed.slurm.calls == []
+    # The label added (no generation change): decided again, and submitted.
+    bed.store.objects[("team-a", "train")]["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    await bed.controller.reconcile(ref)
+    assert bed.store.status(ref).phase is not Phase.FAILED
+    assert bed.slurm.calls != []

@@ -62,7 +62,7 @@ from slurmjob_operator.core.decisions import (
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
 from slurmjob_operator.core.following import dependency_failed, dependency_repointed, evicted
 from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
-from slurmjob_operator.core.kueue import Admission, queue_of
+from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, queue_of
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
@@ -280,6 +280,18 @@ class Submission:
             upstream: tuple[AttemptDependency, ...] = ()
             if settled_refusal(view.status, view.generation):
                 return False  # final for this generation: only a spec change tries again
+            if self._queue_required(view):
+                text = (
+                    f"metadata.labels: the tenant of namespace {view.ref.namespace} requires a "
+                    f"Kueue LocalQueue (label {QUEUE_LABEL}); nothing was submitted"
+                )
+                await self.edge.apply(
+                    view,
+                    invalid_spec(
+                        view.status, [text], view.generation, utc_now(), Reason.INVALID_SPEC
+                    ),
+                )
+                return False
             if not await self._admitted(view):
                 return False
             # Until an attempt has started, every new one (a first, a retry of one that never
@@ -591,6 +603,11 @@ class Submission:
         )
 
     # -- Kueue ----------------------------------------------------------------------------
+
+    def _queue_required(self, view: ResourceView) -> bool:
+        """The tenant requires a queue (`requireQueue`) and the SlurmJob names none."""
+        tenant = self.site.tenant_of(view.ref.namespace)
+        return tenant is not None and tenant.require_queue and queue_of(view.labels) is None
 
     async def _admitted(self, view: ResourceView) -> bool:
         """Whether Kueue admitted the SlurmJob's Workload (always, without the queue label).

@@ -306,6 +306,12 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "jsonPath": ".status.nodes",
         "description": "Nodes allocated to the current attempt.",
     },
+    {
+        "name": "Queue",
+        "type": "string",
+        "jsonPath": ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
+        "description": "The Kueue LocalQueue the job is admitted through, if any.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

@@ -41,6 +41,12 @@ async def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)
 
 
+# A Kueue queue label added or removed: decided again (a tenant's requireQueue, admission).
+@kopf.on.update(*RESOURCE, field="metadata.labels")
+async def labels_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _reconcile(memo, body)
+
+
 @kopf.on.delete(*RESOURCE)
 async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:

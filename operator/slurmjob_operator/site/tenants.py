@@ -240,6 +240,13 @@ class Tenant(TenantLimits):
     default_cluster: ClusterName | None = Field(
         default=None, description="The cluster of the tenant's SlurmJobs that name none."
     )
+    require_queue: bool = Field(
+        default=False,
+        description=(
+            "Every SlurmJob of the tenant must name a Kueue LocalQueue (label "
+            "kueue.x-k8s.io/queue-name): none bypasses the team's quota."
+        ),
+    )
     clusters: dict[str, ClusterLimits] | None = Field(
         default=None,
         min_length=1,
