@@ -76,6 +76,8 @@ class WorkloadStore(Protocol):
 
     async def workload_priority(self, name: str) -> int | None: ...
 
+    async def flavor_labels(self, name: str) -> dict[str, str] | None: ...
+
 
 class ReviewUnavailable(RuntimeError):
     """The apiserver did not answer a review (or refused the operator the right to ask)."""
@@ -226,6 +228,23 @@ class KubeApi:
             raise WorkloadError(f"WorkloadPriorityClass {name}: HTTP {exc.status}") from None
         value = obj.get("value") if isinstance(obj, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    async def flavor_labels(self, name: str) -> dict[str, str] | None:
+        """ResourceFlavor `name`'s nodeLabels ({} when it has none; None when there is no such
+        flavor): where a Slurm job admitted on it runs (`core.kueue.placement`)."""
+        try:
+            obj = await self._custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise WorkloadError(f"ResourceFlavor {name}: HTTP {exc.status}") from None
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        labels = spec.get("nodeLabels") if isinstance(spec, dict) else None
+        if not isinstance(labels, dict):
+            return {}
+        return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
 
     async def set_workload_status(
         self, workload: Mapping[str, Any], status: Mapping[str, Any]

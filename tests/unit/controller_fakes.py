@@ -627,9 +627,11 @@ class Bed:
     metrics: Metrics
 
 
-def make_bed(root: Path, slurm: MemorySlurm | None = None, **settings: Any) -> Bed:
+def make_bed(
+    root: Path, slurm: MemorySlurm | None = None, store: MemoryStore | None = None, **settings: Any
+) -> Bed:
     config = make_settings(root, **settings)
-    store = MemoryStore()
+    store = store or MemoryStore()
     fake = slurm or MemorySlurm()
     metrics = Metrics()
     controller = Controller(

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from slurmjob_operator.api.errors import parse_spec
+from slurmjob_operator.api.status import Phase
+from slurmjob_operator.controller.resource import RetryLater
 from slurmjob_operator.core.following import EVICTED_ACTION, evicted
 from slurmjob_operator.core.kueue import (
+    PARTITION_KEY,
     QUEUE_LABEL,
+    SERIES_KEY,
     Admission,
+    assigned_flavors,
     owner_of,
+    placement,
     pod_sets,
     queue_of,
     reservation_cleared,
@@ -21,7 +28,7 @@ from slurmjob_operator.core.kueue import (
     workload_name,
 )
 
-from .controller_fakes import cpu_spec
+from .controller_fakes import Bed, MemoryStore, cpu_spec, make_bed
 
 UID = "1a2b3c4d-0000-0000-0000-000000000000"
 
@@ -220,6 +227,9 @@ class _Workloads:
     async def workload_priority(self, name: str) -> int | None:
         return None
 
+    async def flavor_labels(self, name: str) -> dict[str, str] | None:
+        return {}
+
 
 ADMITTED = {
     "conditions": [
@@ -290,3 +300,193 @@ async def test_a_tenant_that_requires_a_queue_refuses_a_slurmjob_without_one(
     await bed.controller.reconcile(ref)
     assert bed.store.status(ref).phase is not Phase.FAILED
     assert bed.slurm.calls != []
+
+
+# -- the flavor mapping ---------------------------------------------------------------------
+
+
+def test_a_podset_asks_its_flavor_for_the_pools_series_and_the_specs_partition() -> None:
+    sets = pod_sets(parse_spec(gpu_spec(partition="gpu")))
+    assert [s["template"]["spec"]["nodeSelector"] for s in sets] == [
+        {PARTITION_KEY: "gpu", SERIES_KEY: "h100"},
+        {PARTITION_KEY: "gpu", SERIES_KEY: "a100"},
+    ]
+    # Nothing to ask: no selector. A comma list of partitions is not one label value.
+    assert "nodeSelector" not in pod_sets(parse_spec(cpu_spec()))[0]["template"]["spec"]
+    [listed] = pod_sets(parse_spec(cpu_spec(partition="a,b")))
+    assert "nodeSelector" not in listed["template"]["spec"]
+
+
+def _admitted_on(**flavors: str) -> dict[str, Any]:
+    return {
+        "status": {
+            **ADMITTED,
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": pool, "flavors": {"cpu": flavor, "nvidia.com/gpu": flavor}}
+                    for pool, flavor in flavors.items()
+                ],
+            },
+        }
+    }
+
+
+def test_the_flavors_of_an_admission_by_podset() -> None:
+    assert assigned_flavors(_admitted_on(a="f1", b="f2")) == {"a": ("f1",), "b": ("f2",)}
+    assert assigned_flavors({"status": {"admission": "junk"}}) == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "labels", "expected"),
+    [
+        # The flavors name no partition: the spec's (or the site's default) stands.
+        (gpu_spec(), {"f1": {}, "f2": {}}, None),
+        # The flavor chooses the partition of a spec that names none.
+        (gpu_spec(), {"f1": {PARTITION_KEY: "gpu"}, "f2": {PARTITION_KEY: "gpu"}}, "gpu"),
+        # A flavor's series that is the pool's, a partition in the spec's list.
+        (gpu_spec(partition="x,gpu"), {"f1": {PARTITION_KEY: "gpu", SERIES_KEY: "h100"},
+                                       "f2": {SERIES_KEY: "a100"}}, "gpu"),
+    ],
+)  # fmt: skip
+def test_where_the_admissions_flavors_place_the_job(
+    spec: dict[str, Any], labels: dict[str, dict[str, str]], expected: str | None
+) -> None:
+    assigned = assigned_flavors(_admitted_on(a="f1", b="f2"))
+    assert placement(parse_spec(spec), assigned, labels) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "labels", "message"),
+    [
+        (gpu_spec(partition="cpu"), {"f1": {PARTITION_KEY: "gpu"}, "f2": {}},
+         "spec.partition is cpu, but Kueue admitted the job on ResourceFlavor f1"),
+        (gpu_spec(), {"f1": {PARTITION_KEY: "gpu"}, "f2": {PARTITION_KEY: "big"}},
+         "more than one partition: big (f2), gpu (f1)"),
+        (gpu_spec(), {"f1": {SERIES_KEY: "a100"}, "f2": {}},
+         "pool a asks for GPU series h100, but Kueue admitted it on ResourceFlavor f1"),
+        (gpu_spec(), {"f1": {PARTITION_KEY: "gpu; rm -rf /"}, "f2": {}}, "is not a name"),
+    ],
+)  # fmt: skip
+def test_flavors_that_contradict_the_spec_are_refused(
+    spec: dict[str, Any], labels: dict[str, dict[str, str]], message: str
+) -> None:
+    assigned = assigned_flavors(_admitted_on(a="f1", b="f2"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        placement(parse_spec(spec), assigned, labels)
+    with pytest.raises(ValueError, match="assigns no flavor to podSet b"):
+        placement(parse_spec(gpu_spec()), {"a": ("f1",)}, {"f1": {}})
+
+
+class _KueueStore(MemoryStore):
+    """The controller's in-memory store with Kueue's Workloads and ResourceFlavors in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.workloads = _Workloads()
+        self.flavors: dict[str, dict[str, str]] = {}
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.workloads.get_workload(namespace, name)
+
+    async def create_workload(self, body: Any) -> dict[str, Any]:
+        return await self.workloads.create_workload(body)
+
+    async def set_workload_status(self, workload: Any, status: Any) -> bool:
+        return True
+
+    async def delete_workload(self, namespace: str, name: str) -> None:
+        await self.workloads.delete_workload(namespace, name)
+
+    async def workload_priority(self, name: str) -> int | None:
+        return None
+
+    async def flavor_labels(self, name: str) -> dict[str, str] | None:
+        return self.flavors.get(name)
+
+
+def _kueue_bed(tmp_path: Any) -> tuple[Bed, _KueueStore, list[Any]]:
+    store = _KueueStore()
+    bed = make_bed(tmp_path, store=store)
+    sent: list[Any] = []
+    submit = bed.slurm.submit
+
+    async def capture(req: Any) -> Any:
+        sent.append(req)
+        return await submit(req)
+
+    bed.slurm.submit = capture  # type: ignore[method-assign]
+    return bed, store, sent
+
+
+def _queued(bed: Bed, spec: dict[str, Any]) -> Any:
+    ref = bed.store.create("train", spec)
+    bed.store.objects[("team-a", "train")]["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    return ref
+
+
+async def _reconcile(bed: Bed, ref: Any) -> RetryLater | None:
+    try:
+        await bed.controller.reconcile(ref)
+    except RetryLater as exc:
+        return exc
+    return None
+
+
+def _conds(bed: Bed, ref: Any) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in bed.store.status(ref).conditions}
+
+
+async def test_nothing_is_submitted_before_admission_and_the_flavor_chooses_the_partition(
+    tmp_path: Any,
+) -> None:
+    bed, store, sent = _kueue_bed(tmp_path)
+    ref = _queued(bed, cpu_spec())
+    assert await _reconcile(bed, ref) is not None  # waits, to be asked again
+    status = bed.store.status(ref)
+    assert status.phase is Phase.PENDING
+    assert sent == []
+    conds = _conds(bed, ref)
+    assert conds["Ready"] == ("False", "WaitingForAdmission")
+    assert conds["QuotaReserved"] == ("False", "Pending")
+    assert conds["Admitted"] == ("False", "NoReservation")
+    [workload] = store.workloads.objects.values()
+    # Admitted on a flavor whose nodeLabels name the partition.
+    store.flavors["debug-nodes"] = {PARTITION_KEY: "debug"}
+    workload["status"] = _admitted_on(main="debug-nodes")["status"]
+    assert await _reconcile(bed, ref) is None
+    [req] = sent
+    assert req.partition == "debug"
+    conds = _conds(bed, ref)
+    assert conds["QuotaReserved"] == ("True", "QuotaReserved")
+    assert conds["Admitted"] == ("True", "Admitted")
+    reasons = [reason for _, reason, _ in bed.store.events]
+    assert reasons.count("QuotaReserved") == 1
+    assert reasons.count("Admitted") == 1
+
+
+async def test_an_admission_on_a_contradicting_flavor_submits_nothing(tmp_path: Any) -> None:
+    bed, store, sent = _kueue_bed(tmp_path)
+    ref = _queued(bed, cpu_spec(partition="debug"))
+    await _reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    assert workload["spec"]["podSets"][0]["template"]["spec"]["nodeSelector"] == {
+        PARTITION_KEY: "debug"
+    }
+    store.flavors["big"] = {PARTITION_KEY: "big"}
+    workload["status"] = _admitted_on(main="big")["status"]
+    assert await _reconcile(bed, ref) is None
+    status = bed.store.status(ref)
+    assert sent == []
+    assert status.phase is Phase.FAILED
+    assert not status.attempts
+    assert "ResourceFlavor big" in (status.message or "")
+    # A flavor that is gone: waits, nothing submitted.
+    bed2, store2, sent2 = _kueue_bed(tmp_path / "2")
+    ref2 = _queued(bed2, cpu_spec())
+    await _reconcile(bed2, ref2)
+    [workload2] = store2.workloads.objects.values()
+    workload2["status"] = _admitted_on(main="deleted")["status"]
+    assert await _reconcile(bed2, ref2) is not None
+    assert sent2 == []
+    assert bed2.store.status(ref2).phase is Phase.PENDING

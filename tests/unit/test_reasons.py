@@ -10,8 +10,10 @@ from slurmjob_operator.api.retry import RetryAction
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.core import decisions, following, reconcile
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
+from slurmjob_operator.core.kueue import Admission, Verdict
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
+    FROM_KUEUE,
     FROM_SLURM,
     REASON_MEANINGS,
     WRITTEN,
@@ -94,6 +96,18 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
     )
     out.append((following.dependency_failed(QUEUED, "x", 1, NOW).status, False))
+    # Kueue's own conditions (controller/submission.py): waiting, reserved, admitted, evicted,
+    # admitted again.
+    status = FRESH
+    for found in (
+        Verdict(Admission.WAITING, "Inadmissible", "no LocalQueue"),
+        Verdict(Admission.WAITING, "Pending", "checks", reserved=True),
+        Verdict(Admission.ADMITTED, "Admitted"),
+        Verdict(Admission.EVICTED, "Preempted", "by a higher priority"),
+        Verdict(Admission.ADMITTED, "Admitted"),
+    ):
+        status = following.admission_conditions(status, found, 1, NOW).status
+        out.append((status, False))
     return out
 
 
@@ -104,6 +118,8 @@ def _written() -> set[tuple[str, str, str]]:
             reason = cond.reason
             if from_slurm and cond.type in ("Running", "Ready", "Succeeded", "Failed"):
                 reason = FROM_SLURM
+            if cond.type in ("QuotaReserved", "Admitted", "Evicted"):
+                reason = FROM_KUEUE
             found.add((str(cond.type), cond.status, str(reason)))
     return found
 
@@ -118,7 +134,7 @@ def test_the_transitions_write_exactly_the_declared_table() -> None:
 def test_every_reason_and_condition_has_a_meaning() -> None:
     assert set(REASON_MEANINGS) == set(Reason)
     assert {c for c, _, _ in WRITTEN} == set(CONDITION_MEANINGS)
-    assert {r for _, _, r in WRITTEN} == {*Reason, FROM_SLURM}
+    assert {r for _, _, r in WRITTEN} == {*Reason, FROM_SLURM, FROM_KUEUE}
 
 
 def test_a_queued_phase_still_counts_as_a_slurm_reason() -> None:

@@ -10,17 +10,22 @@ installed; one with it waits (`WaitingForAdmission`) while Kueue cannot be asked
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from typing import Any
 
 from slurmjob_operator import GROUP, VERSION
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, SlurmJobStatus
 from slurmjob_operator.core.kueue import (
+    KUEUE_UNAVAILABLE,
     PRIORITY_LABEL,
     Admission,
     Verdict,
+    assigned_flavors,
     condition,
     is_ours,
+    placement,
     queue_of,
     reservation_cleared,
     verdict,
@@ -82,9 +87,35 @@ class Queues:
                 log.info(
                     "%s/%s: Workload %s made in queue %s", ref.namespace, ref.name, name, queue
                 )
+            found = verdict(workload)
+            if found.admission is Admission.ADMITTED:
+                return await self._placed(found, workload, spec)
         except WorkloadError as exc:
-            return Verdict(Admission.WAITING, "KueueUnavailable", str(exc))
-        return verdict(workload)
+            return Verdict(Admission.WAITING, KUEUE_UNAVAILABLE, str(exc))
+        return found
+
+    async def _placed(
+        self, found: Verdict, workload: dict[str, Any], spec: SlurmJobSpec
+    ) -> Verdict:
+        """The admitted verdict with where its flavors place the job (`core.kueue.placement`);
+        waiting while a flavor it names cannot be read."""
+        assigned = assigned_flavors(workload)
+        labels: dict[str, dict[str, str]] = {}
+        for flavor in sorted({f for names in assigned.values() for f in names}):
+            nodes = await self._store.flavor_labels(flavor)
+            if nodes is None:
+                return Verdict(
+                    Admission.WAITING,
+                    "FlavorNotFound",
+                    f"ResourceFlavor {flavor} of the admission does not exist",
+                    found.cluster_queue,
+                    found.reserved,
+                )
+            labels[flavor] = nodes
+        try:
+            return replace(found, partition=placement(spec, assigned, labels))
+        except ValueError as exc:
+            return replace(found, refusal=f"Kueue: {exc}")
 
     async def observed(self, view: ResourceView, status: SlurmJobStatus) -> None:
         """After a status write: tell Kueue the job runs, or has ended for good."""

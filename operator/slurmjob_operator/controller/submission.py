@@ -60,9 +60,15 @@ from slurmjob_operator.core.decisions import (
     stranger,
 )
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
-from slurmjob_operator.core.following import dependency_failed, dependency_repointed, evicted
+from slurmjob_operator.core.following import (
+    admission_conditions,
+    dependency_failed,
+    dependency_repointed,
+    evicted,
+)
 from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
 from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, queue_of
+from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
@@ -80,6 +86,7 @@ from slurmjob_operator.core.reconcile import (
     unconfirmed,
     waiting,
 )
+from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.kube import SecretError, WorkloadError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import ArtifactError
@@ -292,8 +299,7 @@ class Submission:
                     ),
                 )
                 return False
-            if not await self._admitted(view):
-                return False
+            view, admitted = await self._admitted(view)
             # Until an attempt has started, every new one (a first, a retry of one that never
             # ran, one after a lost submit) waits on its upstreams as the first did.
             if not _started(view.status):
@@ -308,7 +314,7 @@ class Submission:
                     raise RetryLater(f"retry due at {view.status.next_attempt_at}", wait)
             if not slot:
                 return True
-            await self._submit(view, upstream)
+            await self._submit(view, upstream, admitted)
             return False
 
     async def _as(self, user: str | None) -> SlurmClient:
@@ -347,7 +353,11 @@ class Submission:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
 
     async def _prepare(
-        self, view: ResourceView, number: int, indices: list[int] | None
+        self,
+        view: ResourceView,
+        number: int,
+        indices: list[int] | None,
+        admitted: Admitted | None = None,
     ) -> tuple[SlurmClient, PreparedAttempt]:
         """Everything before the attempt is recorded; raises one of PREPARE_ERRORS. The client
         is the one to submit with: as the Slurm user of the tenant the spec was resolved for."""
@@ -361,6 +371,13 @@ class Submission:
         refused = self.clusters.refusal(spec.cluster, self.cluster)
         if refused is not None:
             raise SpecError([refused])
+        if admitted is not None:
+            # Where Kueue counted the quota is where the job runs (`core.kueue.placement`);
+            # the tenant's partitions and the cluster's limits are checked on it below.
+            if admitted.refusal is not None:
+                raise SpecError([admitted.refusal])
+            if admitted.partition is not None:
+                spec = spec.model_copy(update={"partition": admitted.partition})
         secrets = await self.edge.secret_values(view)
         client = await self.slurm()
         prepared = await asyncio.to_thread(
@@ -391,7 +408,10 @@ class Submission:
         return await self._as(tenant.slurm_user if tenant is not None else None), prepared
 
     async def _submit(
-        self, view: ResourceView, upstream: tuple[AttemptDependency, ...] = ()
+        self,
+        view: ResourceView,
+        upstream: tuple[AttemptDependency, ...] = (),
+        admitted: Admitted | None = None,
     ) -> None:
         number = len(view.status.attempts) + 1
         spec = view.spec
@@ -412,7 +432,7 @@ class Submission:
             await self._failed(view, refused, recorded=False)
             return
         try:
-            client, prepared = await self._prepare(view, number, indices)
+            client, prepared = await self._prepare(view, number, indices, admitted)
         except PREPARE_ERRORS as exc:
             await self._failed(view, exc, recorded=False)
             return
@@ -609,15 +629,18 @@ class Submission:
         tenant = self.site.tenant_of(view.ref.namespace)
         return tenant is not None and tenant.require_queue and queue_of(view.labels) is None
 
-    async def _admitted(self, view: ResourceView) -> bool:
-        """Whether Kueue admitted the SlurmJob's Workload (always, without the queue label).
-        Not yet: written as WaitingForAdmission, and RetryLater raised."""
+    async def _admitted(self, view: ResourceView) -> tuple[ResourceView, Admitted | None]:
+        """Kueue's admission of the SlurmJob's Workload (None: no queue label, nothing to
+        wait for), its conditions written on the SlurmJob. Not admitted yet: written as
+        WaitingForAdmission, and RetryLater raised."""
         spec = view.spec
         if self.queues is None or spec is None or queue_of(view.labels) is None:
-            return True
+            return view, None
         found = await self.queues.admission(view, spec)
+        now = utc_now()
+        told = admission_conditions(view.status, found, view.generation, now)
         if found.admission is Admission.ADMITTED:
-            return True
+            return await self.edge.apply(view, told), found
         if found.admission is Admission.EVICTED:
             # Its job has ended (no new attempt is made while one runs): give the quota back
             # if that was not done yet (a crash between the two writes).
@@ -626,10 +649,8 @@ class Submission:
             except WorkloadError as exc:
                 raise RetryLater(str(exc), self._admission_wait) from exc
         text = f"Kueue: {found.message or found.reason or found.admission.value}"
-        await self.edge.apply(
-            view,
-            waiting(view.status, Reason.WAITING_FOR_ADMISSION, text, view.generation, utc_now()),
-        )
+        wait = waiting(told.status, Reason.WAITING_FOR_ADMISSION, text, view.generation, now)
+        await self.edge.apply(view, Transition(wait.status, told.events + wait.events))
         raise RetryLater(text, self._admission_wait)
 
     async def _follow_admission(self, view: ResourceView) -> bool:
@@ -675,14 +696,16 @@ class Submission:
             raise RetryLater(f"evicted job {attempt.job_id}: {exc}", self._backoff) from exc
         # The status first: a fold of the cancelled job must find the attempt evicted, not
         # end the SlurmJob Cancelled.
-        view = await self.edge.apply(
-            view,
-            evicted(view.status, found.reason, found.message, view.generation, utc_now()),
-        )
+        now = utc_now()
+        ended = evicted(view.status, found.reason, found.message, view.generation, now)
+        told = admission_conditions(ended.status, found, view.generation, now)
+        view = await self.edge.apply(view, Transition(told.status, ended.events + told.events))
         try:
             await self.queues.give_back(view, found)
         except WorkloadError as exc:
             raise RetryLater(str(exc), self._admission_wait) from exc
+        back = Admitted(Admission.WAITING, "Pending", "quota given back after the eviction")
+        await self.edge.apply(view, admission_conditions(view.status, back, view.generation, now))
         return True
 
     # -- dependencies ---------------------------------------------------------------------

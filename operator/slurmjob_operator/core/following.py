@@ -6,6 +6,7 @@ Pure functions (no I/O, `now` passed in), like `reconcile`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,10 +18,12 @@ from slurmjob_operator.api.status import (
     Logs,
     Phase,
     SlurmJobStatus,
+    get_condition,
 )
 from slurmjob_operator.core.arrays import ArrayObservation, array_total
+from slurmjob_operator.core.kueue import KUEUE_UNAVAILABLE, Admission, Verdict
 from slurmjob_operator.core.logtail import capped_logs
-from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.reconcile import (
     FAILED,
     READY,
@@ -328,3 +331,54 @@ def evicted(
 
 #: An attempt Kueue evicted: not a failure, and not counted against the retry limit.
 EVICTED_ACTION = "Evicted"
+
+
+#: A Kueue reason as a condition reason may be (a Workload's status is not the operator's).
+_KUEUE_REASON = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+QUOTA_RESERVED = ConditionType.QUOTA_RESERVED.value
+ADMITTED = ConditionType.ADMITTED.value
+EVICTED = ConditionType.EVICTED.value
+
+
+def _kueue_reason(reason: str, fallback: str) -> str:
+    return reason if _KUEUE_REASON.fullmatch(reason) else fallback
+
+
+def admission_conditions(
+    status: SlurmJobStatus, found: Verdict, generation: int | None, now: datetime
+) -> Transition:
+    """What Kueue says of the SlurmJob's Workload as the SlurmJob's own conditions
+    (QuotaReserved, Admitted, Evicted, with Kueue's reasons), and an Event when the quota is
+    reserved or the Workload admitted. Nothing when Kueue could not be asked."""
+    where = f" in ClusterQueue {found.cluster_queue}" if found.cluster_queue else ""
+    reason = _kueue_reason(found.reason, "Pending")
+    message = found.message or reason
+    updates: list[tuple[str, ConditionStatus, str, str]] = []
+    reserved: tuple[str, ConditionStatus, str, str] = (
+        QUOTA_RESERVED,
+        "True",
+        "QuotaReserved",
+        f"quota reserved{where}",
+    )
+    if found.admission is Admission.ADMITTED:
+        text = f"admitted by Kueue{where}"
+        updates = [reserved, (ADMITTED, "True", "Admitted", text)]
+        if get_condition(status.conditions, EVICTED) is not None:
+            updates.append((EVICTED, "False", "Admitted", text))
+    elif found.admission is Admission.EVICTED:
+        updates = [(EVICTED, "True", reason, message), (ADMITTED, "False", reason, message)]
+    elif found.admission is Admission.WAITING and found.reason != KUEUE_UNAVAILABLE:
+        if found.reserved:
+            updates = [reserved, (ADMITTED, "False", reason, message)]
+        else:
+            updates = [
+                (QUOTA_RESERVED, "False", reason, message),
+                (ADMITTED, "False", "NoReservation", "the Workload has no quota reserved"),
+            ]
+    if not updates:
+        return Transition(status)
+    events: list[Event] = []
+    for kind, value, _, text in updates:
+        if value == "True" and kind in (QUOTA_RESERVED, ADMITTED):
+            events += flip_event(status, kind, "True", Event(NORMAL, kind, text))
+    return Transition(with_conditions(status, updates, generation, now), tuple(events))

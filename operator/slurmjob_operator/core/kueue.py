@@ -11,7 +11,8 @@ Kueue's admission is a second one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -29,6 +30,31 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 SLURMJOB_LABEL = "slurmjob.io/slurmjob"
 GPU = "nvidia.com/gpu"
 NAME_MAX = 253
+#: The ResourceFlavor nodeLabels that say where a Slurm job admitted on the flavor runs (the
+#: flavor mapping of docs/kueue.md). A podSet carries the spec's own choices under the same
+#: keys as its nodeSelector, so that Kueue assigns only a flavor that agrees with them.
+PARTITION_KEY = "slurmjob.io/partition"
+SERIES_KEY = "slurmjob.io/gpu-series"
+#: A Kubernetes label value (a linear pattern: nothing to backtrack on).
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _label_value(value: str | None) -> bool:
+    return value is not None and _LABEL_VALUE.fullmatch(value) is not None
+
+
+def node_selector(spec: SlurmJobSpec, pool_series: str | None) -> dict[str, str]:
+    """What a pool's podSet asks of its flavor: the pool's GPU series, and the spec's one
+    partition (a comma list of partitions cannot be one label value: the flavor's partition
+    is then checked against it after admission)."""
+    selector: dict[str, str] = {}
+    if _label_value(spec.partition):
+        assert spec.partition is not None
+        selector[PARTITION_KEY] = spec.partition
+    if _label_value(pool_series):
+        assert pool_series is not None
+        selector[SERIES_KEY] = pool_series
+    return selector
 
 
 def workload_name(name: str, uid: str) -> str:
@@ -50,19 +76,17 @@ def pod_sets(spec: SlurmJobSpec) -> list[dict[str, Any]]:
         requests: dict[str, str] = {"cpu": str(pool.cpus), "memory": f"{pool.memory_gb}Gi"}
         if pool.gpus_per_node:
             requests[GPU] = str(pool.gpus_per_node)
+        template: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "slurm", "image": "slurm", "resources": {"requests": requests}}
+            ],
+        }
+        selector = node_selector(spec, pool.gpu_series if pool.gpus_per_node else None)
+        if selector:
+            template["nodeSelector"] = selector
         sets.append(
-            {
-                "name": pool.name,
-                "count": pool.nodes * at_once,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {"name": "slurm", "image": "slurm", "resources": {"requests": requests}}
-                        ],
-                    }
-                },
-            }
+            {"name": pool.name, "count": pool.nodes * at_once, "template": {"spec": template}}
         )
     return sets
 
@@ -109,6 +133,10 @@ def workload_body(
     return body
 
 
+#: The verdict's reason when Kueue could not be asked (the Kueue conditions are left as they are).
+KUEUE_UNAVAILABLE = "KueueUnavailable"
+
+
 class Admission(Enum):
     MISSING = "missing"  # no Workload yet
     WAITING = "waiting"  # no quota reserved, or reserved and admission checks pending
@@ -123,6 +151,12 @@ class Verdict:
     reason: str = ""
     message: str = ""
     cluster_queue: str | None = None
+    #: QuotaReserved is True (admission checks may still be pending).
+    reserved: bool = False
+    #: Where the admission's flavors place the job (`placement`), once admitted.
+    partition: str | None = None
+    #: Why the admission's flavors cannot be honoured for this spec (nothing is submitted).
+    refusal: str | None = None
 
 
 def _conditions(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -160,11 +194,77 @@ def verdict(workload: Mapping[str, Any] | None) -> Verdict:
             str(evicted.get("message", "")),
             queue,
         )
-    if _true(conds, "Admitted") is not None and _true(conds, "QuotaReserved") is not None:
-        return Verdict(Admission.ADMITTED, "Admitted", "", queue)
+    reserved = _true(conds, "QuotaReserved") is not None
+    if _true(conds, "Admitted") is not None and reserved:
+        return Verdict(Admission.ADMITTED, "Admitted", "", queue, reserved=True)
+    if reserved:
+        checks = conds.get("Admitted") or {}
+        message = str(checks.get("message") or "quota reserved; admission checks pending")
+        return Verdict(
+            Admission.WAITING, str(checks.get("reason") or "QuotaReserved"), message, queue, True
+        )
     pending = conds.get("QuotaReserved") or {}
     message = str(pending.get("message") or "waiting for quota in its ClusterQueue")
     return Verdict(Admission.WAITING, str(pending.get("reason") or "Pending"), message, queue)
+
+
+def assigned_flavors(workload: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """podSet name -> the ResourceFlavors its admission assigned (one per resource, sorted,
+    without repeats)."""
+    status = workload.get("status")
+    admission = status.get("admission") if isinstance(status, Mapping) else None
+    items = admission.get("podSetAssignments") if isinstance(admission, Mapping) else None
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            continue
+        flavors = item.get("flavors")
+        names = flavors.values() if isinstance(flavors, Mapping) else ()
+        out[item["name"]] = tuple(sorted({n for n in names if isinstance(n, str)}))
+    return out
+
+
+def placement(
+    spec: SlurmJobSpec,
+    assigned: Mapping[str, Collection[str]],
+    labels: Mapping[str, Mapping[str, str]],
+) -> str | None:
+    """The partition the admission's flavors choose for the job (None: they name none, and
+    the spec's or the site's default stands). ValueError, naming the flavor, when they cannot
+    be honoured: a flavor's partition that is not the spec's, two partitions for one job, a
+    GPU series that is not the pool's. Fail-closed: what Kueue counted the quota against is
+    where the job runs, or it does not run."""
+    partitions: dict[str, str] = {}
+    for pool in spec.pools:
+        flavors = assigned.get(pool.name)
+        if flavors is None:
+            raise ValueError(f"the admission assigns no flavor to podSet {pool.name}")
+        for flavor in flavors:
+            nodes = labels.get(flavor, {})
+            part = nodes.get(PARTITION_KEY)
+            if part is not None:
+                if not _label_value(part):
+                    raise ValueError(f"ResourceFlavor {flavor}: {PARTITION_KEY} is not a name")
+                partitions[part] = flavor
+            series = nodes.get(SERIES_KEY)
+            if pool.gpus_per_node and series is not None and series != pool.gpu_series:
+                raise ValueError(
+                    f"pool {pool.name} asks for GPU series {pool.gpu_series}, but Kueue admitted "
+                    f"it on ResourceFlavor {flavor} ({SERIES_KEY}={series})"
+                )
+    if len(partitions) > 1:
+        named = ", ".join(f"{p} ({f})" for p, f in sorted(partitions.items()))
+        raise ValueError(f"the admission's flavors name more than one partition: {named}")
+    if not partitions:
+        return None
+    [(chosen, flavor)] = partitions.items()
+    wanted = [p.strip() for p in spec.partition.split(",")] if spec.partition else []
+    if wanted and chosen not in wanted:
+        raise ValueError(
+            f"spec.partition is {spec.partition}, but Kueue admitted the job on ResourceFlavor "
+            f"{flavor} ({PARTITION_KEY}={chosen})"
+        )
+    return chosen
 
 
 def condition(

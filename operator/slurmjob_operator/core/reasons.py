@@ -19,6 +19,9 @@ class ConditionType(StrEnum):
     READY = "Ready"
     SUSPENDED = "Suspended"
     SLURM_REACHABLE = "SlurmReachable"
+    QUOTA_RESERVED = "QuotaReserved"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
 
 
 CONDITION_MEANINGS: dict[ConditionType, str] = {
@@ -44,6 +47,19 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
         "Whether slurmrestd answers the operator's poll with its credentials (written on "
         "followed jobs when that changes). Refused tokens come back as HTTP 500 or 511, so "
         "this condition and its Event are where they show."
+    ),
+    ConditionType.QUOTA_RESERVED: (
+        "Kueue's QuotaReserved on the SlurmJob's Workload (with the kueue.x-k8s.io/queue-name "
+        "label only): True once its ClusterQueue reserved the quota, False while it waits "
+        "(Kueue's reason and message) and after an eviction gave the quota back."
+    ),
+    ConditionType.ADMITTED: (
+        "Kueue's Admitted on the SlurmJob's Workload: True once admitted (nothing is submitted "
+        "to Slurm before), False while it waits or once evicted."
+    ),
+    ConditionType.EVICTED: (
+        "True when Kueue evicted the Workload, with Kueue's reason (Preempted, "
+        "InactiveWorkload, PodsReadyTimeout, ...); False once it is admitted again."
     ),
 }
 
@@ -159,6 +175,8 @@ REASON_MEANINGS: dict[Reason, str] = {
 
 #: A condition whose reason is the one of the phase Slurm's state maps to (`core.states`).
 FROM_SLURM = "(from Slurm)"
+#: A condition whose reason is Kueue's, from the Workload's own condition.
+FROM_KUEUE = "(from Kueue)"
 
 #: (condition type, status, reason); the reason is a `Reason` or `FROM_SLURM`.
 Written = tuple[str, str, str]
@@ -235,6 +253,11 @@ WRITTEN: frozenset[Written] = frozenset(
         *(
             (cond, status, FROM_SLURM)
             for cond in (C.RUNNING, C.READY, C.SUCCEEDED, C.FAILED)
+            for status in (_T, _F)
+        ),
+        *(
+            (cond, status, FROM_KUEUE)
+            for cond in (C.QUOTA_RESERVED, C.ADMITTED, C.EVICTED)
             for status in (_T, _F)
         ),
     ]
