@@ -78,6 +78,10 @@ class WorkloadStore(Protocol):
 
     async def flavor_labels(self, name: str) -> dict[str, str] | None: ...
 
+    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None: ...
+
+    async def local_queue_exists(self, namespace: str, name: str) -> bool: ...
+
 
 class ReviewUnavailable(RuntimeError):
     """The apiserver did not answer a review (or refused the operator the right to ask)."""
@@ -270,6 +274,33 @@ class KubeApi:
             if exc.status in (404, 409):
                 return False
             raise WorkloadError(f"Workload {meta.get('name')}: HTTP {exc.status}") from None
+        return True
+
+    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
+        """Merge-patch the Workload's spec.active (Kueue evicts an admitted Workload made
+        inactive and admits none until it is active again)."""
+        try:
+            await self._custom.patch_namespaced_custom_object(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                "workloads",
+                name,
+                {"spec": {"active": active}},
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            raise WorkloadError(f"Workload {namespace}/{name}: HTTP {exc.status}") from None
+
+    async def local_queue_exists(self, namespace: str, name: str) -> bool:
+        try:
+            await self._custom.get_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise WorkloadError(f"LocalQueue {namespace}/{name}: HTTP {exc.status}") from None
         return True
 
     async def delete_workload(self, namespace: str, name: str) -> None:

@@ -230,6 +230,12 @@ class _Workloads:
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         return {}
 
+    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
+        self.objects[(namespace, name)]["spec"]["active"] = active
+
+    async def local_queue_exists(self, namespace: str, name: str) -> bool:
+        return True
+
 
 ADMITTED = {
     "conditions": [
@@ -385,6 +391,7 @@ class _KueueStore(MemoryStore):
         super().__init__()
         self.workloads = _Workloads()
         self.flavors: dict[str, dict[str, str]] = {}
+        self.local_queues = {"lq"}
 
     async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.workloads.get_workload(namespace, name)
@@ -393,6 +400,10 @@ class _KueueStore(MemoryStore):
         return await self.workloads.create_workload(body)
 
     async def set_workload_status(self, workload: Any, status: Any) -> bool:
+        meta = workload["metadata"]
+        stored = self.workloads.objects[(meta["namespace"], meta["name"])]
+        merged = {**(stored.get("status") or {}), **status}
+        stored["status"] = {k: v for k, v in merged.items() if v is not None}
         return True
 
     async def delete_workload(self, namespace: str, name: str) -> None:
@@ -403,6 +414,12 @@ class _KueueStore(MemoryStore):
 
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         return self.flavors.get(name)
+
+    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
+        await self.workloads.set_workload_active(namespace, name, active)
+
+    async def local_queue_exists(self, namespace: str, name: str) -> bool:
+        return name in self.local_queues
 
 
 def _kueue_bed(tmp_path: Any) -> tuple[Bed, _KueueStore, list[Any]]:
@@ -490,3 +507,98 @@ async def test_an_admission_on_a_contradicting_flavor_submits_nothing(tmp_path: 
     assert await _reconcile(bed2, ref2) is not None
     assert sent2 == []
     assert bed2.store.status(ref2).phase is Phase.PENDING
+
+
+# -- eviction: a pending job is held, a running one ended; spec.suspend is `!active` --------
+
+EVICTED_BY_PREEMPTION = [
+    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+    {"type": "Admitted", "status": "True", "reason": "Admitted"},
+    {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by high"},
+]
+
+
+async def _submitted_on_admission(tmp_path: Any) -> tuple[Bed, _KueueStore, Any, dict[str, Any]]:
+    bed, store, _ = _kueue_bed(tmp_path)
+    ref = _queued(bed, cpu_spec())
+    await _reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    store.flavors["default"] = {}
+    workload["status"] = _admitted_on(main="default")["status"]
+    assert await _reconcile(bed, ref) is None
+    assert bed.store.status(ref).phase is Phase.QUEUED
+    return bed, store, ref, workload
+
+
+async def test_a_pending_job_evicted_is_held_and_released_when_admitted_again(
+    tmp_path: Any,
+) -> None:
+    bed, _, ref, workload = await _submitted_on_admission(tmp_path)
+    [job] = bed.slurm.jobs
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await _reconcile(bed, ref)
+    assert f"hold {job}" in bed.slurm.calls
+    assert f"cancel {job}" not in bed.slurm.calls
+    status = bed.store.status(ref)
+    assert status.phase is Phase.QUEUED
+    [attempt] = status.attempts
+    assert attempt.retry_action is None  # the same attempt, kept
+    assert _conds(bed, ref)["Evicted"] == ("True", "Preempted")
+    # The quota was given back as jobframework does.
+    assert "admission" not in workload["status"]
+    given = {c["type"]: c["status"] for c in workload["status"]["conditions"]}
+    assert given["QuotaReserved"] == "False"
+    assert _conds(bed, ref)["QuotaReserved"] == ("False", "Pending")
+    # Still waiting: held on, nothing released, nothing submitted.
+    calls = list(bed.slurm.calls)
+    workload["status"]["conditions"] = [
+        c for c in workload["status"]["conditions"] if c["type"] != "Evicted"
+    ]
+    await _reconcile(bed, ref)
+    assert not [c for c in bed.slurm.calls[len(calls) :] if c.startswith(("release", "submit"))]
+    # Admitted again: the same job released, never a second one.
+    workload["status"] = _admitted_on(main="default")["status"]
+    assert await _reconcile(bed, ref) is None
+    assert f"release {job}" in bed.slurm.calls
+    assert list(bed.slurm.jobs) == [job]
+    assert _conds(bed, ref)["Evicted"] == ("False", "Admitted")
+    assert _conds(bed, ref)["Admitted"] == ("True", "Admitted")
+
+
+async def test_a_running_job_evicted_is_cancelled_and_its_attempt_spends_no_retry(
+    tmp_path: Any,
+) -> None:
+    bed, _, ref, workload = await _submitted_on_admission(tmp_path)
+    [job] = bed.slurm.jobs
+    bed.slurm.set_state(job, "RUNNING")
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await _reconcile(bed, ref)
+    assert f"cancel {job}" in bed.slurm.calls
+    status = bed.store.status(ref)
+    [attempt] = status.attempts
+    assert attempt.retry_action == EVICTED_ACTION
+    assert "admission" not in workload["status"]
+
+
+async def test_spec_suspend_makes_the_workload_inactive(tmp_path: Any) -> None:
+    bed, store, sent = _kueue_bed(tmp_path)
+    ref = bed.store.create("train", cpu_spec(suspend=True))
+    bed.store.objects[("team-a", "train")]["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    await _reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    assert workload["spec"]["active"] is False
+    bed.store.objects[("team-a", "train")]["spec"]["suspend"] = False
+    await _reconcile(bed, ref)
+    assert workload["spec"]["active"] is True
+    assert sent == []  # still not admitted
+
+
+async def test_a_missing_local_queue_is_named_and_makes_no_workload(tmp_path: Any) -> None:
+    bed, store, _ = _kueue_bed(tmp_path)
+    store.local_queues = set()
+    ref = _queued(bed, cpu_spec())
+    assert await _reconcile(bed, ref) is not None
+    assert store.workloads.objects == {}
+    assert "LocalQueue lq does not exist in namespace team-a" in (
+        bed.store.status(ref).message or ""
+    )

@@ -107,13 +107,17 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 # Kueue: one Workload per SlurmJob labelled with a LocalQueue, deleted with it (docs/kueue.md).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
 # The value of the WorkloadPriorityClass a SlurmJob names (Kueue's webhook would set it).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
+# Where an admission's flavor places the job (nodeLabels), and whether a named LocalQueue exists.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "localqueues"]
   verbs: ["get"]
 {{- end }}
 {{- end }}

@@ -39,12 +39,20 @@ from slurmjob_operator.times import rfc3339, utc_now
 log = logging.getLogger(__name__)
 
 
+def _active(workload: dict[str, Any]) -> bool:
+    spec = workload.get("spec")
+    return not isinstance(spec, dict) or spec.get("active") is not False
+
+
 class Queues:
     def __init__(self, store: WorkloadStore) -> None:
         self._store = store
 
-    async def admission(self, view: ResourceView, spec: SlurmJobSpec) -> Verdict:
-        """Kueue's verdict on the SlurmJob's Workload, made first when there is none."""
+    async def admission(
+        self, view: ResourceView, spec: SlurmJobSpec, *, active: bool = True
+    ) -> Verdict:
+        """Kueue's verdict on the SlurmJob's Workload, made first when there is none, its
+        `active` set to `active` (`!spec.suspend`)."""
         queue = queue_of(view.labels)
         assert queue is not None
         ref = view.ref
@@ -62,7 +70,16 @@ class Queues:
                     "owner, queue or podSets differ): nothing is submitted on its admission; "
                     "delete it and the operator makes its own",
                 )
+            if workload is not None and _active(workload) is not active:
+                await self._store.set_workload_active(ref.namespace, name, active)
+                workload = await self._store.get_workload(ref.namespace, name) or workload
             if workload is None:
+                if not await self._store.local_queue_exists(ref.namespace, queue):
+                    return Verdict(
+                        Admission.WAITING,
+                        "LocalQueueNotFound",
+                        f"LocalQueue {queue} does not exist in namespace {ref.namespace}",
+                    )
                 priority_class = view.labels.get(PRIORITY_LABEL) or None
                 priority = None
                 if priority_class is not None:
@@ -83,6 +100,7 @@ class Queues:
                     f"{GROUP}/{VERSION}",
                     priority,
                 )
+                body["spec"]["active"] = active
                 workload = await self._store.create_workload(body)
                 log.info(
                     "%s/%s: Workload %s made in queue %s", ref.namespace, ref.name, name, queue

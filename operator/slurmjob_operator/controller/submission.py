@@ -65,8 +65,11 @@ from slurmjob_operator.core.following import (
     dependency_failed,
     dependency_repointed,
     evicted,
+    kueue_held,
+    kueue_hold,
+    kueue_release,
 )
-from slurmjob_operator.core.jobview import SlurmJobView, job_of, leader
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView, job_of, leader
 from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, queue_of
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
@@ -283,6 +286,7 @@ class Submission:
             if transition is not None:
                 view = await self.edge.apply(view, transition)
             if blocked:
+                await self._inactive(view)
                 return False
             upstream: tuple[AttemptDependency, ...] = ()
             if settled_refusal(view.status, view.generation):
@@ -653,11 +657,30 @@ class Submission:
         await self.edge.apply(view, Transition(wait.status, told.events + wait.events))
         raise RetryLater(text, self._admission_wait)
 
+    async def _inactive(self, view: ResourceView) -> None:
+        """spec.suspend before anything ran: the Workload is made (or kept) inactive, so it
+        holds no quota; a reservation it had is given back once Kueue evicts it."""
+        spec = view.spec
+        if self.queues is None or spec is None or queue_of(view.labels) is None:
+            return
+        found = await self.queues.admission(view, spec, active=False)
+        if found.admission is Admission.EVICTED:
+            try:
+                await self.queues.give_back(view, found)
+            except WorkloadError as exc:
+                raise RetryLater(str(exc), self._admission_wait) from exc
+        await self.edge.apply(
+            view, admission_conditions(view.status, found, view.generation, utc_now())
+        )
+
     async def _follow_admission(self, view: ResourceView) -> bool:
-        """A job Kueue evicted while queued or running in Slurm: cancel it, wait for its end,
-        record the attempt as evicted (not a failure, no retry spent) and give the quota back.
-        True when that was done (nothing else to follow). Raises RetryLater while the job is
-        still ending."""
+        """Kueue's verdict on a job in Slurm. Evicted while still pending: held in Slurm and
+        the quota given back, then released once Kueue admits it again (the same job: never
+        two for one admission). Evicted while running (or when the hold did not take, or the
+        new admission places it elsewhere): cancelled, its end waited for, the attempt
+        recorded as evicted (no retry spent) and the quota given back. True while Kueue holds
+        the job or when it was just ended (nothing else to follow now). Raises RetryLater
+        while the job is still ending."""
         attempt = view.status.current_attempt
         spec = view.spec
         if (
@@ -671,15 +694,106 @@ class Submission:
             or view.status.phase not in (Phase.QUEUED, Phase.RUNNING, Phase.CANCELLED)
         ):
             return False
-        found = await self.queues.admission(view, spec)
+        found = await self.queues.admission(view, spec, active=not view.suspend)
+        if kueue_held(view.status):
+            return await self._held_for_kueue(view, attempt.job_id, found)
         if found.admission is not Admission.EVICTED:
             return False
+        pending = view.status.phase is Phase.QUEUED and attempt.started_at is None
+        if pending and await self._hold_evicted(view, attempt.job_id, found):
+            return True
+        await self._end_evicted(view, attempt.job_id, attempt.sluid, found)
+        return True
+
+    async def _hold_evicted(self, view: ResourceView, job_id: int, found: Admitted) -> bool:
+        """Hold the evicted job while it is still pending; False when it has started (or is
+        gone) meanwhile, and must be ended instead."""
+        assert self.queues is not None
+        try:
+            client = await self.slurm()
+            views = await client.get_job(job_id)
+            attempt = view.status.current_attempt
+            assert attempt is not None
+            if stranger(views, view.ref.uid, attempt) is not None:
+                return False
+            try:
+                await (await self._acting(view.ref)).hold(job_id, True)
+            except SlurmNotFound:
+                raise
+            except SlurmError as exc:  # Slurm refuses to hold a job that has started
+                log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
+            # Held only if it had not started in between: read it again.
+            views = await client.get_job(job_id)
+        except SlurmNotFound:
+            return False
+        except SlurmError as exc:
+            raise RetryLater(f"evicted job {job_id}: {exc}", self._backoff) from exc
+        if not views or any(v.base_state is not BaseState.PENDING for v in views):
+            return False
+        now = utc_now()
+        told = admission_conditions(view.status, found, view.generation, now)
+        held = kueue_hold(told.status, found.reason, found.message, now)
+        view = await self.edge.apply(view, Transition(held.status, told.events + held.events))
+        try:
+            await self.queues.give_back(view, found)
+        except WorkloadError as exc:
+            raise RetryLater(str(exc), self._admission_wait) from exc
+        back = Admitted(Admission.WAITING, "Pending", "quota given back after the eviction")
+        await self.edge.apply(view, admission_conditions(view.status, back, view.generation, now))
+        return True
+
+    async def _held_for_kueue(self, view: ResourceView, job_id: int, found: Admitted) -> bool:
+        """A job held in Slurm since its eviction: released once Kueue admits it again where
+        it was submitted (cancelled and submitted anew when the admission places it elsewhere
+        or is refused); held on, its quota given back, until then."""
+        assert self.queues is not None
+        now = utc_now()
+        if found.admission is Admission.EVICTED:
+            try:
+                await self.queues.give_back(view, found)
+            except WorkloadError as exc:
+                raise RetryLater(str(exc), self._admission_wait) from exc
+            return True
+        if found.admission is not Admission.ADMITTED:
+            await self.edge.apply(
+                view, admission_conditions(view.status, found, view.generation, now)
+            )
+            return True
+        try:
+            client = await self.slurm()
+            views = await client.get_job(job_id)
+        except SlurmNotFound:
+            views = []
+        except SlurmError as exc:
+            raise RetryLater(f"held job {job_id}: {exc}", self._backoff) from exc
+        moved = found.partition is not None and any(v.partition != found.partition for v in views)
+        if found.refusal is not None or moved or not views:
+            attempt = view.status.current_attempt
+            assert attempt is not None
+            await self._end_evicted(view, job_id, attempt.sluid, found)
+            return True
+        if not view.suspend:
+            try:
+                await (await self._acting(view.ref)).hold(job_id, False)
+            except SlurmError as exc:
+                raise RetryLater(f"cannot release job {job_id}: {exc}", self._backoff) from exc
+        told = admission_conditions(view.status, found, view.generation, now)
+        released = kueue_release(told.status, view.suspend, view.generation, now)
+        await self.edge.apply(view, Transition(released.status, told.events + released.events))
+        return False
+
+    async def _end_evicted(
+        self, view: ResourceView, job_id: int, sluid: str | None, found: Admitted
+    ) -> None:
+        """Cancel the evicted job, wait for its end, record the attempt evicted and give the
+        quota back."""
+        assert self.queues is not None
         try:
             acting = await self._acting(view.ref)
             with contextlib.suppress(SlurmNotFound):
-                await acting.cancel(attempt.job_id)
+                await acting.cancel(job_id)
             client = await self.slurm()
-            ref = client.lifecycle_ref(attempt.job_id, attempt.sluid)
+            ref = client.lifecycle_ref(job_id, sluid)
             # Waited for here, under the resource's lock: the poller's fold of the cancelled
             # job must find the attempt evicted, not end the SlurmJob Cancelled.
             for _ in range(EVICTION_WAIT_ROUNDS):
@@ -691,22 +805,27 @@ class Submission:
                     break
                 await asyncio.sleep(0.5)
             else:
-                raise RetryLater(f"evicted job {attempt.job_id} is still ending", 1.0)
+                raise RetryLater(f"evicted job {job_id} is still ending", 1.0)
         except SlurmError as exc:
-            raise RetryLater(f"evicted job {attempt.job_id}: {exc}", self._backoff) from exc
-        # The status first: a fold of the cancelled job must find the attempt evicted, not
-        # end the SlurmJob Cancelled.
+            raise RetryLater(f"evicted job {job_id}: {exc}", self._backoff) from exc
         now = utc_now()
-        ended = evicted(view.status, found.reason, found.message, view.generation, now)
+        reason = found.reason if found.admission is Admission.EVICTED else "Readmitted"
+        message = (
+            found.message
+            if found.admission is Admission.EVICTED
+            else (found.refusal or "admitted again elsewhere than where its job was held")
+        )
+        ended = evicted(view.status, reason, message, view.generation, now)
         told = admission_conditions(ended.status, found, view.generation, now)
         view = await self.edge.apply(view, Transition(told.status, ended.events + told.events))
+        if found.admission is not Admission.EVICTED:
+            return
         try:
             await self.queues.give_back(view, found)
         except WorkloadError as exc:
             raise RetryLater(str(exc), self._admission_wait) from exc
         back = Admitted(Admission.WAITING, "Pending", "quota given back after the eviction")
         await self.edge.apply(view, admission_conditions(view.status, back, view.generation, now))
-        return True
 
     # -- dependencies ---------------------------------------------------------------------
 

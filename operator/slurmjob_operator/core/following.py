@@ -382,3 +382,50 @@ def admission_conditions(
         if value == "True" and kind in (QUOTA_RESERVED, ADMITTED):
             events += flip_event(status, kind, "True", Event(NORMAL, kind, text))
     return Transition(with_conditions(status, updates, generation, now), tuple(events))
+
+
+def kueue_held(status: SlurmJobStatus) -> bool:
+    """The current attempt's job is held in Slurm for Kueue: evicted while still pending,
+    kept (not cancelled) until Kueue admits it again."""
+    cond = get_condition(status.conditions, EVICTED)
+    attempt = status.current_attempt
+    return (
+        cond is not None
+        and cond.status == "True"
+        and attempt is not None
+        and attempt.job_id is not None
+        and attempt.retry_action is None
+        and status.phase is Phase.QUEUED
+    )
+
+
+def kueue_hold(status: SlurmJobStatus, reason: str, message: str, now: datetime) -> Transition:
+    """Kueue evicted the job while it was pending and it is now held in Slurm: it keeps its
+    place in Slurm's queue and is released, not submitted again, once Kueue re-admits it."""
+    del now  # the conditions carry the time (`admission_conditions`)
+    attempt = status.current_attempt
+    job = attempt.job_id if attempt is not None else None
+    why = _kueue_reason(reason, "Evicted")
+    text = f"evicted by Kueue ({why}) while pending: Slurm job {job} held until re-admitted"
+    if message:
+        text = f"{text}: {message}"
+    new = status.model_copy(update={"message": text})
+    return Transition(new, (Event(WARNING, Reason.EVICTED.value, text),))
+
+
+def kueue_release(
+    status: SlurmJobStatus, suspended: bool, generation: int | None, now: datetime
+) -> Transition:
+    """Kueue admitted the held job again: released (unless spec.suspend holds it still)."""
+    attempt = status.current_attempt
+    job = attempt.job_id if attempt is not None else None
+    if suspended:
+        text = f"admitted again by Kueue; Slurm job {job} stays held (spec.suspend is true)"
+        return Transition(status.model_copy(update={"message": text}))
+    text = f"admitted again by Kueue: Slurm job {job} released"
+    new = status.model_copy(update={"message": text})
+    cond = get_condition(status.conditions, SUSPENDED)
+    if cond is not None and cond.status == "True":
+        # spec.suspend was lifted while Kueue held the job: the release ends both holds.
+        new = with_conditions(new, [(SUSPENDED, "False", Reason.RELEASED, text)], generation, now)
+    return Transition(new, (Event(NORMAL, Reason.RELEASED.value, text),))
