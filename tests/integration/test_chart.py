@@ -833,3 +833,45 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
                 "--ignore-not-found", check=False,
             )  # fmt: skip
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
+    """kueue.enabled grants what the operator does with Kueue (docs/kueue.md, RBAC) and no
+    more; without it, nothing of Kueue's."""
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"chart-kq-{suffix}"
+    kube.kubectl("create", "namespace", ns)
+    releases = {f"sjkq-{suffix}": True, f"sjnokq-{suffix}": False}
+    try:
+        for release, enabled in releases.items():
+            apply_rbac(kube, release, ns, "--set", f"kueue.enabled={str(enabled).lower()}")
+        for release, enabled in releases.items():
+            who = f"system:serviceaccount:{ns}:{release}-slurmjob-operator"
+            wl = "workloads.kueue.x-k8s.io"
+            granted = [
+                ("create", wl, "-n", "default"),
+                ("patch", wl, "-n", "default"),
+                ("delete", wl, "-n", "default"),
+                ("watch", wl, "--all-namespaces"),
+                ("patch", wl, "--subresource=status", "-n", "default"),
+                ("get", "workloadpriorityclasses.kueue.x-k8s.io"),
+                ("get", "resourceflavors.kueue.x-k8s.io"),
+                ("get", "localqueues.kueue.x-k8s.io", "-n", "default"),
+            ]
+            for args in granted:
+                assert can_i(kube, who, *args) is enabled, (release, args)
+            for args in [
+                ("update", wl, "-n", "default"),
+                ("create", "localqueues.kueue.x-k8s.io", "-n", "default"),
+                ("delete", "resourceflavors.kueue.x-k8s.io"),
+                ("patch", "clusterqueues.kueue.x-k8s.io"),
+            ]:
+                assert not can_i(kube, who, *args), (release, args)
+    finally:
+        for release in releases:
+            for name in (f"{release}-slurmjob-operator", f"{release}-slurmjob-operator-reviews"):
+                kube.kubectl(
+                    "delete", "clusterrolebinding,clusterrole", name,
+                    "--ignore-not-found", check=False,
+                )  # fmt: skip
+        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

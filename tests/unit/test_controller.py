@@ -1141,3 +1141,30 @@ async def test_an_array_whose_tasks_started_is_not_held(bed: Bed) -> None:
     await reconcile(bed, ref)
     assert condition(bed, ref, "Suspended") == ("False", "NotHeld")
     assert not [c for c in bed.slurm.calls if c.startswith("hold")]
+
+
+async def test_suspend_holds_every_component_of_a_heterogeneous_job(bed: Bed) -> None:
+    """slurmrestd holds only the leader's component when given the leader's id: the other
+    components, still eligible, would keep nodes reserved in the backfill plan."""
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    leader = bed.slurm.jobs[100].model_copy(update={"het_job_id": 100, "het_job_offset": 0})
+    bed.slurm.jobs[100] = leader
+    bed.slurm.jobs[101] = leader.model_copy(update={"job_id": 101, "het_job_offset": 1})
+    get_job = bed.slurm.get_job
+
+    async def components(ref_: int | str) -> list[Any]:
+        found = await get_job(ref_)
+        return [*found, bed.slurm.jobs[101]] if found and found[0].job_id == 100 else found
+
+    bed.slurm.get_job = components  # type: ignore[method-assign]
+    bed.store.update(ref, suspend=True)
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Suspended") == ("True", "Held")
+    assert [c for c in bed.slurm.calls if c.startswith("hold")] == ["hold 101", "hold 100"]
+    bed.store.update(ref, suspend=False)
+    await reconcile(bed, ref)
+    assert [c for c in bed.slurm.calls if c.startswith("release")] == [
+        "release 101",
+        "release 100",
+    ]

@@ -717,7 +717,7 @@ class Submission:
             if stranger(views, view.ref.uid, attempt) is not None:
                 return False
             try:
-                await (await self._acting(view.ref)).hold(job_id, True)
+                await self._hold(view.ref, job_id, views, True)
             except SlurmNotFound:
                 raise
             except SlurmError as exc:  # Slurm refuses to hold a job that has started
@@ -774,7 +774,7 @@ class Submission:
             return True
         if not view.suspend:
             try:
-                await (await self._acting(view.ref)).hold(job_id, False)
+                await self._hold(view.ref, job_id, views, False)
             except SlurmError as exc:
                 raise RetryLater(f"cannot release job {job_id}: {exc}", self._backoff) from exc
         told = admission_conditions(view.status, found, view.generation, now)
@@ -901,6 +901,18 @@ class Submission:
 
     # -- hold and release -----------------------------------------------------------------
 
+    async def _hold(
+        self, ref: ObjectRef, job_id: int, views: list[SlurmJobView], held: bool
+    ) -> None:
+        """Hold (or release) the job: every component of a heterogeneous one, each by its own
+        id (slurmrestd holds only the leader's component when given the leader's id, and the
+        other components, still eligible, would keep their reservation of nodes in the
+        backfill plan, blocking the jobs Kueue admitted in the held one's place)."""
+        acting = await self._acting(ref)
+        components = sorted({v.job_id for v in views if v.het_job_id == job_id} - {job_id})
+        for component in (*components, job_id):
+            await acting.hold(component, held)
+
     async def _sync_hold(self, view: ResourceView) -> None:
         """Hold a queued job while spec.suspend is true; release it when it is false again."""
         action = hold_action(view.status, view.suspend)
@@ -918,8 +930,7 @@ class Submission:
                 if other is not None:
                     await refuse_stranger(self.edge, view.ref, attempt, other, "not held")
                     return
-                acting = await self._acting(view.ref)
-                await acting.hold(attempt.job_id, action is Hold.HOLD)
+                await self._hold(view.ref, attempt.job_id, views, action is Hold.HOLD)
             except SlurmError as exc:
                 verb = "hold" if action is Hold.HOLD else "release"
                 raise RetryLater(f"cannot {verb}: {exc}", 10) from exc
