@@ -78,7 +78,9 @@ class WorkloadStore(Protocol):
 
     async def flavor_labels(self, name: str) -> dict[str, str] | None: ...
 
-    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None: ...
+    async def patch_workload(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None: ...
 
     async def local_queue_exists(self, namespace: str, name: str) -> bool: ...
 
@@ -276,21 +278,27 @@ class KubeApi:
             raise WorkloadError(f"Workload {meta.get('name')}: HTTP {exc.status}") from None
         return True
 
-    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
-        """Merge-patch the Workload's spec.active (Kueue evicts an admitted Workload made
-        inactive and admits none until it is active again)."""
+    async def patch_workload(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch the Workload (its spec.active and the operator's annotation); None when
+        it is gone."""
         try:
-            await self._custom.patch_namespaced_custom_object(
+            obj = await self._custom.patch_namespaced_custom_object(
                 KUEUE_GROUP,
                 KUEUE_VERSION,
                 namespace,
                 "workloads",
                 name,
-                {"spec": {"active": active}},
+                dict(patch),
                 _content_type=_MERGE_PATCH,
             )
         except ApiException as exc:
+            if exc.status == 404:
+                return None
             raise WorkloadError(f"Workload {namespace}/{name}: HTTP {exc.status}") from None
+        result: dict[str, Any] = obj
+        return result
 
     async def local_queue_exists(self, namespace: str, name: str) -> bool:
         try:

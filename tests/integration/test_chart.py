@@ -841,10 +841,13 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
     suffix = uuid.uuid4().hex[:6]
     ns = f"chart-kq-{suffix}"
     kube.kubectl("create", "namespace", ns)
-    releases = {f"sjkq-{suffix}": True, f"sjnokq-{suffix}": False}
+    releases = {f"sjkq-{suffix}": True, f"sjnokq-{suffix}": False, f"sjkqns-{suffix}": True}
     try:
         for release, enabled in releases.items():
-            apply_rbac(kube, release, ns, "--set", f"kueue.enabled={str(enabled).lower()}")
+            values = ["--set", f"kueue.enabled={str(enabled).lower()}"]
+            if release.startswith("sjkqns"):  # watchNamespaces: Roles, and the cluster kinds
+                values += ["--set", "watchNamespaces={default}"]
+            apply_rbac(kube, release, ns, *values)
         for release, enabled in releases.items():
             who = f"system:serviceaccount:{ns}:{release}-slurmjob-operator"
             wl = "workloads.kueue.x-k8s.io"
@@ -852,7 +855,7 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
                 ("create", wl, "-n", "default"),
                 ("patch", wl, "-n", "default"),
                 ("delete", wl, "-n", "default"),
-                ("watch", wl, "--all-namespaces"),
+                ("watch", wl, "-n", "default"),
                 ("patch", wl, "--subresource=status", "-n", "default"),
                 ("get", "workloadpriorityclasses.kueue.x-k8s.io"),
                 ("get", "resourceflavors.kueue.x-k8s.io"),
@@ -860,6 +863,8 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
             ]
             for args in granted:
                 assert can_i(kube, who, *args) is enabled, (release, args)
+            if release.startswith("sjkqns"):
+                assert not can_i(kube, who, "get", wl, "-n", "kube-system"), release
             for args in [
                 ("update", wl, "-n", "default"),
                 ("create", "localqueues.kueue.x-k8s.io", "-n", "default"),
@@ -868,8 +873,16 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
             ]:
                 assert not can_i(kube, who, *args), (release, args)
     finally:
+        kube.kubectl(
+            "delete", "role,rolebinding", f"sjkqns-{suffix}-slurmjob-operator", "-n", "default",
+            "--ignore-not-found", check=False,
+        )  # fmt: skip
         for release in releases:
-            for name in (f"{release}-slurmjob-operator", f"{release}-slurmjob-operator-reviews"):
+            for name in (
+                f"{release}-slurmjob-operator",
+                f"{release}-slurmjob-operator-reviews",
+                f"{release}-slurmjob-operator-kueue",
+            ):
                 kube.kubectl(
                     "delete", "clusterrolebinding,clusterrole", name,
                     "--ignore-not-found", check=False,

@@ -455,7 +455,12 @@ class MemorySlurm:
 
     async def do_hold(self, job_id: int, held: bool, user: str | None) -> tuple[()]:
         self._record(f"{'hold' if held else 'release'} {job_id}", user)
-        self._may_change(self._find(job_id), user)
+        job = self._find(job_id)
+        self._may_change(job, user)
+        if job.base_state is BaseState.PENDING and job.job_id in self.jobs:
+            self.jobs[job.job_id] = job.model_copy(
+                update={"reason": "JobHeldUser" if held else None}
+            )
         return ()
 
     async def do_set_dependency(self, job_id: int, dependency: str, user: str | None) -> tuple[()]:

@@ -15,6 +15,7 @@ from slurmjob_operator.core.kueue import (
     PARTITION_KEY,
     QUEUE_LABEL,
     SERIES_KEY,
+    SUSPEND_ANNOTATION,
     Admission,
     assigned_flavors,
     owner_of,
@@ -27,6 +28,8 @@ from slurmjob_operator.core.kueue import (
     workload_body,
     workload_name,
 )
+from slurmjob_operator.slurm.errors import SlurmRejected
+from slurmjob_operator.slurm.nodes import PartitionInfo
 
 from .controller_fakes import Bed, MemoryStore, cpu_spec, make_bed
 
@@ -230,8 +233,18 @@ class _Workloads:
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         return {}
 
-    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
-        self.objects[(namespace, name)]["spec"]["active"] = active
+    async def patch_workload(self, namespace: str, name: str, patch: Any) -> dict[str, Any] | None:
+        found = self.objects.get((namespace, name))
+        if found is None:
+            return None
+        for key, value in patch.items():
+            part = found.setdefault(key, {})
+            for inner, item in value.items():
+                if isinstance(item, dict):
+                    part.setdefault(inner, {}).update(item)
+                else:
+                    part[inner] = item
+        return found
 
     async def local_queue_exists(self, namespace: str, name: str) -> bool:
         return True
@@ -415,8 +428,8 @@ class _KueueStore(MemoryStore):
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         return self.flavors.get(name)
 
-    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
-        await self.workloads.set_workload_active(namespace, name, active)
+    async def patch_workload(self, namespace: str, name: str, patch: Any) -> dict[str, Any] | None:
+        return await self.workloads.patch_workload(namespace, name, patch)
 
     async def local_queue_exists(self, namespace: str, name: str) -> bool:
         return name in self.local_queues
@@ -602,3 +615,107 @@ async def test_a_missing_local_queue_is_named_and_makes_no_workload(tmp_path: An
     assert "LocalQueue lq does not exist in namespace team-a" in (
         bed.store.status(ref).message or ""
     )
+
+
+async def _refresh(bed: Bed, ref: Any) -> None:
+    [item] = [t for t in bed.controller.followed() if t.ref == ref]
+    views = await bed.slurm.get_job(bed.slurm.lifecycle_ref(item.job_id, item.sluid))
+    await bed.controller.refresh(item, views)
+
+
+async def _held_by_eviction(tmp_path: Any) -> tuple[Bed, _KueueStore, Any, dict[str, Any], int]:
+    bed, store, ref, workload = await _submitted_on_admission(tmp_path)
+    [job] = bed.slurm.jobs
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await _reconcile(bed, ref)
+    assert _conds(bed, ref)["Evicted"] == ("True", "Preempted")
+    assert f"hold {job}" in bed.slurm.calls
+    return bed, store, ref, workload, job
+
+
+async def test_an_evicted_job_that_is_not_the_attempts_is_left_alone(tmp_path: Any) -> None:
+    bed, _, ref, workload = await _submitted_on_admission(tmp_path)
+    [job] = bed.slurm.jobs
+    bed.slurm.jobs[job] = bed.slurm.jobs[job].model_copy(update={"name": "someone-else"})
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await _reconcile(bed, ref)
+    assert not [c for c in bed.slurm.calls if c.startswith(("hold", "cancel"))]
+
+
+async def test_an_eviction_whose_hold_does_not_take_ends_the_job(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed, _, ref, workload = await _submitted_on_admission(tmp_path)
+    [job] = bed.slurm.jobs
+
+    async def refused(job_id: int, held: bool) -> tuple[()]:
+        raise SlurmRejected("Access/permission denied")
+
+    monkeypatch.setattr(bed.slurm, "hold", refused)
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await _reconcile(bed, ref)
+    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
+    assert "admission" not in workload["status"]  # the quota given back only once it ended
+
+
+async def test_a_held_job_readmitted_elsewhere_is_ended_and_submitted_anew(tmp_path: Any) -> None:
+    bed, store, ref, workload, job = await _held_by_eviction(tmp_path)
+    store.flavors["big"] = {PARTITION_KEY: "big"}  # the spec names none: big is allowed
+    big = PartitionInfo(name="big", states=frozenset({"UP"}))
+    assert isinstance(bed.slurm.partition_list, list)
+    bed.slurm.partition_list = [*bed.slurm.partition_list, big]
+    workload["status"] = _admitted_on(main="big")["status"]
+    await _reconcile(bed, ref)
+    assert f"cancel {job}" in bed.slurm.calls
+    assert f"release {job}" not in bed.slurm.calls
+    assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
+    await _reconcile(bed, ref)  # what the wake scheduled for it does
+    status = bed.store.status(ref)
+    assert len(status.attempts) == 2
+    assert status.attempts[-1].job_id != job
+
+
+async def test_a_workload_kueue_deactivated_is_not_reactivated(tmp_path: Any) -> None:
+    bed, store, _ = _kueue_bed(tmp_path)
+    ref = _queued(bed, cpu_spec())
+    await _reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    assert workload["metadata"]["annotations"] == {SUSPEND_ANNOTATION: "false"}
+    workload["spec"]["active"] = False  # Kueue's requeuing limit, or a person
+    await _reconcile(bed, ref)
+    assert workload["spec"]["active"] is False
+    # A Workload of the previous release (no annotation), suspended since: adopted as it is,
+    # and only a later change of spec.suspend sets spec.active.
+    del workload["metadata"]["annotations"]
+    workload["spec"]["active"] = True
+    bed.store.update(ref, suspend=True)
+    await _reconcile(bed, ref)
+    assert workload["spec"]["active"] is True
+    assert workload["metadata"]["annotations"] == {SUSPEND_ANNOTATION: "true"}
+    bed.store.update(ref, suspend=False)
+    await _reconcile(bed, ref)
+    bed.store.update(ref, suspend=True)
+    await _reconcile(bed, ref)
+    assert workload["spec"]["active"] is False
+
+
+async def test_a_held_job_cancelled_by_its_user_finishes_its_workload(tmp_path: Any) -> None:
+    bed, _, ref, workload, job = await _held_by_eviction(tmp_path)
+    bed.slurm.set_state(job, "CANCELLED")
+    await _refresh(bed, ref)
+    assert bed.store.status(ref).phase is Phase.CANCELLED
+    finished = [c for c in workload["status"]["conditions"] if c["type"] == "Finished"]
+    assert [c["status"] for c in finished] == ["True"]
+
+
+async def test_a_held_job_stays_held_when_the_queue_label_is_removed(tmp_path: Any) -> None:
+    bed, _, ref, workload, job = await _held_by_eviction(tmp_path)
+    bed.store.objects[("team-a", "train")]["metadata"]["labels"] = {}
+    bed.store.update(ref, suspend=True)
+    await _reconcile(bed, ref)
+    bed.store.update(ref, suspend=False)
+    workload["status"] = _admitted_on(main="default")["status"]
+    await _reconcile(bed, ref)
+    assert f"release {job}" not in bed.slurm.calls
+    assert "was removed since" in (bed.store.status(ref).message or "")

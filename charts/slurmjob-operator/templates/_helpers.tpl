@@ -111,15 +111,23 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
-# The value of the WorkloadPriorityClass a SlurmJob names (Kueue's webhook would set it).
+# Whether a named LocalQueue exists.
 - apiGroups: ["kueue.x-k8s.io"]
-  resources: ["workloadpriorityclasses"]
-  verbs: ["get"]
-# Where an admission's flavor places the job (nodeLabels), and whether a named LocalQueue exists.
-- apiGroups: ["kueue.x-k8s.io"]
-  resources: ["resourceflavors", "localqueues"]
+  resources: ["localqueues"]
   verbs: ["get"]
 {{- end }}
+{{- end }}
+
+{{/*
+Kueue's cluster-scoped kinds the operator reads (kueue.enabled): in the ClusterRole, or in a
+ClusterRole of their own with watchNamespaces (a Role cannot grant them).
+*/}}
+{{- define "slurmjob-operator.kueueClusterRules" -}}
+# The value of the WorkloadPriorityClass a SlurmJob names (Kueue's webhook would set it), and
+# where an admission's flavor places the job (its nodeLabels).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses", "resourceflavors"]
+  verbs: ["get"]
 {{- end }}
 
 {{/* Settings that cannot work together fail the render with the value named. */}}

@@ -298,7 +298,14 @@ class Following:
         scheduled = retry_scheduled(status, decision, view.generation, now)
         return Transition(scheduled.status, transition.events + scheduled.events)
 
-    def _retry_later(self, ref: ObjectRef, due: str) -> None:
+    def reconcile_at(self, ref: ObjectRef, due: str, done: Callable[[], None]) -> None:
+        """Reconcile `ref` at `due` (again after each RetryLater); `done` once it went
+        through or the resource is gone."""
+        self._retry_later(ref, due, done)
+
+    def _retry_later(
+        self, ref: ObjectRef, due: str, done: Callable[[], None] | None = None
+    ) -> None:
         """Submit the scheduled retry when it is due (a restart finds it again on resume)."""
 
         async def later() -> None:
@@ -317,6 +324,8 @@ class Following:
         task = asyncio.get_running_loop().create_task(later())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if done is not None:
+            task.add_done_callback(lambda _: done())
 
     async def logs(
         self, view: ResourceView, attempt: Attempt, *, index: int | None = None

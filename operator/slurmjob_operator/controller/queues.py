@@ -20,8 +20,10 @@ from slurmjob_operator.api.status import Phase, SlurmJobStatus
 from slurmjob_operator.core.kueue import (
     KUEUE_UNAVAILABLE,
     PRIORITY_LABEL,
+    SUSPEND_ANNOTATION,
     Admission,
     Verdict,
+    active_patch,
     assigned_flavors,
     condition,
     is_ours,
@@ -39,9 +41,12 @@ from slurmjob_operator.times import rfc3339, utc_now
 log = logging.getLogger(__name__)
 
 
-def _active(workload: dict[str, Any]) -> bool:
-    spec = workload.get("spec")
-    return not isinstance(spec, dict) or spec.get("active") is not False
+def _involved(view: ResourceView, status: SlurmJobStatus) -> bool:
+    """The SlurmJob names a queue, or did (Kueue's conditions on it): a label removed later
+    leaves its Workload to be finished and deleted all the same."""
+    return queue_of(view.labels) is not None or any(
+        c.type == "QuotaReserved" for c in status.conditions
+    )
 
 
 class Queues:
@@ -49,10 +54,10 @@ class Queues:
         self._store = store
 
     async def admission(
-        self, view: ResourceView, spec: SlurmJobSpec, *, active: bool = True
+        self, view: ResourceView, spec: SlurmJobSpec, *, suspended: bool = False
     ) -> Verdict:
-        """Kueue's verdict on the SlurmJob's Workload, made first when there is none, its
-        `active` set to `active` (`!spec.suspend`)."""
+        """Kueue's verdict on the SlurmJob's Workload, made first when there is none; its
+        spec.active follows `!spec.suspend` (`core.kueue.active_patch`)."""
         queue = queue_of(view.labels)
         assert queue is not None
         ref = view.ref
@@ -70,9 +75,9 @@ class Queues:
                     "owner, queue or podSets differ): nothing is submitted on its admission; "
                     "delete it and the operator makes its own",
                 )
-            if workload is not None and _active(workload) is not active:
-                await self._store.set_workload_active(ref.namespace, name, active)
-                workload = await self._store.get_workload(ref.namespace, name) or workload
+            patch = active_patch(workload, suspended) if workload is not None else None
+            if patch is not None:
+                workload = await self._store.patch_workload(ref.namespace, name, patch)
             if workload is None:
                 if not await self._store.local_queue_exists(ref.namespace, queue):
                     return Verdict(
@@ -100,7 +105,8 @@ class Queues:
                     f"{GROUP}/{VERSION}",
                     priority,
                 )
-                body["spec"]["active"] = active
+                body["spec"]["active"] = not suspended
+                body["metadata"]["annotations"][SUSPEND_ANNOTATION] = str(suspended).lower()
                 workload = await self._store.create_workload(body)
                 log.info(
                     "%s/%s: Workload %s made in queue %s", ref.namespace, ref.name, name, queue
@@ -119,7 +125,11 @@ class Queues:
         waiting while a flavor it names cannot be read."""
         assigned = assigned_flavors(workload)
         labels: dict[str, dict[str, str]] = {}
-        for flavor in sorted({f for names in assigned.values() for f in names}):
+        flavors = sorted({f for names in assigned.values() for f in names})
+        # A podSet asks for three resources: more flavors than that are not Kueue's doing.
+        if len(flavors) > 3 * len(spec.pools):
+            return replace(found, refusal="Kueue: the admission assigns more flavors than asked")
+        for flavor in flavors:
             nodes = await self._store.flavor_labels(flavor)
             if nodes is None:
                 return Verdict(
@@ -137,7 +147,7 @@ class Queues:
 
     async def observed(self, view: ResourceView, status: SlurmJobStatus) -> None:
         """After a status write: tell Kueue the job runs, or has ended for good."""
-        if queue_of(view.labels) is None or status.phase is None:
+        if not _involved(view, status) or status.phase is None:
             return
         if status.phase is Phase.RUNNING:
             await self._mark(view, "PodsReady", "Running", "the Slurm job runs")
@@ -154,7 +164,7 @@ class Queues:
                 workload = await self._store.get_workload(ref.namespace, name)
                 if workload is None:
                     return
-                if verdict(workload).admission is Admission.EVICTED:
+                if kind == "PodsReady" and verdict(workload).admission is Admission.EVICTED:
                     return  # its job was stopped for Kueue: it runs again once re-admitted
                 new = condition(kind, reason, message, None, rfc3339(utc_now()))
                 conditions = with_condition(workload, new)
@@ -198,7 +208,7 @@ class Queues:
         raise WorkloadError(f"Workload {ref.namespace}/{name} kept changing; not given back yet")
 
     async def delete(self, view: ResourceView) -> None:
-        if queue_of(view.labels) is None:
+        if not _involved(view, view.status):
             return
         ref = view.ref
         try:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
@@ -107,7 +108,7 @@ from slurmjob_operator.slurm.errors import (
 )
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.staging import StagingError, is_staged, remove_attempt
-from slurmjob_operator.times import parse_rfc3339, utc_now
+from slurmjob_operator.times import parse_rfc3339, rfc3339, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,11 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
 def _started(status: SlurmJobStatus) -> bool:
     """Whether an attempt ever started: its dependencies were met then."""
     return any(a.started_at is not None for a in status.attempts)
+
+
+def _held(job: SlurmJobView) -> bool:
+    """Pending and held (Slurm's reason JobHeldUser or JobHeldAdmin)."""
+    return job.base_state is BaseState.PENDING and (job.reason or "").startswith("JobHeld")
 
 
 def _messages(exc: Exception) -> list[str]:
@@ -211,6 +217,7 @@ class Submission:
         self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
         # Kueue's admission is looked for this often (no watch on Workloads yet).
         self._admission_wait = max(1.0, min(10.0, settings.poll_interval))
+        self._again_pending: set[str] = set()
 
     async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
@@ -277,10 +284,17 @@ class Submission:
             if step not in (Step.SUBMIT, Step.RETRY):
                 self.edge.observe(ref, view.status)
                 if step is Step.TRACK:
-                    if await self._follow_admission(view):
+                    try:
+                        followed = await self._follow_admission(view)
+                    except RetryLater as exc:
+                        # A followed job has no handler retry pending (a Workload event's
+                        # reconcile drops RetryLater): it is tried again from here.
+                        self._again(ref, exc.delay)
+                        raise
+                    if followed is None:
                         return False
-                    await self._sync_hold(view)
-                    await self._follow_dependencies(view)
+                    await self._sync_hold(followed)
+                    await self._follow_dependencies(followed)
                 return False
             blocked, transition = gate(view.status, view.suspend, view.generation, utc_now())
             if transition is not None:
@@ -663,137 +677,192 @@ class Submission:
         spec = view.spec
         if self.queues is None or spec is None or queue_of(view.labels) is None:
             return
-        found = await self.queues.admission(view, spec, active=False)
-        if found.admission is Admission.EVICTED:
-            try:
-                await self.queues.give_back(view, found)
-            except WorkloadError as exc:
-                raise RetryLater(str(exc), self._admission_wait) from exc
-        await self.edge.apply(
-            view, admission_conditions(view.status, found, view.generation, utc_now())
+        found = await self.queues.admission(view, spec, suspended=True)
+        now = utc_now()
+        view = await self.edge.apply(
+            view, admission_conditions(view.status, found, view.generation, now)
         )
+        if found.admission is Admission.EVICTED:
+            await self._give_back(view, found, now)
 
-    async def _follow_admission(self, view: ResourceView) -> bool:
+    def _again(self, ref: ObjectRef, delay: float) -> None:
+        """Reconcile `ref` again after `delay` (one pending per resource)."""
+        if ref.uid in self._again_pending:
+            return
+        self._again_pending.add(ref.uid)
+        due = rfc3339(utc_now() + timedelta(seconds=max(delay, 1.0)))
+
+        def done() -> None:
+            self._again_pending.discard(ref.uid)
+
+        self.following.reconcile_at(ref, due, done)
+
+    async def _follow_admission(self, view: ResourceView) -> ResourceView | None:
         """Kueue's verdict on a job in Slurm. Evicted while still pending: held in Slurm and
         the quota given back, then released once Kueue admits it again (the same job: never
         two for one admission). Evicted while running (or when the hold did not take, or the
         new admission places it elsewhere): cancelled, its end waited for, the attempt
-        recorded as evicted (no retry spent) and the quota given back. True while Kueue holds
-        the job or when it was just ended (nothing else to follow now). Raises RetryLater
-        while the job is still ending."""
+        recorded as evicted (no retry spent) and the quota given back. The view to follow the
+        job on with (its hold, its dependencies), or None when Kueue holds it or it was just
+        ended. Raises RetryLater while the job is still ending."""
         attempt = view.status.current_attempt
         spec = view.spec
         if (
             self.queues is None
             or spec is None
-            or queue_of(view.labels) is None
             or attempt is None
             or attempt.job_id is None
             or attempt.retry_action is not None
             # Cancelled: the fold of the job this eviction cancelled may have come first.
             or view.status.phase not in (Phase.QUEUED, Phase.RUNNING, Phase.CANCELLED)
         ):
-            return False
-        found = await self.queues.admission(view, spec, active=not view.suspend)
-        if kueue_held(view.status):
-            return await self._held_for_kueue(view, attempt.job_id, found)
+            return view
+        kept = kueue_held(view.status)
+        if queue_of(view.labels) is None:
+            if not kept:
+                return view
+            # Held for Kueue, then the label went: held on (nothing releases it without an
+            # admission: a label removed is no way around a queue).
+            text = (
+                f"Slurm job {attempt.job_id} stays held: Kueue evicted it and the label "
+                f"{QUEUE_LABEL} was removed since; put it back, or delete the SlurmJob"
+            )
+            if view.status.message != text:
+                await self.edge.apply(
+                    view, Transition(view.status.model_copy(update={"message": text}))
+                )
+            return None
+        found = await self.queues.admission(view, spec, suspended=view.suspend)
+        if kept:
+            if view.status.phase is Phase.QUEUED:
+                return await self._held_for_kueue(view, attempt, found)
+            if found.admission is not Admission.ADMITTED:
+                # Released by someone else and started without an admission: ended.
+                await self._end_evicted(
+                    view, attempt, found, "NotAdmitted", "started while held for Kueue"
+                )
+                return None
+            told = admission_conditions(view.status, found, view.generation, utc_now())
+            return await self.edge.apply(view, told)
         if found.admission is not Admission.EVICTED:
-            return False
+            return view
         pending = view.status.phase is Phase.QUEUED and attempt.started_at is None
-        if pending and await self._hold_evicted(view, attempt.job_id, found):
-            return True
-        await self._end_evicted(view, attempt.job_id, attempt.sluid, found)
-        return True
+        if pending and await self._hold_evicted(view, attempt, found):
+            return None
+        await self._end_evicted(view, attempt, found, found.reason, found.message)
+        return None
 
-    async def _hold_evicted(self, view: ResourceView, job_id: int, found: Admitted) -> bool:
-        """Hold the evicted job while it is still pending; False when it has started (or is
-        gone) meanwhile, and must be ended instead."""
-        assert self.queues is not None
+    async def _components(
+        self, view: ResourceView, attempt: Attempt, refused: str
+    ) -> list[SlurmJobView] | None:
+        """The attempt's job as Slurm shows it now ([] when gone); None when the id is not
+        the attempt's job (said, and nothing done to it)."""
+        assert attempt.job_id is not None
         try:
-            client = await self.slurm()
-            views = await client.get_job(job_id)
-            attempt = view.status.current_attempt
-            assert attempt is not None
-            if stranger(views, view.ref.uid, attempt) is not None:
-                return False
-            try:
-                await self._hold(view.ref, job_id, views, True)
-            except SlurmNotFound:
-                raise
-            except SlurmError as exc:  # Slurm refuses to hold a job that has started
-                log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
-            # Held only if it had not started in between: read it again.
-            views = await client.get_job(job_id)
+            views = await (await self.slurm()).get_job(attempt.job_id)
         except SlurmNotFound:
-            return False
+            return []
         except SlurmError as exc:
-            raise RetryLater(f"evicted job {job_id}: {exc}", self._backoff) from exc
-        if not views or any(v.base_state is not BaseState.PENDING for v in views):
+            raise RetryLater(f"job {attempt.job_id}: {exc}", self._backoff) from exc
+        other = stranger(views, view.ref.uid, attempt)
+        if other is not None:
+            await refuse_stranger(self.edge, view.ref, attempt, other, refused)
+            return None
+        return views
+
+    async def _hold_evicted(self, view: ResourceView, attempt: Attempt, found: Admitted) -> bool:
+        """Hold the evicted job while it is still pending: True when it is held (or is not
+        the attempt's job, and is left alone); False when it has started, is gone, or the
+        hold did not take, and it must be ended instead."""
+        assert self.queues is not None
+        assert attempt.job_id is not None
+        job_id = attempt.job_id
+        views = await self._components(view, attempt, "not held")
+        if views is None:
+            return True
+        if not views:
+            return False
+        try:
+            await self._hold(view.ref, job_id, views, True)
+        except SlurmError as exc:  # Slurm refuses to hold a job that has started
+            log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
+        # Held only if every component is pending and held now: read it again.
+        views = await self._components(view, attempt, "not held")
+        if views is None:
+            return True
+        if not views or not all(_held(v) for v in views):
             return False
         now = utc_now()
         told = admission_conditions(view.status, found, view.generation, now)
         held = kueue_hold(told.status, found.reason, found.message, now)
         view = await self.edge.apply(view, Transition(held.status, told.events + held.events))
+        await self._give_back(view, found, now)
+        return True
+
+    async def _give_back(self, view: ResourceView, found: Admitted, now: datetime) -> None:
+        """Clear the evicted Workload's quota reservation; QuotaReserved=False on the
+        SlurmJob too."""
+        assert self.queues is not None
         try:
             await self.queues.give_back(view, found)
         except WorkloadError as exc:
             raise RetryLater(str(exc), self._admission_wait) from exc
         back = Admitted(Admission.WAITING, "Pending", "quota given back after the eviction")
         await self.edge.apply(view, admission_conditions(view.status, back, view.generation, now))
-        return True
 
-    async def _held_for_kueue(self, view: ResourceView, job_id: int, found: Admitted) -> bool:
+    async def _held_for_kueue(
+        self, view: ResourceView, attempt: Attempt, found: Admitted
+    ) -> ResourceView | None:
         """A job held in Slurm since its eviction: released once Kueue admits it again where
-        it was submitted (cancelled and submitted anew when the admission places it elsewhere
-        or is refused); held on, its quota given back, until then."""
+        it was submitted (cancelled, and submitted anew, when the admission places it
+        elsewhere or is refused); held on, its quota given back, until then."""
         assert self.queues is not None
+        assert attempt.job_id is not None
         now = utc_now()
         if found.admission is Admission.EVICTED:
-            try:
-                await self.queues.give_back(view, found)
-            except WorkloadError as exc:
-                raise RetryLater(str(exc), self._admission_wait) from exc
-            return True
+            await self._give_back(view, found, now)
+            return None
         if found.admission is not Admission.ADMITTED:
             await self.edge.apply(
                 view, admission_conditions(view.status, found, view.generation, now)
             )
-            return True
-        try:
-            client = await self.slurm()
-            views = await client.get_job(job_id)
-        except SlurmNotFound:
-            views = []
-        except SlurmError as exc:
-            raise RetryLater(f"held job {job_id}: {exc}", self._backoff) from exc
+            return None
+        views = await self._components(view, attempt, "not released")
+        if views is None:
+            return None
         moved = found.partition is not None and any(v.partition != found.partition for v in views)
         if found.refusal is not None or moved or not views:
-            attempt = view.status.current_attempt
-            assert attempt is not None
-            await self._end_evicted(view, job_id, attempt.sluid, found)
-            return True
+            why = found.refusal or "admitted again elsewhere than where its job was held"
+            await self._end_evicted(view, attempt, found, "Readmitted", why)
+            self._again(view.ref, 0.0)  # the new attempt: no Workload event will come
+            return None
         if not view.suspend:
             try:
-                await self._hold(view.ref, job_id, views, False)
+                await self._hold(view.ref, attempt.job_id, views, False)
             except SlurmError as exc:
-                raise RetryLater(f"cannot release job {job_id}: {exc}", self._backoff) from exc
+                raise RetryLater(
+                    f"cannot release job {attempt.job_id}: {exc}", self._backoff
+                ) from exc
         told = admission_conditions(view.status, found, view.generation, now)
         released = kueue_release(told.status, view.suspend, view.generation, now)
-        await self.edge.apply(view, Transition(released.status, told.events + released.events))
-        return False
+        return await self.edge.apply(
+            view, Transition(released.status, told.events + released.events)
+        )
 
     async def _end_evicted(
-        self, view: ResourceView, job_id: int, sluid: str | None, found: Admitted
+        self, view: ResourceView, attempt: Attempt, found: Admitted, reason: str, message: str
     ) -> None:
         """Cancel the evicted job, wait for its end, record the attempt evicted and give the
-        quota back."""
+        quota back (if Kueue still counts it)."""
         assert self.queues is not None
+        assert attempt.job_id is not None
+        job_id = attempt.job_id
         try:
             acting = await self._acting(view.ref)
             with contextlib.suppress(SlurmNotFound):
                 await acting.cancel(job_id)
             client = await self.slurm()
-            ref = client.lifecycle_ref(job_id, sluid)
+            ref = client.lifecycle_ref(job_id, attempt.sluid)
             # Waited for here, under the resource's lock: the poller's fold of the cancelled
             # job must find the attempt evicted, not end the SlurmJob Cancelled.
             for _ in range(EVICTION_WAIT_ROUNDS):
@@ -809,23 +878,11 @@ class Submission:
         except SlurmError as exc:
             raise RetryLater(f"evicted job {job_id}: {exc}", self._backoff) from exc
         now = utc_now()
-        reason = found.reason if found.admission is Admission.EVICTED else "Readmitted"
-        message = (
-            found.message
-            if found.admission is Admission.EVICTED
-            else (found.refusal or "admitted again elsewhere than where its job was held")
-        )
         ended = evicted(view.status, reason, message, view.generation, now)
         told = admission_conditions(ended.status, found, view.generation, now)
         view = await self.edge.apply(view, Transition(told.status, ended.events + told.events))
-        if found.admission is not Admission.EVICTED:
-            return
-        try:
-            await self.queues.give_back(view, found)
-        except WorkloadError as exc:
-            raise RetryLater(str(exc), self._admission_wait) from exc
-        back = Admitted(Admission.WAITING, "Pending", "quota given back after the eviction")
-        await self.edge.apply(view, admission_conditions(view.status, back, view.generation, now))
+        if found.admission is Admission.EVICTED:
+            await self._give_back(view, found, now)
 
     # -- dependencies ---------------------------------------------------------------------
 

@@ -385,8 +385,9 @@ def admission_conditions(
 
 
 def kueue_held(status: SlurmJobStatus) -> bool:
-    """The current attempt's job is held in Slurm for Kueue: evicted while still pending,
-    kept (not cancelled) until Kueue admits it again."""
+    """The current attempt's job was kept for Kueue: evicted while still pending and held
+    (not cancelled) until Kueue admits it again. Its phase says whether it is still pending
+    (someone may have released it since)."""
     cond = get_condition(status.conditions, EVICTED)
     attempt = status.current_attempt
     return (
@@ -395,7 +396,8 @@ def kueue_held(status: SlurmJobStatus) -> bool:
         and attempt is not None
         and attempt.job_id is not None
         and attempt.retry_action is None
-        and status.phase is Phase.QUEUED
+        and status.phase is not None
+        and not status.phase.is_terminal
     )
 
 

@@ -28,6 +28,9 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: The SlurmJob a Workload stands for (the operator's own label: owner references are not
 #: garbage-collected on the test bed, and a label lets a person find the pair).
 SLURMJOB_LABEL = "slurmjob.io/slurmjob"
+#: The spec.suspend the operator last set the Workload's spec.active for ("true"/"false"): a
+#: Workload deactivated by Kueue or a person while spec.suspend stayed the same stays so.
+SUSPEND_ANNOTATION = "slurmjob.io/suspend"
 GPU = "nvidia.com/gpu"
 NAME_MAX = 253
 #: The ResourceFlavor nodeLabels that say where a Slurm job admitted on the flavor runs (the
@@ -109,6 +112,7 @@ def workload_body(
             "name": workload_name(name, uid),
             "namespace": namespace,
             "labels": {SLURMJOB_LABEL: name},
+            "annotations": {SUSPEND_ANNOTATION: "false"},
             "ownerReferences": [
                 {
                     "apiVersion": api_version,
@@ -135,6 +139,24 @@ def workload_body(
 
 #: The verdict's reason when Kueue could not be asked (the Kueue conditions are left as they are).
 KUEUE_UNAVAILABLE = "KueueUnavailable"
+
+
+def active_patch(workload: Mapping[str, Any], suspended: bool) -> dict[str, Any] | None:
+    """The merge patch that makes the Workload's spec.active `!spec.suspend`, when spec.suspend
+    changed since the operator last set it (None: nothing to write). Kueue deactivates
+    Workloads too (a requeuing limit reached), and so may a person: that is not undone while
+    spec.suspend stays the same. A Workload without the annotation (the previous release
+    made it, active, and never changed it) is taken as set for the spec.suspend it has now."""
+    meta = workload.get("metadata")
+    notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+    mark = notes.get(SUSPEND_ANNOTATION) if isinstance(notes, Mapping) else None
+    now = "true" if suspended else "false"
+    if mark == now:
+        return None
+    patch: dict[str, Any] = {"metadata": {"annotations": {SUSPEND_ANNOTATION: now}}}
+    if mark is not None:
+        patch["spec"] = {"active": not suspended}
+    return patch
 
 
 class Admission(Enum):

@@ -93,7 +93,9 @@ def invalid_spec(
         ],
         generation,
         now,
-    ).model_copy(update={"phase": Phase.FAILED, "message": message})
+        # A retry refused (its spec changed, or Kueue's flavors contradict it) is no retry due:
+        # the job is final, and Kueue's Workload is finished on it.
+    ).model_copy(update={"phase": Phase.FAILED, "message": message, "next_attempt_at": None})
     events = () if status.message == message else (Event(WARNING, reason, message),)
     return Transition(new, events)
 
