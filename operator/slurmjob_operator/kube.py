@@ -220,32 +220,31 @@ class KubeApi:
         result: dict[str, Any] = obj
         return result
 
-    async def workload_priority(self, name: str) -> int | None:
-        """The value of WorkloadPriorityClass `name` (None when there is none): Kueue's
-        defaulting webhook sets a Workload's priority from it, which a Workload made by the
-        operator must carry itself."""
+    async def _kueue_cluster_object(self, plural: str, name: str) -> Any:
+        """A cluster-scoped Kueue object (None when there is none)."""
         try:
-            obj = await self._custom.get_cluster_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", name
+            return await self._custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, plural, name
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise WorkloadError(f"WorkloadPriorityClass {name}: HTTP {exc.status}") from None
+            raise WorkloadError(f"{plural} {name}: HTTP {exc.status}") from None
+
+    async def workload_priority(self, name: str) -> int | None:
+        """The value of WorkloadPriorityClass `name` (None when there is none): Kueue's
+        defaulting webhook sets a Workload's priority from it, which a Workload made by the
+        operator must carry itself."""
+        obj = await self._kueue_cluster_object("workloadpriorityclasses", name)
         value = obj.get("value") if isinstance(obj, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         """ResourceFlavor `name`'s nodeLabels ({} when it has none; None when there is no such
         flavor): where a Slurm job admitted on it runs (`core.kueue.placement`)."""
-        try:
-            obj = await self._custom.get_cluster_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise WorkloadError(f"ResourceFlavor {name}: HTTP {exc.status}") from None
+        obj = await self._kueue_cluster_object("resourceflavors", name)
+        if obj is None:
+            return None
         spec = obj.get("spec") if isinstance(obj, dict) else None
         labels = spec.get("nodeLabels") if isinstance(spec, dict) else None
         if not isinstance(labels, dict):

@@ -266,3 +266,39 @@ def test_deleting_an_admitted_slurmjob_releases_its_quota(queued: tuple[Operator
     assert op.wait_phase("next", "Succeeded", "Failed", within=120)["status"]["phase"] == (
         "Succeeded"
     )
+
+
+def test_spec_suspend_deactivates_the_workload_and_lifting_it_runs_the_same_job(
+    queued: tuple[Operator, str],
+) -> None:
+    op, tag = queued
+    _apply(op, "blocker", "sleep 25", queue=None)  # outside Kueue: what it admits stays pending
+    op.wait_phase("blocker", "Running", within=90)
+    _apply(op, "napper", "echo napper-done", f"low-{tag}")
+    pending = op.wait_for(
+        "napper",
+        lambda o: bool((((o.get("status") or {}).get("attempts") or [{}])[0]).get("jobId")),
+        within=60,
+        what="napper submitted on its admission",
+    )
+    job = pending["status"]["attempts"][0]["jobId"]
+    patch = json.dumps({"spec": {"suspend": True}})
+    op.kube.kubectl("patch", "slurmjob", "napper", "-n", op.namespace, "--type=merge", "-p", patch)
+    held = op.wait_for(
+        "napper",
+        lambda o: (
+            (_condition(o, "Evicted") or {}).get("status") == "True"
+            and (_condition(o, "QuotaReserved") or {}).get("status") == "False"
+        ),
+        within=60,
+        what="napper deactivated, its quota given back",
+    )
+    assert (_condition(held, "Evicted") or {}).get("reason") == "Deactivated"  # Kueue's
+    assert _workload(op, held)["spec"]["active"] is False
+    states = {v.base_state.value for v in op.slurm_job(job) if v.base_state is not None}
+    assert states == {"PENDING"}, "held in Slurm, not cancelled"
+    patch = json.dumps({"spec": {"suspend": False}})
+    op.kube.kubectl("patch", "slurmjob", "napper", "-n", op.namespace, "--type=merge", "-p", patch)
+    done = op.wait_phase("napper", "Succeeded", "Failed", within=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert [a["jobId"] for a in done["status"]["attempts"]] == [job]
