@@ -28,6 +28,7 @@ from slurmjob_operator.core.kueue import (
     workload_body,
     workload_name,
 )
+from slurmjob_operator.kube import WorkloadError
 from slurmjob_operator.slurm.errors import SlurmRejected
 from slurmjob_operator.slurm.nodes import PartitionInfo
 
@@ -666,7 +667,9 @@ async def test_a_held_job_readmitted_elsewhere_is_ended_and_submitted_anew(tmp_p
     assert isinstance(bed.slurm.partition_list, list)
     bed.slurm.partition_list = [*bed.slurm.partition_list, big]
     workload["status"] = _admitted_on(main="big")["status"]
-    await _reconcile(bed, ref)
+    again = await _reconcile(bed, ref)
+    assert again is not None  # the next attempt is due now: tried again by the caller
+    assert again.delay == 0
     assert f"cancel {job}" in bed.slurm.calls
     assert f"release {job}" not in bed.slurm.calls
     assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
@@ -719,3 +722,24 @@ async def test_a_held_job_stays_held_when_the_queue_label_is_removed(tmp_path: A
     await _reconcile(bed, ref)
     assert f"release {job}" not in bed.slurm.calls
     assert "was removed since" in (bed.store.status(ref).message or "")
+
+
+async def test_a_held_job_that_started_is_ended_only_on_kueues_word(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed, store, ref, _, job = await _held_by_eviction(tmp_path)
+    bed.slurm.set_state(job, "RUNNING")  # released by someone else, and started
+    await _refresh(bed, ref)
+    assert bed.store.status(ref).phase is Phase.RUNNING
+
+    async def unavailable(namespace: str, name: str) -> Any:
+        raise WorkloadError("HTTP 503")
+
+    monkeypatch.setattr(store, "get_workload", unavailable)
+    assert await _reconcile(bed, ref) is not None  # asked again, nothing done
+    assert f"cancel {job}" not in bed.slurm.calls
+    monkeypatch.undo()
+    # Kueue says it has no quota (requeued, pending): it runs without quota, so it is ended.
+    await _reconcile(bed, ref)
+    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION

@@ -126,8 +126,9 @@ class Queues:
         assigned = assigned_flavors(workload)
         labels: dict[str, dict[str, str]] = {}
         flavors = sorted({f for names in assigned.values() for f in names})
-        # A podSet asks for three resources: more flavors than that are not Kueue's doing.
-        if len(flavors) > 3 * len(spec.pools):
+        # A podSet asks for three resources (four with Kueue's own `pods`): more flavors than
+        # that are not Kueue's doing.
+        if len(flavors) > 4 * len(spec.pools):
             return replace(found, refusal="Kueue: the admission assigns more flavors than asked")
         for flavor in flavors:
             nodes = await self._store.flavor_labels(flavor)

@@ -71,7 +71,7 @@ from slurmjob_operator.core.following import (
     kueue_release,
 )
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView, job_of, leader
-from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, queue_of
+from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, kueue_says, queue_of
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
 from slurmjob_operator.core.placement import Clusters
@@ -665,6 +665,7 @@ class Submission:
             try:
                 await self.queues.give_back(view, found)
             except WorkloadError as exc:
+                self._again(view.ref, self._admission_wait)  # a Workload event's drops it
                 raise RetryLater(str(exc), self._admission_wait) from exc
         text = f"Kueue: {found.message or found.reason or found.admission.value}"
         wait = waiting(told.status, Reason.WAITING_FOR_ADMISSION, text, view.generation, now)
@@ -683,7 +684,11 @@ class Submission:
             view, admission_conditions(view.status, found, view.generation, now)
         )
         if found.admission is Admission.EVICTED:
-            await self._give_back(view, found, now)
+            try:
+                await self._give_back(view, found, now)
+            except RetryLater as exc:
+                self._again(view.ref, exc.delay)  # a Workload event's reconcile drops it
+                raise
 
     def _again(self, ref: ObjectRef, delay: float) -> None:
         """Reconcile `ref` again after `delay` (one pending per resource)."""
@@ -736,14 +741,17 @@ class Submission:
         if kept:
             if view.status.phase is Phase.QUEUED:
                 return await self._held_for_kueue(view, attempt, found)
-            if found.admission is not Admission.ADMITTED:
+            if found.admission is Admission.ADMITTED:
+                told = admission_conditions(view.status, found, view.generation, utc_now())
+                return await self.edge.apply(view, told)
+            if found.admission is Admission.EVICTED or kueue_says(found):
                 # Released by someone else and started without an admission: ended.
                 await self._end_evicted(
                     view, attempt, found, "NotAdmitted", "started while held for Kueue"
                 )
                 return None
-            told = admission_conditions(view.status, found, view.generation, utc_now())
-            return await self.edge.apply(view, told)
+            # Kueue could not be asked, or its answer cannot be trusted: asked again.
+            raise RetryLater(f"Kueue: {found.message or found.reason}", self._admission_wait)
         if found.admission is not Admission.EVICTED:
             return view
         pending = view.status.phase is Phase.QUEUED and attempt.started_at is None
@@ -778,20 +786,17 @@ class Submission:
         assert attempt.job_id is not None
         job_id = attempt.job_id
         views = await self._components(view, attempt, "not held")
-        if views is None:
-            return True
-        if not views:
+        if views:
+            try:
+                await self._hold(view.ref, job_id, views, True)
+            except SlurmError as exc:  # Slurm refuses to hold a job that has started
+                log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
+            # Held only if every component is pending and held now: read it again.
+            views = await self._components(view, attempt, "not held")
+        if views is not None and (not views or not all(_held(v) for v in views)):
             return False
-        try:
-            await self._hold(view.ref, job_id, views, True)
-        except SlurmError as exc:  # Slurm refuses to hold a job that has started
-            log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
-        # Held only if every component is pending and held now: read it again.
-        views = await self._components(view, attempt, "not held")
-        if views is None:
-            return True
-        if not views or not all(_held(v) for v in views):
-            return False
+        # Held; or the id is not the attempt's job, which is left alone: either way the
+        # quota goes back, so that what preempted it is admitted.
         now = utc_now()
         told = admission_conditions(view.status, found, view.generation, now)
         held = kueue_hold(told.status, found.reason, found.message, now)
@@ -834,8 +839,9 @@ class Submission:
         if found.refusal is not None or moved or not views:
             why = found.refusal or "admitted again elsewhere than where its job was held"
             await self._end_evicted(view, attempt, found, "Readmitted", why)
-            self._again(view.ref, 0.0)  # the new attempt: no Workload event will come
-            return None
+            # The new attempt is due now and no Workload event will come: tried again at once
+            # by whoever called (a handler retry, or the wake of `_again`).
+            raise RetryLater("evicted attempt ended: the next one is due", 0.0)
         if not view.suspend:
             try:
                 await self._hold(view.ref, attempt.job_id, views, False)

@@ -139,6 +139,16 @@ def workload_body(
 
 #: The verdict's reason when Kueue could not be asked (the Kueue conditions are left as they are).
 KUEUE_UNAVAILABLE = "KueueUnavailable"
+#: The waits the operator itself says (Kueue was not asked, or its answer is not to be used).
+OPERATOR_WAITS = frozenset(
+    {
+        KUEUE_UNAVAILABLE,
+        "WorkloadNotOurs",
+        "PriorityClassNotFound",
+        "LocalQueueNotFound",
+        "FlavorNotFound",
+    }
+)
 
 
 def active_patch(workload: Mapping[str, Any], suspended: bool) -> dict[str, Any] | None:
@@ -146,7 +156,9 @@ def active_patch(workload: Mapping[str, Any], suspended: bool) -> dict[str, Any]
     changed since the operator last set it (None: nothing to write). Kueue deactivates
     Workloads too (a requeuing limit reached), and so may a person: that is not undone while
     spec.suspend stays the same. A Workload without the annotation (the previous release
-    made it, active, and never changed it) is taken as set for the spec.suspend it has now."""
+    made it active, and never changed it) is taken as set for the spec.suspend it has now:
+    a job suspended while it ran under the previous release is not cancelled by the
+    upgrade."""
     meta = workload.get("metadata")
     notes = meta.get("annotations") if isinstance(meta, Mapping) else None
     mark = notes.get(SUSPEND_ANNOTATION) if isinstance(notes, Mapping) else None
@@ -228,6 +240,16 @@ def verdict(workload: Mapping[str, Any] | None) -> Verdict:
     pending = conds.get("QuotaReserved") or {}
     message = str(pending.get("message") or "waiting for quota in its ClusterQueue")
     return Verdict(Admission.WAITING, str(pending.get("reason") or "Pending"), message, queue)
+
+
+def kueue_says(found: Verdict) -> bool:
+    """Kueue's own answer that the Workload has no quota now (not reserved, and not a wait
+    the operator says)."""
+    return (
+        found.admission is Admission.WAITING
+        and not found.reserved
+        and found.reason not in OPERATOR_WAITS
+    )
 
 
 def assigned_flavors(workload: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
