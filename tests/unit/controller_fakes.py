@@ -42,7 +42,7 @@ from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import RuntimeProfile, Settings
-from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller import Controller, RetryLater
 from slurmjob_operator.core.indices import compact, expand
 from slurmjob_operator.core.jobview import (
     BaseState,
@@ -630,6 +630,15 @@ class Bed:
     slurm: MemorySlurm
     controller: Controller
     metrics: Metrics
+
+
+async def reconcile_once(bed: Bed, ref: Any) -> RetryLater | None:
+    """One run of the submission handler; the RetryLater it asks for, if any."""
+    try:
+        await bed.controller.reconcile(ref)
+    except RetryLater as exc:
+        return exc
+    return None
 
 
 def make_bed(

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from slurmjob_operator.controller import RetryLater
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.errors import SlurmTransient
 
 from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import reconcile_once as reconcile
 
 WINDOW = Window(rest_timeout=30, message_timeout=10, margin=30)
 
@@ -67,14 +67,6 @@ def short(tmp_path: Path, **extra: Any) -> Bed:
     return make_bed(
         tmp_path, slurm_rest_timeout=0.01, slurm_message_timeout=0.01, absence_margin=0, **extra
     )
-
-
-async def reconcile(bed: Bed, ref: Any) -> RetryLater | None:
-    try:
-        await bed.controller.reconcile(ref)
-    except RetryLater as exc:
-        return exc
-    return None
 
 
 async def unconfirmed(bed: Bed) -> Any:

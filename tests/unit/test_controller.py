@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from slurmjob_operator.api.status import Phase, get_condition
-from slurmjob_operator.controller import Controller, RetryLater, Tracked
+from slurmjob_operator.controller import Controller, Tracked
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
@@ -25,6 +25,7 @@ from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmTransient
 
 from .controller_fakes import SIF, Bed, MemorySlurm, StubToken, cpu_spec, make_bed
+from .controller_fakes import reconcile_once as reconcile
 
 
 @pytest.fixture
@@ -35,15 +36,6 @@ def bed(tmp_path: Path) -> Bed:
 def condition(bed: Bed, ref: Any, type_: str) -> tuple[str, str] | None:
     cond = get_condition(bed.store.status(ref).conditions, type_)
     return (cond.status, cond.reason) if cond is not None else None
-
-
-async def reconcile(bed: Bed, ref: Any) -> RetryLater | None:
-    """One run of the submission handler; the RetryLater it asks for, if any."""
-    try:
-        await bed.controller.reconcile(ref)
-    except RetryLater as exc:
-        return exc
-    return None
 
 
 def tracked(bed: Bed, ref: Any) -> Tracked:

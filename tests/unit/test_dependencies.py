@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import Dependency, DependencyCondition
 from slurmjob_operator.api.status import AttemptDependency, Phase
-from slurmjob_operator.controller import RetryLater
 from slurmjob_operator.core.dependencies import (
     Action,
     Kind,
@@ -27,6 +26,7 @@ from slurmjob_operator.core.dependencies import (
 )
 
 from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import reconcile_once as _reconcile
 
 S, F, X = DependencyCondition.SUCCEEDED, DependencyCondition.FAILED, DependencyCondition.FINISHED
 
@@ -197,14 +197,6 @@ def test_dependency_names_are_unique_and_names() -> None:
 @pytest.fixture
 def bed(tmp_path: Path) -> Bed:
     return make_bed(tmp_path)
-
-
-async def _reconcile(bed: Bed, ref: Any) -> RetryLater | None:
-    try:
-        await bed.controller.reconcile(ref)
-    except RetryLater as exc:
-        return exc
-    return None
 
 
 async def _fold(bed: Bed, ref: Any) -> None:

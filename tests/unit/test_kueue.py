@@ -9,7 +9,6 @@ import pytest
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.api.status import Phase
-from slurmjob_operator.controller.resource import RetryLater
 from slurmjob_operator.core.following import EVICTED_ACTION, evicted
 from slurmjob_operator.core.kueue import (
     PARTITION_KEY,
@@ -18,6 +17,7 @@ from slurmjob_operator.core.kueue import (
     SUSPEND_ANNOTATION,
     Admission,
     assigned_flavors,
+    flavors_refusal,
     owner_of,
     placement,
     pod_sets,
@@ -33,6 +33,7 @@ from slurmjob_operator.slurm.errors import SlurmRejected
 from slurmjob_operator.slurm.nodes import PartitionInfo
 
 from .controller_fakes import Bed, MemoryStore, cpu_spec, make_bed
+from .controller_fakes import reconcile_once as _reconcile
 
 UID = "1a2b3c4d-0000-0000-0000-000000000000"
 
@@ -456,14 +457,6 @@ def _queued(bed: Bed, spec: dict[str, Any]) -> Any:
     return ref
 
 
-async def _reconcile(bed: Bed, ref: Any) -> RetryLater | None:
-    try:
-        await bed.controller.reconcile(ref)
-    except RetryLater as exc:
-        return exc
-    return None
-
-
 def _conds(bed: Bed, ref: Any) -> dict[str, tuple[str, str]]:
     return {c.type: (c.status, c.reason) for c in bed.store.status(ref).conditions}
 
@@ -743,3 +736,87 @@ async def test_a_held_job_that_started_is_ended_only_on_kueues_word(
     await _reconcile(bed, ref)
     assert f"cancel {job}" in bed.slurm.calls
     assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
+
+
+# -- what a namespace's user may write into a Workload ---------------------------------------
+
+
+def test_flavor_names_from_a_workloads_status_are_bounded_and_checked() -> None:
+    spec = parse_spec(cpu_spec())
+    assert flavors_refusal(spec, {"main": ("default",)}) is None
+    many = {"main": tuple(f"f{i}" for i in range(5))}
+    assert "more flavors than the podSets ask for" in (flavors_refusal(spec, many) or "")
+    for bad in ("../../secrets", "A", "x" * 300, "a/b", "-a", "a\nb"):
+        refused = flavors_refusal(spec, {"main": (bad,)})
+        assert refused is not None, bad
+        assert "no ResourceFlavor name" in refused
+        assert len(refused) < 200
+
+
+async def test_a_hostile_flavor_name_is_never_looked_up(tmp_path: Any) -> None:
+    bed, store, sent = _kueue_bed(tmp_path)
+    ref = _queued(bed, cpu_spec())
+    await _reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    looked: list[str] = []
+    flavor_labels = store.flavor_labels
+
+    async def counted(name: str) -> dict[str, str] | None:
+        looked.append(name)
+        return await flavor_labels(name)
+
+    store.flavor_labels = counted  # type: ignore[method-assign]
+    workload["status"] = _admitted_on(main="../../api/v1/secrets")["status"]
+    await _reconcile(bed, ref)
+    assert looked == []
+    assert sent == []
+    assert bed.store.status(ref).phase is Phase.FAILED
+
+
+async def test_a_hostile_kueue_reason_and_message_are_bounded_on_the_slurmjob(
+    tmp_path: Any,
+) -> None:
+    bed, _, ref, workload = await _submitted_on_admission(tmp_path)
+    workload["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted"},
+        {"type": "Evicted", "status": "True", "reason": "no; rm -rf /\n", "message": "m" * 100_000},
+    ]
+    await _reconcile(bed, ref)
+    evicted_cond = next(c for c in bed.store.status(ref).conditions if c.type == "Evicted")
+    assert evicted_cond.reason == "Pending"  # not a condition reason: the fallback
+    assert len(evicted_cond.message) <= 32768
+    assert len(bed.store.status(ref).message or "") <= 1024 + 200
+
+
+async def test_a_workload_event_wakes_only_a_slurmjob_of_its_own_namespace() -> None:
+    from slurmjob_operator.handlers.workloads import workload_changed
+
+    woken: list[Any] = []
+
+    class Fleet:
+        async def wake(self, ref: Any) -> None:
+            woken.append(ref)
+
+    # Made in team-b, naming (by uid) a SlurmJob of team-a.
+    body = workload_body("team-b", "train", UID, parse_spec(cpu_spec()), "lq", None, "v1")
+    await workload_changed(type="MODIFIED", body=body, memo={"controller": Fleet()})
+    assert [(r.namespace, r.name, r.uid) for r in woken] == [("team-b", "train", UID)]
+
+
+async def test_following_an_admitted_job_reads_no_flavor(tmp_path: Any) -> None:
+    bed, store, ref, _ = await _submitted_on_admission(tmp_path)
+    looked: list[str] = []
+    flavor_labels = store.flavor_labels
+
+    async def counted(name: str) -> dict[str, str] | None:
+        looked.append(name)
+        return await flavor_labels(name)
+
+    store.flavor_labels = counted  # type: ignore[method-assign]
+    [job] = bed.slurm.jobs
+    bed.slurm.set_state(job, "RUNNING")
+    await _refresh(bed, ref)
+    for _ in range(3):
+        await _reconcile(bed, ref)
+    assert looked == []

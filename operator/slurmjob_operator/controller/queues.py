@@ -16,16 +16,18 @@ from typing import Any
 from slurmjob_operator import GROUP, VERSION
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Phase, SlurmJobStatus
+from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
+from slurmjob_operator.core.following import QUOTA_RESERVED
 from slurmjob_operator.core.kueue import (
     KUEUE_UNAVAILABLE,
     PRIORITY_LABEL,
-    SUSPEND_ANNOTATION,
     Admission,
     Verdict,
     active_patch,
     assigned_flavors,
     condition,
+    flavors_refusal,
+    holds_quota,
     is_ours,
     placement,
     queue_of,
@@ -44,8 +46,9 @@ log = logging.getLogger(__name__)
 def _involved(view: ResourceView, status: SlurmJobStatus) -> bool:
     """The SlurmJob names a queue, or did (Kueue's conditions on it): a label removed later
     leaves its Workload to be finished and deleted all the same."""
-    return queue_of(view.labels) is not None or any(
-        c.type == "QuotaReserved" for c in status.conditions
+    return (
+        queue_of(view.labels) is not None
+        or get_condition(status.conditions, QUOTA_RESERVED) is not None
     )
 
 
@@ -54,10 +57,17 @@ class Queues:
         self._store = store
 
     async def admission(
-        self, view: ResourceView, spec: SlurmJobSpec, *, suspended: bool = False
+        self,
+        view: ResourceView,
+        spec: SlurmJobSpec,
+        *,
+        suspended: bool = False,
+        place: bool = True,
     ) -> Verdict:
         """Kueue's verdict on the SlurmJob's Workload, made first when there is none; its
-        spec.active follows `!spec.suspend` (`core.kueue.active_patch`)."""
+        spec.active follows `!spec.suspend` (`core.kueue.active_patch`). `place`: an
+        admission is told where its flavors place the job (their reads are made only where a
+        job is about to be submitted or released)."""
         queue = queue_of(view.labels)
         assert queue is not None
         ref = view.ref
@@ -104,15 +114,14 @@ class Queues:
                     priority_class,
                     f"{GROUP}/{VERSION}",
                     priority,
+                    suspended,
                 )
-                body["spec"]["active"] = not suspended
-                body["metadata"]["annotations"][SUSPEND_ANNOTATION] = str(suspended).lower()
                 workload = await self._store.create_workload(body)
                 log.info(
                     "%s/%s: Workload %s made in queue %s", ref.namespace, ref.name, name, queue
                 )
             found = verdict(workload)
-            if found.admission is Admission.ADMITTED:
+            if place and found.admission is Admission.ADMITTED:
                 return await self._placed(found, workload, spec)
         except WorkloadError as exc:
             return Verdict(Admission.WAITING, KUEUE_UNAVAILABLE, str(exc))
@@ -124,13 +133,11 @@ class Queues:
         """The admitted verdict with where its flavors place the job (`core.kueue.placement`);
         waiting while a flavor it names cannot be read."""
         assigned = assigned_flavors(workload)
+        refused = flavors_refusal(spec, assigned)
+        if refused is not None:
+            return replace(found, refusal=f"Kueue: {refused}")
         labels: dict[str, dict[str, str]] = {}
-        flavors = sorted({f for names in assigned.values() for f in names})
-        # A podSet asks for three resources (four with Kueue's own `pods`): more flavors than
-        # that are not Kueue's doing.
-        if len(flavors) > 4 * len(spec.pools):
-            return replace(found, refusal="Kueue: the admission assigns more flavors than asked")
-        for flavor in flavors:
+        for flavor in sorted({f for names in assigned.values() for f in names}):
             nodes = await self._store.flavor_labels(flavor)
             if nodes is None:
                 return Verdict(
@@ -188,13 +195,7 @@ class Queues:
             workload = await self._store.get_workload(ref.namespace, name)
             if workload is None or verdict(workload).admission is not Admission.EVICTED:
                 return
-            status = workload.get("status") or {}
-            reserved = any(
-                c.get("type") == "QuotaReserved" and c.get("status") == "True"
-                for c in status.get("conditions") or []
-                if isinstance(c, dict)
-            )
-            if not reserved and status.get("admission") is None:
+            if not holds_quota(workload):
                 return
             patch = reservation_cleared(workload, found.reason, found.message, rfc3339(utc_now()))
             if await self._store.set_workload_status(workload, patch):

@@ -215,7 +215,8 @@ class Submission:
         self.queues = queues
         # How soon a dependent that waits looks again, besides being woken by a change.
         self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
-        # Kueue's admission is looked for this often (no watch on Workloads yet).
+        # Kueue's admission is looked for this often while it waits, besides the Workload
+        # watch (SLURMJOB_KUEUE) waking it on every change.
         self._admission_wait = max(1.0, min(10.0, settings.poll_interval))
         self._again_pending: set[str] = set()
 
@@ -678,7 +679,7 @@ class Submission:
         spec = view.spec
         if self.queues is None or spec is None or queue_of(view.labels) is None:
             return
-        found = await self.queues.admission(view, spec, suspended=True)
+        found = await self.queues.admission(view, spec, suspended=True, place=False)
         now = utc_now()
         view = await self.edge.apply(
             view, admission_conditions(view.status, found, view.generation, now)
@@ -737,7 +738,9 @@ class Submission:
                     view, Transition(view.status.model_copy(update={"message": text}))
                 )
             return None
-        found = await self.queues.admission(view, spec, suspended=view.suspend)
+        # Where the admission places the job matters only to a held job about to be released.
+        place = kept and view.status.phase is Phase.QUEUED
+        found = await self.queues.admission(view, spec, suspended=view.suspend, place=place)
         if kept:
             if view.status.phase is Phase.QUEUED:
                 return await self._held_for_kueue(view, attempt, found)
@@ -799,7 +802,7 @@ class Submission:
         # quota goes back, so that what preempted it is admitted.
         now = utc_now()
         told = admission_conditions(view.status, found, view.generation, now)
-        held = kueue_hold(told.status, found.reason, found.message, now)
+        held = kueue_hold(told.status, found.reason, found.message)
         view = await self.edge.apply(view, Transition(held.status, told.events + held.events))
         await self._give_back(view, found, now)
         return True

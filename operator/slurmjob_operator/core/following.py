@@ -401,10 +401,10 @@ def kueue_held(status: SlurmJobStatus) -> bool:
     )
 
 
-def kueue_hold(status: SlurmJobStatus, reason: str, message: str, now: datetime) -> Transition:
+def kueue_hold(status: SlurmJobStatus, reason: str, message: str) -> Transition:
     """Kueue evicted the job while it was pending and it is now held in Slurm: it keeps its
-    place in Slurm's queue and is released, not submitted again, once Kueue re-admits it."""
-    del now  # the conditions carry the time (`admission_conditions`)
+    place in Slurm's queue and is released, not submitted again, once Kueue re-admits it
+    (the conditions, and their time, are `admission_conditions`')."""
     attempt = status.current_attempt
     job = attempt.job_id if attempt is not None else None
     why = _kueue_reason(reason, "Evicted")

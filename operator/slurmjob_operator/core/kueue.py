@@ -103,8 +103,9 @@ def workload_body(
     priority_class: str | None,
     api_version: str,
     priority: int | None = None,
+    suspended: bool = False,
 ) -> dict[str, Any]:
-    """The Workload for a SlurmJob, owned by it."""
+    """The Workload for a SlurmJob, owned by it; inactive while spec.suspend is true."""
     body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Workload",
@@ -112,7 +113,7 @@ def workload_body(
             "name": workload_name(name, uid),
             "namespace": namespace,
             "labels": {SLURMJOB_LABEL: name},
-            "annotations": {SUSPEND_ANNOTATION: "false"},
+            "annotations": {SUSPEND_ANNOTATION: str(suspended).lower()},
             "ownerReferences": [
                 {
                     "apiVersion": api_version,
@@ -124,7 +125,7 @@ def workload_body(
                 }
             ],
         },
-        "spec": {"queueName": queue, "active": True, "podSets": pod_sets(spec)},
+        "spec": {"queueName": queue, "active": not suspended, "podSets": pod_sets(spec)},
     }
     if priority_class:
         body["spec"]["priorityClassRef"] = {
@@ -208,38 +209,43 @@ def _true(conds: Mapping[str, Mapping[str, Any]], kind: str) -> Mapping[str, Any
     return cond if cond is not None and cond.get("status") == "True" else None
 
 
+#: At most this much of a reason or message read from a Workload (its status may be written by
+#: anyone with rights on Workloads; Kueue's own are far shorter).
+TEXT_MAX = 1024
+
+
+def _said(cond: Mapping[str, Any], key: str, default: str = "") -> str:
+    value = cond.get(key)
+    return (value if isinstance(value, str) and value else default)[:TEXT_MAX]
+
+
 def verdict(workload: Mapping[str, Any] | None) -> Verdict:
-    """What Kueue says of the Workload now."""
+    """What Kueue says of the Workload now (its reasons and messages bounded)."""
     if workload is None:
         return Verdict(Admission.MISSING)
     conds = _conditions(workload)
     status = workload.get("status")
     admission = status.get("admission") if isinstance(status, Mapping) else None
     queue = admission.get("clusterQueue") if isinstance(admission, Mapping) else None
-    queue = queue if isinstance(queue, str) else None
+    queue = queue[:NAME_MAX] if isinstance(queue, str) else None
     if (done := _true(conds, "Finished")) is not None:
-        return Verdict(
-            Admission.FINISHED, str(done.get("reason", "")), str(done.get("message", ""))
-        )
+        return Verdict(Admission.FINISHED, _said(done, "reason"), _said(done, "message"))
     if (evicted := _true(conds, "Evicted")) is not None:
         return Verdict(
-            Admission.EVICTED,
-            str(evicted.get("reason", "")),
-            str(evicted.get("message", "")),
-            queue,
+            Admission.EVICTED, _said(evicted, "reason"), _said(evicted, "message"), queue
         )
     reserved = _true(conds, "QuotaReserved") is not None
     if _true(conds, "Admitted") is not None and reserved:
         return Verdict(Admission.ADMITTED, "Admitted", "", queue, reserved=True)
     if reserved:
         checks = conds.get("Admitted") or {}
-        message = str(checks.get("message") or "quota reserved; admission checks pending")
+        message = _said(checks, "message", "quota reserved; admission checks pending")
         return Verdict(
-            Admission.WAITING, str(checks.get("reason") or "QuotaReserved"), message, queue, True
+            Admission.WAITING, _said(checks, "reason", "QuotaReserved"), message, queue, True
         )
     pending = conds.get("QuotaReserved") or {}
-    message = str(pending.get("message") or "waiting for quota in its ClusterQueue")
-    return Verdict(Admission.WAITING, str(pending.get("reason") or "Pending"), message, queue)
+    message = _said(pending, "message", "waiting for quota in its ClusterQueue")
+    return Verdict(Admission.WAITING, _said(pending, "reason", "Pending"), message, queue)
 
 
 def kueue_says(found: Verdict) -> bool:
@@ -250,6 +256,32 @@ def kueue_says(found: Verdict) -> bool:
         and not found.reserved
         and found.reason not in OPERATOR_WAITS
     )
+
+
+def holds_quota(workload: Mapping[str, Any]) -> bool:
+    """Kueue still counts the Workload's quota: QuotaReserved, or an admission left."""
+    status = workload.get("status")
+    admission = status.get("admission") if isinstance(status, Mapping) else None
+    return _true(_conditions(workload), "QuotaReserved") is not None or admission is not None
+
+
+#: A ResourceFlavor's name (a DNS subdomain; a linear pattern).
+_FLAVOR_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+#: What one podSet asks of a flavor: cpu, memory, nvidia.com/gpu, and Kueue's own `pods`.
+RESOURCES_PER_PODSET = 4
+
+
+def flavors_refusal(spec: SlurmJobSpec, assigned: Mapping[str, Collection[str]]) -> str | None:
+    """Why the flavors a Workload's status names are not read at all (its status may be
+    written by anyone with rights on Workloads): more than its podSets can have been given,
+    or a name that is no ResourceFlavor's."""
+    names = {f for flavors in assigned.values() for f in flavors}
+    if len(names) > RESOURCES_PER_PODSET * len(spec.pools):
+        return "the admission assigns more flavors than the podSets ask for"
+    bad = sorted(n for n in names if not _FLAVOR_NAME.fullmatch(n))
+    if bad:
+        return f"the admission names a flavor that is no ResourceFlavor name: {bad[0][:64]!r}"
+    return None
 
 
 def assigned_flavors(workload: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:

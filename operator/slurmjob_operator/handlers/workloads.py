@@ -23,7 +23,8 @@ async def workload_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, *
     if owner is None:
         return
     ref = ObjectRef(str((body.get("metadata") or {}).get("namespace")), owner[0], owner[1])
-    # RetryLater: the SlurmJob's own handler is retried, and the next Workload event wakes it.
+    # RetryLater: a waiting SlurmJob's own handler is retried by kopf, a followed one's by the
+    # controller (`Submission._again`).
     with contextlib.suppress(RetryLater):
         await fleet.wake(ref)
 
