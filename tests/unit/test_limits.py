@@ -432,27 +432,6 @@ def test_a_partition_list_is_refused_only_when_no_name_exists() -> None:
     assert refusal.message.startswith("none of the partitions long,longer exists on cluster tb")
 
 
-async def test_a_refusal_is_made_only_on_a_read_made_now(tmp_path: Path) -> None:
-    from slurmjob_operator.slurm.errors import SlurmTransient
-
-    bed = make_bed(tmp_path, poll_interval=3600)
-    first = bed.store.create("first", cpu_spec())
-    await bed.controller.reconcile(first)  # the cluster read: only `debug`
-    # A partition made a moment ago: the kept answer does not know it, a new read does.
-    bed.slurm.partition_list = [
-        PartitionInfo(name="debug", states=frozenset({"UP"})),
-        PartitionInfo(name="fresh", states=frozenset({"UP"})),
-    ]
-    ref = bed.store.create("train", cpu_spec(partition="fresh"))
-    await bed.controller.reconcile(ref)
-    assert bed.store.status(ref).phase is Phase.QUEUED
-    # Not refused on an answer kept from before reads that fail.
-    bed.slurm.partition_list = SlurmTransient("down")
-    other = bed.store.create("other", cpu_spec(partition="gone"))
-    await bed.controller.reconcile(other)
-    assert bed.store.status(other).phase is Phase.QUEUED
-
-
 @pytest.mark.parametrize(
     "partition", ["p" * 100_000, "a,\n\x1b[31mred,b", ",,,,", "x" * 50_000 + ",y"]
 )

@@ -4,6 +4,14 @@
 One reader at a time: submissions that arrive while it reads wait for its answer instead of
 asking too. A read that fails keeps the last answer (a stale limit is still a limit); with no
 answer at all nothing is checked here and Slurm's own checks at submit remain.
+
+A refusal is made only on a read younger than the refusal age (`core.limits.refusal_age_for`:
+the poll interval, at most 5 s), so a partition made a moment ago is not refused on an older
+answer. Every spec over the limits asks for such a read, and tenants choose how many specs
+they send: the read is shared by all that ask within the refusal age or while it is in
+flight, and one that failed is not tried again before the refusal age has passed (nothing is
+refused meanwhile). Whatever the specs, the cluster is read at most once per refusal age
+besides the poll interval's read.
 """
 
 from __future__ import annotations
@@ -13,7 +21,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from slurmjob_operator.core.limits import Node, Partition, Snapshot
+from slurmjob_operator.core.limits import (
+    Node,
+    Partition,
+    ReadTimes,
+    Snapshot,
+    Source,
+    limits_source,
+    refusal_age_for,
+)
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError
@@ -84,36 +100,66 @@ class LimitsCache:
         slurm: Callable[[], Awaitable[SlurmClient]],
         ttl: float,
         *,
+        refusal_age: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`ttl`: the poll interval; `refusal_age`: the oldest read a refusal is made on
+        (None: derived from the poll interval)."""
         self.cluster = cluster
         self._slurm = slurm
         self._ttl = ttl
+        self.refusal_age = refusal_age_for(ttl) if refusal_age is None else refusal_age
         self._clock = clock
         self._lock = asyncio.Lock()
         self._snapshot: Snapshot | None = None
-        self._read_at: float | None = None
+        self._times = ReadTimes()
+        self._ended = 0  # reads ended so far: a caller that waited sees whether one did
+        self._last_ok = False
         self.reads = 0
 
     async def snapshot(self, *, fresh: bool = False) -> Snapshot | None:
         """The cluster's limits, read anew when the last read is older than the ttl (a failed
-        read counts: it is not retried by every waiting submission). `fresh`: read now, and
-        None unless that read succeeds (what a refusal is made on: a partition made a moment
-        ago, or an answer kept from before failed reads, never refuses a job)."""
+        read counts: it is not retried by every waiting submission). `fresh`: what a refusal
+        is made on, None unless there is a successful read younger than the refusal age, or
+        one is made now (a partition made a moment ago, or an answer kept from before failed
+        reads, never refuses a job)."""
+        ended = self._ended
         async with self._lock:
+            if self._ended != ended:
+                # A read ended while this call waited for it: its answer is as new as one
+                # this call would make, and a read made again at once would be a tenant's
+                # second (`core.limits.limits_source`).
+                return self._snapshot if self._last_ok or not fresh else None
             now = self._clock()
-            if not fresh and self._read_at is not None and now - self._read_at < self._ttl:
+            source = limits_source(
+                self._times, now, fresh=fresh, ttl=self._ttl, refusal_age=self.refusal_age
+            )
+            if source is Source.KEPT:
                 return self._snapshot
-            self._read_at = now
-            self.reads += 1
-            try:
-                self._snapshot = await read_snapshot(await self._slurm(), self.cluster)
-            except (SlurmError, TokenError) as exc:
-                log.warning(
-                    "limits of %s not read (%s): %s",
-                    self.cluster,
-                    exc,
-                    "the last ones are used" if self._snapshot else "nothing is checked",
-                )
-                return None if fresh else self._snapshot
-            return self._snapshot
+            if source is Source.NOTHING:
+                return None
+            return await self._read(now, fresh)
+
+    async def _read(self, now: float, fresh: bool) -> Snapshot | None:
+        self._times = ReadTimes(tried=now, good=self._times.good)
+        self._last_ok = False
+        self.reads += 1
+        try:
+            snapshot = await read_snapshot(await self._slurm(), self.cluster)
+        except (SlurmError, TokenError) as exc:
+            log.warning(
+                "limits of %s not read (%s): %s",
+                self.cluster,
+                exc,
+                "the last ones are used" if self._snapshot else "nothing is checked",
+            )
+            return None if fresh else self._snapshot
+        else:
+            self._snapshot = snapshot
+            self._times = ReadTimes(tried=now, good=now)
+            self._last_ok = True
+            return snapshot
+        finally:
+            # Also when cancelled: whoever waited gets no answer from it, not a read of its
+            # own.
+            self._ended += 1

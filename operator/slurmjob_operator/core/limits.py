@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 
@@ -255,3 +256,48 @@ def enforce(verdict: Verdict) -> None:
         raise LimitExceeded(verdict.refusals)
     if verdict.unavailable is not None:
         raise PartitionUnavailable(verdict.unavailable)
+
+
+#: The oldest a read may be for a refusal to be made on it (at most; the poll interval when
+#: shorter). A refusal is final until the spec changes, so it is made on what the cluster
+#: said a moment ago, yet no number of specs over the limits makes more reads than one per
+#: this many seconds.
+MAX_REFUSAL_AGE = 5.0
+
+
+def refusal_age_for(poll_interval: float) -> float:
+    return min(poll_interval, MAX_REFUSAL_AGE)
+
+
+@dataclass(frozen=True)
+class ReadTimes:
+    """When the cluster's limits were read last (monotonic seconds)."""
+
+    tried: float | None = None
+    """The start of the last read, whether it succeeded or not."""
+    good: float | None = None
+    """The start of the last read that succeeded (the one kept)."""
+
+
+class Source(Enum):
+    KEPT = "kept"  # the kept answer (None when there is none)
+    READ = "read"  # read the cluster now
+    NOTHING = "nothing"  # None: nothing to refuse on until a read is allowed again
+
+
+def limits_source(
+    times: ReadTimes, now: float, *, fresh: bool, ttl: float, refusal_age: float
+) -> Source:
+    """Where the limits a submission is checked against come from. Not `fresh`: what was
+    read within the poll interval (`ttl`), a failed read included (it is not tried again by
+    every submission). `fresh` (what a refusal is made on): a successful read younger than
+    `refusal_age`; else a new read, unless one was tried within `refusal_age` and failed:
+    then nothing is refused before the next."""
+    if not fresh:
+        recent = times.tried is not None and now - times.tried < ttl
+        return Source.KEPT if recent else Source.READ
+    if times.good is not None and now - times.good < refusal_age:
+        return Source.KEPT
+    if times.tried is not None and now - times.tried < refusal_age:
+        return Source.NOTHING
+    return Source.READ
