@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from slurmjob_operator.config import AUTO, ConfigError, Settings
+from slurmjob_operator.core import verified
 from slurmjob_operator.core.absence import Mode, Window, mode
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile
 from slurmjob_operator.core.naming import SCRIPT_FILE, STDERR_FILE, STDOUT_FILE
@@ -434,6 +435,24 @@ def _probe_files(settings: Settings, where: Path, job_uid: int | None) -> None:
         stage_attempt(settings, where, files)
 
 
+async def _cancel_probe(
+    client: SlurmClient, settings: Settings, request: LaunchRequest, job_id: int
+) -> None:
+    """Cancel the probe job that did not end, once a read shows it is the probe (its exact
+    name and comment, its user the one the probe was sent as)."""
+    acting = client.user
+    with verified.step():
+        made = verified.verify_named(
+            await client.get_job(job_id),
+            request.job_name,
+            request.comment,
+            owners=frozenset({acting} if acting else ()),
+            cluster=settings.cluster_name,
+        )
+        if isinstance(made, verified.VerifiedJob):
+            await client.cancel(made)
+
+
 async def _probe_one(
     settings: Settings, transport: HttpTransport, prober: _Prober
 ) -> tuple[Outcome, str]:
@@ -470,7 +489,7 @@ async def _probe_one(
             await asyncio.sleep(1.0)
         if ended is None:
             with contextlib.suppress(SlurmError):
-                await client.cancel(receipt.job_id)
+                await _cancel_probe(client, settings, request, receipt.job_id)
             return Outcome.WARN, (
                 f"probe job {receipt.job_id} as {prober.label} did not end within "
                 f"{PROBE_TIMEOUT:.0f} s (cancelled); the staging root was not checked"

@@ -68,6 +68,8 @@ class Metrics:
     * `duplicates_total`: Slurm jobs cancelled because they duplicated an attempt.
     * `proven_absent_total`, `late_submits_cancelled_total`: unconfirmed submits proven absent
       (`core.absence`), and jobs of such attempts that appeared later and were cancelled.
+    * `job_changes_refused_total{why}`: changes to a job refused for want of a verified
+      handle (`core.verified`): `identity`, `owner` or `cluster`.
     * `transitions_total{phase}`: phase changes, by the new phase.
     * `slurmrestd_request_seconds{endpoint,method,status_class}`: latency histogram; endpoint
       is the path template, status_class "2xx".."5xx", "timeout" or "error".
@@ -111,6 +113,14 @@ class Metrics:
         self.late_submits_cancelled_total = Counter(
             f"{PREFIX}_late_submits_cancelled",
             "Jobs of attempts proven absent that appeared after all and were cancelled.",
+            registry=reg,
+        )
+        self.job_changes_refused_total = Counter(
+            f"{PREFIX}_job_changes_refused",
+            "Changes to a Slurm job (cancel, hold, release, dependency) refused because the "
+            "job could not be verified as the resource's, by why: identity (name, comment or "
+            "id), owner (its Slurm user), cluster (the tenant may not use the cluster).",
+            ["why"],
             registry=reg,
         )
         self.transitions_total = Counter(

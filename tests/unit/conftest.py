@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp.test_utils import TestServer
 
+from slurmjob_operator.core import verified
 from slurmjob_operator.slurm.http import HttpTransport
 
 from .slurm_fakes import FakeSlurm
@@ -27,3 +28,10 @@ async def fake() -> AsyncIterator[FakeSlurm]:
 async def session() -> AsyncIterator[HttpTransport]:
     async with HttpTransport() as s:
         yield s
+
+
+@pytest.fixture
+def step() -> Iterator[verified.Step]:
+    """A `core.verified` step around the test: the handles it makes live until it ends."""
+    with verified.step() as current:
+        yield current

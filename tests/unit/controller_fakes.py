@@ -52,6 +52,7 @@ from slurmjob_operator.core.jobview import (
     SlurmJobView,
 )
 from slurmjob_operator.core.launch import LaunchRequest
+from slurmjob_operator.core.verified import VerifiedJob, vouch
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.dialects import BulkCancelResult, SubmitReceipt
@@ -199,12 +200,26 @@ class MemorySlurm:
             raise self.connect_error
         return self
 
+    @property
+    def user(self) -> str:
+        return OPERATOR_USER
+
     async def client_for(self, user: str | None) -> MemorySlurm | MemoryUserClient:
         base = await self.client()
-        if user is None:
+        if user is None or user == OPERATOR_USER:
             return base
         # One per user, as SlurmLink keeps them.
         return self.user_clients.setdefault(user, MemoryUserClient(self, user))
+
+    def was_cancelled(self, job_id: int) -> bool:
+        """Whether a cancel (one job's or a bulk one) named the job, by its id or its SLUID."""
+        job = self.jobs.get(job_id) or self.purged.get(job_id)
+        names = {str(job_id)} | ({job.sluid} if job is not None and job.sluid else set())
+        for call in self.calls:
+            verb, _, rest = call.partition(" ")
+            if verb in ("cancel", "cancel_many") and names & set(rest.split()):
+                return True
+        return False
 
     def made_as(self, user: str | None) -> list[str]:
         """The calls made as `user` (None: the operator's own)."""
@@ -294,22 +309,32 @@ class MemorySlurm:
     async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
         return await self.do_get_job_accounting(ref, None)
 
-    async def hold(self, job_id: int, held: bool) -> tuple[()]:
-        return await self.do_hold(job_id, held, None)
+    def bulk_ref(self, job: VerifiedJob) -> str:
+        return str(self.lifecycle_ref(job.job_id, job.sluid))
 
-    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
-        return await self.do_set_dependency(job_id, dependency, None)
+    async def hold(self, job: VerifiedJob, held: bool) -> tuple[()]:
+        vouch(job, OPERATOR_USER)
+        for component in job.components:
+            await self.do_hold(component, held, None)
+        return ()
 
-    async def cancel(self, ref: int | str) -> None:
-        await self.do_cancel(ref, None)
+    async def set_dependency(self, job: VerifiedJob, dependency: str) -> tuple[()]:
+        vouch(job, OPERATOR_USER)
+        return await self.do_set_dependency(job.job_id, dependency, None)
+
+    async def cancel(self, job: VerifiedJob) -> None:
+        vouch(job, OPERATOR_USER)
+        await self.do_cancel(job.job_id, None)
 
     async def jobs_state(
         self, job_ids: Sequence[int] | None = None, *, batch: int = 500
     ) -> list[JobStateEntry]:
         return await self.do_jobs_state(job_ids, None)
 
-    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
-        return await self.do_cancel_many(refs, None)
+    async def cancel_many(self, jobs: Sequence[VerifiedJob]) -> BulkCancelResult:
+        for job in jobs:
+            vouch(job, OPERATOR_USER)
+        return await self.do_cancel_many([self.bulk_ref(job) for job in jobs], None)
 
     # -- the same, as a given user -----------------------------------------------------------
 
@@ -561,22 +586,32 @@ class MemoryUserClient:
     async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
         return await self.slurm.do_get_job_accounting(ref, self.user)
 
-    async def hold(self, job_id: int, held: bool) -> tuple[()]:
-        return await self.slurm.do_hold(job_id, held, self.user)
+    def bulk_ref(self, job: VerifiedJob) -> str:
+        return self.slurm.bulk_ref(job)
 
-    async def set_dependency(self, job_id: int, dependency: str) -> tuple[()]:
-        return await self.slurm.do_set_dependency(job_id, dependency, self.user)
+    async def hold(self, job: VerifiedJob, held: bool) -> tuple[()]:
+        vouch(job, self.user)
+        for component in job.components:
+            await self.slurm.do_hold(component, held, self.user)
+        return ()
 
-    async def cancel(self, ref: int | str) -> None:
-        await self.slurm.do_cancel(ref, self.user)
+    async def set_dependency(self, job: VerifiedJob, dependency: str) -> tuple[()]:
+        vouch(job, self.user)
+        return await self.slurm.do_set_dependency(job.job_id, dependency, self.user)
+
+    async def cancel(self, job: VerifiedJob) -> None:
+        vouch(job, self.user)
+        await self.slurm.do_cancel(job.job_id, self.user)
 
     async def jobs_state(
         self, job_ids: Sequence[int] | None = None, *, batch: int = 500
     ) -> list[JobStateEntry]:
         return await self.slurm.do_jobs_state(job_ids, self.user)
 
-    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
-        return await self.slurm.do_cancel_many(refs, self.user)
+    async def cancel_many(self, jobs: Sequence[VerifiedJob]) -> BulkCancelResult:
+        for job in jobs:
+            vouch(job, self.user)
+        return await self.slurm.do_cancel_many([self.bulk_ref(job) for job in jobs], self.user)
 
 
 class StubToken:

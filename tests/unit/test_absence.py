@@ -13,7 +13,7 @@ from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, ne
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.errors import SlurmTransient
 
-from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import OPERATOR_USER, Bed, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 
 WINDOW = Window(rest_timeout=30, message_timeout=10, margin=30)
@@ -179,6 +179,7 @@ async def test_a_late_job_of_an_attempt_proven_absent_is_cancelled(tmp_path: Pat
         job_id=555,
         name=first.job_name,
         comment=f"slurmjob.io ns={ref.namespace} name={ref.name} uid={ref.uid} attempt=1",
+        user=OPERATOR_USER,
         raw_state=("RUNNING",),
         base_state=BaseState.RUNNING,
     )

@@ -19,6 +19,12 @@ from slurmjob_operator.slurm.errors import (
 )
 
 from .controller_fakes import OPERATOR_USER, MemorySlurm
+from .handles import handle
+
+
+@pytest.fixture(autouse=True)
+def _in_a_step(step: Any) -> None:
+    """Every test here runs inside one step (a handle lives as long as its step)."""
 
 
 def slurm_with(count: int, user: str | None = None, first: int = 100) -> MemorySlurm:
@@ -45,7 +51,7 @@ def bulk_calls(slurm: MemorySlurm) -> list[str]:
 async def test_cancels_asked_together_go_out_as_one_request() -> None:
     slurm = slurm_with(200)
     c = canceller(slurm)
-    await asyncio.gather(*(c.cancel(None, job_id) for job_id in range(100, 300)))
+    await asyncio.gather(*(c.cancel(handle(job_id)) for job_id in range(100, 300)))
     assert len(bulk_calls(slurm)) == 1
     assert all(j.base_state is BaseState.CANCELLED for j in slurm.jobs.values())
     assert not [call for call in slurm.calls if call.startswith("cancel ")]
@@ -54,7 +60,7 @@ async def test_cancels_asked_together_go_out_as_one_request() -> None:
 async def test_a_batch_holds_at_most_batch_ids() -> None:
     slurm = slurm_with(25)
     c = canceller(slurm, batch=10)
-    await asyncio.gather(*(c.cancel(None, job_id) for job_id in range(100, 125)))
+    await asyncio.gather(*(c.cancel(handle(job_id)) for job_id in range(100, 125)))
     assert [len(call.split()) - 1 for call in bulk_calls(slurm)] == [10, 10, 5]
 
 
@@ -63,7 +69,11 @@ async def test_each_user_cancels_its_own_jobs() -> None:
     for job_id in (200, 201):
         slurm.jobs[job_id] = slurm.jobs[100].model_copy(update={"job_id": job_id, "user": "team-b"})
     c = canceller(slurm)
-    await asyncio.gather(c.cancel("team-a", 100), c.cancel("team-b", 200), c.cancel("team-a", 101))
+    await asyncio.gather(
+        c.cancel(handle(100, "team-a")),
+        c.cancel(handle(200, "team-b")),
+        c.cancel(handle(101, "team-a")),
+    )
     assert slurm.made_as("team-a") == ["cancel_many 100 101"]
     assert slurm.made_as("team-b") == ["cancel_many 200"]
 
@@ -73,10 +83,10 @@ async def test_one_missing_or_refused_job_fails_only_its_own_caller() -> None:
     slurm.jobs[102] = slurm.jobs[100].model_copy(update={"job_id": 102, "user": "someone"})
     c = canceller(slurm)
     results = await asyncio.gather(
-        c.cancel(None, 100),
-        c.cancel(None, 555),
-        c.cancel(None, 102),
-        c.cancel(None, 101),
+        c.cancel(handle(100)),
+        c.cancel(handle(555)),
+        c.cancel(handle(102)),
+        c.cancel(handle(101)),
         return_exceptions=True,
     )
     assert results[0] is None
@@ -95,7 +105,7 @@ async def test_a_failed_request_fails_every_caller_of_the_batch() -> None:
     slurm.cancel_many = down  # type: ignore[method-assign]
     c = canceller(slurm)
     results = await asyncio.gather(
-        *(c.cancel(None, i) for i in range(100, 103)), return_exceptions=True
+        *(c.cancel(handle(i)) for i in range(100, 103)), return_exceptions=True
     )
     assert all(isinstance(r, SlurmTransient) for r in results)
 
@@ -106,7 +116,7 @@ async def test_without_bulk_cancel_each_job_is_cancelled_with_bounded_concurrenc
     in_flight = peak = 0
     one = slurm.cancel
 
-    async def counted(ref: int | str) -> None:
+    async def counted(ref: Any) -> None:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
@@ -116,7 +126,7 @@ async def test_without_bulk_cancel_each_job_is_cancelled_with_bounded_concurrenc
 
     slurm.cancel = counted  # type: ignore[method-assign]
     c = canceller(slurm, concurrency=4)
-    await asyncio.gather(*(c.cancel(None, i) for i in range(100, 120)))
+    await asyncio.gather(*(c.cancel(handle(i)) for i in range(100, 120)))
     assert not bulk_calls(slurm)
     assert peak == 4
     assert all(j.base_state is BaseState.CANCELLED for j in slurm.jobs.values())
@@ -133,8 +143,8 @@ async def test_a_server_without_the_route_is_asked_once_then_per_job() -> None:
 
     slurm.cancel_many = unserved  # type: ignore[method-assign]
     c = canceller(slurm)
-    await asyncio.gather(c.cancel(None, 100), c.cancel(None, 101))
-    await asyncio.gather(c.cancel(None, 102), c.cancel(None, 103))
+    await asyncio.gather(c.cancel(handle(100)), c.cancel(handle(101)))
+    await asyncio.gather(c.cancel(handle(102)), c.cancel(handle(103)))
     assert asked == 1
     assert [call for call in slurm.calls if call.startswith("cancel ")] == [
         f"cancel {i}" for i in range(100, 104)
@@ -144,8 +154,8 @@ async def test_a_server_without_the_route_is_asked_once_then_per_job() -> None:
 async def test_a_caller_that_gives_up_leaves_the_others_served() -> None:
     slurm = slurm_with(2)
     c = canceller(slurm, linger=0.05)
-    gone = asyncio.ensure_future(c.cancel(None, 100))
-    kept = asyncio.ensure_future(c.cancel(None, 101))
+    gone = asyncio.ensure_future(c.cancel(handle(100)))
+    kept = asyncio.ensure_future(c.cancel(handle(101)))
     await asyncio.sleep(0)
     gone.cancel()
     await kept
@@ -160,7 +170,7 @@ async def test_a_bug_below_fails_the_callers_instead_of_hanging_them() -> None:
 
     c = Canceller(slurm.client, broken, tick=0.01)
     with pytest.raises(RuntimeError):
-        await asyncio.wait_for(c.cancel(None, 100), 2)
+        await asyncio.wait_for(c.cancel(handle(100)), 2)
 
 
 async def test_waits_share_one_sweep_per_tick() -> None:
@@ -224,7 +234,7 @@ async def test_an_array_is_final_only_once_every_task_is() -> None:
         job_id=111, user=OPERATOR_USER, raw_state=("RUNNING",), base_state=BaseState.RUNNING
     )
     c = canceller(slurm)
-    await c.cancel(None, 100)
+    await c.cancel(handle(100))
     assert slurm.jobs[100].base_state is BaseState.CANCELLED
     slurm.set_state(task_id, "RUNNING")  # still ending (an epilog)
     assert not await c.until_final(100, 0.1, array=True)

@@ -108,7 +108,7 @@ async def test_each_submit_failure_becomes_its_transition(
     staging = bed.settings.storage_root / "team-a"
     assert any(staging.rglob(SCRIPT_FILE)) is staged
     if fault == "rejected-record":
-        assert "cancel 100" in bed.slurm.calls, "the record Slurm made anyway is cancelled"
+        assert bed.slurm.was_cancelled(100), "the record Slurm made anyway is cancelled"
     assert not bed.controller.followed()
 
 
@@ -208,7 +208,7 @@ async def test_of_two_jobs_for_one_attempt_the_oldest_is_kept(bed: Bed) -> None:
     await reconcile(bed, ref)
     assert await reconcile(bed, ref) is None
     assert bed.store.status(ref).attempts[0].job_id == 100
-    assert "cancel 101" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(101)
     assert bed.slurm.jobs[101].base_state == "CANCELLED"
     assert "DuplicateCancelled" in bed.store.reasons()
     assert counter(bed, "slurmjob_operator_duplicates_total") == 1
@@ -619,8 +619,8 @@ async def test_deleting_an_unconfirmed_attempt_cancels_what_carries_its_identity
     await reconcile(bed, ref)
     bed.slurm.jobs[999] = _foreign(bed.store.status(ref).attempts[0].job_name)
     await bed.controller.finalize(bed.store.body(ref))
-    assert "cancel 100" in bed.slurm.calls
-    assert "cancel 999" not in bed.slurm.calls, "another resource's job is left alone"
+    assert bed.slurm.was_cancelled(100)
+    assert not bed.slurm.was_cancelled(999), "another resource's job is left alone"
 
 
 async def test_deleting_a_final_job_cancels_nothing(bed: Bed) -> None:

@@ -282,7 +282,7 @@ async def test_an_upstream_failed_for_good_cancels_the_dependent(bed: Bed) -> No
     assert status.phase is Phase.FAILED
     failed = next(c for c in status.conditions if c.type == "Failed")
     assert failed.reason == "DependencyFailed"
-    assert "cancel 101" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(101)
     assert not [t for t in bed.controller.followed() if t.ref == post]
 
 
@@ -357,7 +357,7 @@ async def test_a_restarts_list_in_any_order_cancels_a_dependent_left_behind(bed:
     await _settle(bed)
     failed = next(c for c in bed.store.status(post).conditions if c.type == "Failed")
     assert failed.reason == "DependencyFailed"
-    assert "cancel 101" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(101)
 
 
 async def test_a_cancel_that_fails_writes_nothing_final_and_is_tried_again(bed: Bed) -> None:
@@ -380,7 +380,7 @@ async def test_a_cancel_that_fails_writes_nothing_final_and_is_tried_again(bed: 
     assert bed.store.status(post).phase is Phase.QUEUED, "not Failed while still queued"
     await _reconcile(bed, post)
     assert bed.store.status(post).phase is Phase.FAILED
-    assert "cancel 101" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(101)
 
 
 async def test_an_attempt_after_a_lost_submit_waits_on_the_upstream_too(bed: Bed) -> None:

@@ -19,10 +19,16 @@ from slurmjob_operator.slurm.errors import (
 )
 from slurmjob_operator.slurm.http import HttpTransport
 
+from .handles import handle
 from .slurm_fakes import FakeSlurm, envelope
 from .test_slurm_client import client
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "slurm-captures" / "slurm-26.05.5"
+
+
+@pytest.fixture(autouse=True)
+def _in_a_step(step: object) -> None:
+    """Handles live as long as their step: one per test."""
 
 
 def capture(name: str) -> Any:
@@ -115,7 +121,8 @@ async def test_cancel_many_sends_one_delete_with_every_id(
     fake: FakeSlurm, session: HttpTransport
 ) -> None:
     fake.json("DELETE", "/slurm/v0.0.45/jobs", capture("resp_kill_jobs_unknown.json"))
-    result = await client(fake, session).cancel_many([1, 2, "3", 99999990])
+    jobs = [handle(1, "alice"), handle(2, "alice"), handle(3, "alice"), handle(99999990, "alice")]
+    result = await client(fake, session).cancel_many(jobs)
     assert result.missing == {"99999990"}
     (seen,) = fake.seen
     assert seen.body == {"jobs": ["1", "2", "3", "99999990"], "flags": ["FULL_JOB"]}
@@ -124,7 +131,9 @@ async def test_cancel_many_sends_one_delete_with_every_id(
 
 async def test_an_id_no_job_can_have_sends_nothing(fake: FakeSlurm, session: HttpTransport) -> None:
     with pytest.raises(InvalidJobRef):
-        await client(fake, session).cancel_many([1, 0])
+        await client(fake, session).cancel_many(
+            [handle(1, "alice"), handle("s" + "x" * 40, "alice")]
+        )
     assert not fake.seen
 
 
@@ -132,9 +141,9 @@ async def test_a_release_without_the_route_is_unsupported(
     fake: FakeSlurm, session: HttpTransport
 ) -> None:
     with pytest.raises(SlurmUnsupported):
-        await client(fake, session, "v0.0.40").cancel_many([1])
+        await client(fake, session, "v0.0.40").cancel_many([handle(1, "alice")])
     with pytest.raises(SlurmUnsupported):
-        await client(fake, session, "v0.0.38").cancel_many([1])
+        await client(fake, session, "v0.0.38").cancel_many([handle(1, "alice")])
     assert len(fake.seen) == 1, "v0.0.38 is not even asked"
 
 
@@ -146,4 +155,4 @@ async def test_a_refused_token_is_an_auth_error(fake: FakeSlurm, session: HttpTr
         status=401,
     )
     with pytest.raises(SlurmAuthError):
-        await client(fake, session).cancel_many([1])
+        await client(fake, session).cancel_many([handle(1, "alice")])

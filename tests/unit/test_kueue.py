@@ -545,7 +545,7 @@ async def test_a_pending_job_evicted_is_held_and_released_when_admitted_again(
     workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
     await _reconcile(bed, ref)
     assert f"hold {job}" in bed.slurm.calls
-    assert f"cancel {job}" not in bed.slurm.calls
+    assert not bed.slurm.was_cancelled(job)
     status = bed.store.status(ref)
     assert status.phase is Phase.QUEUED
     [attempt] = status.attempts
@@ -580,7 +580,7 @@ async def test_a_running_job_evicted_is_cancelled_and_its_attempt_spends_no_retr
     bed.slurm.set_state(job, "RUNNING")
     workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
     await _reconcile(bed, ref)
-    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(job)
     status = bed.store.status(ref)
     [attempt] = status.attempts
     assert attempt.retry_action == EVICTED_ACTION
@@ -648,7 +648,7 @@ async def test_an_eviction_whose_hold_does_not_take_ends_the_job(
     monkeypatch.setattr(bed.slurm, "hold", refused)
     workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
     await _reconcile(bed, ref)
-    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(job)
     assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
     assert "admission" not in workload["status"]  # the quota given back only once it ended
 
@@ -663,7 +663,7 @@ async def test_a_held_job_readmitted_elsewhere_is_ended_and_submitted_anew(tmp_p
     again = await _reconcile(bed, ref)
     assert again is not None  # the next attempt is due now: tried again by the caller
     assert again.delay == 0
-    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(job)
     assert f"release {job}" not in bed.slurm.calls
     assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
     await _reconcile(bed, ref)  # what the wake scheduled for it does
@@ -730,11 +730,11 @@ async def test_a_held_job_that_started_is_ended_only_on_kueues_word(
 
     monkeypatch.setattr(store, "get_workload", unavailable)
     assert await _reconcile(bed, ref) is not None  # asked again, nothing done
-    assert f"cancel {job}" not in bed.slurm.calls
+    assert not bed.slurm.was_cancelled(job)
     monkeypatch.undo()
     # Kueue says it has no quota (requeued, pending): it runs without quota, so it is ended.
     await _reconcile(bed, ref)
-    assert f"cancel {job}" in bed.slurm.calls
+    assert bed.slurm.was_cancelled(job)
     assert bed.store.status(ref).attempts[-1].retry_action == EVICTED_ACTION
 
 

@@ -32,6 +32,7 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.slurm.exchange import decode_json
 from slurmjob_operator.slurm.http import HttpTransport
 
+from .handles import handle
 from .slurm_fakes import FakeSlurm, StaticToken, cpu_request, envelope, sample, sample_json_22
 
 V45 = "/slurm/v0.0.45"
@@ -41,16 +42,25 @@ HUGE = "9" * 5000  # beyond what Python's int() reads from text (4300 digits)
 LONG = str(10**30)  # readable, but no Slurm number is that long
 
 
+@pytest.fixture(autouse=True)
+def _in_a_step(step: object) -> None:
+    """Handles live as long as their step: one per test."""
+
+
 @pytest.fixture
 async def client(fake: FakeSlurm) -> AsyncIterator[SlurmClient]:
     async with HttpTransport() as transport:
-        yield SlurmClient(transport, fake.base_url, "v0.0.45", token=StaticToken(), timeout=2)
+        yield SlurmClient(
+            transport, fake.base_url, "v0.0.45", token=StaticToken(), user="alice", timeout=2
+        )
 
 
 @pytest.fixture
 async def client38(fake: FakeSlurm) -> AsyncIterator[SlurmClient]:
     async with HttpTransport() as transport:
-        yield SlurmClient(transport, fake.base_url, "v0.0.38", token=StaticToken(), timeout=2)
+        yield SlurmClient(
+            transport, fake.base_url, "v0.0.38", token=StaticToken(), user="alice", timeout=2
+        )
 
 
 def answer(fake: FakeSlurm, method: str, path: str, body: Any, **raw: str) -> None:
@@ -268,12 +278,17 @@ async def test_find_by_name_leaves_out_unreadable_accounting_records(
 async def test_ids_no_job_can_have_are_not_sent(
     fake: FakeSlurm, client: SlurmClient, ref: int | str
 ) -> None:
-    for call in (client.get_job, client.cancel, client.get_job_accounting):
+    for call in (client.get_job, client.get_job_accounting):
         with pytest.raises(InvalidJobRef):
             await call(ref)
-    if isinstance(ref, int):
+    # No handle can carry such an id (a view's id is checked where Slurm's answer is read);
+    # a SLUID is checked where a change would send it.
+    if isinstance(ref, str) and ref.startswith("s"):
         with pytest.raises(InvalidJobRef):
-            await client.hold(ref, True)
+            await client.cancel_many([handle(ref, "alice")])
+    else:
+        with pytest.raises(ValueError, match="job_id"):
+            handle(int(ref), "alice")
     assert fake.seen == []
 
 
@@ -322,7 +337,7 @@ async def test_an_unreadable_cancel_answer_is_malformed(
 ) -> None:
     answer(fake, "DELETE", f"{V45}/job/5", envelope(status="@s@"), s=status)
     with pytest.raises(SlurmMalformed) as caught:
-        await client.cancel(5)
+        await client.cancel(handle(5, "alice"))
     assert caught.value.method == "DELETE"
 
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmjob_operator.core.jobview import group_states
+from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.dialects import BulkCancelResult
 from slurmjob_operator.slurm.errors import (
@@ -36,7 +37,7 @@ Ref = int | str
 
 @dataclass
 class _Ask:
-    ref: Ref
+    job: VerifiedJob
     future: asyncio.Future[None]
     sent: str = ""
 
@@ -62,7 +63,7 @@ class Canceller:
         concurrency: int = 8,
     ) -> None:
         """`slurm`: the operator's client (it reads the states); `slurm_as(user)`: the client
-        that acts as `user` (None: the operator)."""
+        that acts as Slurm user `user` (a job's verified owner)."""
         if batch < 1 or concurrency < 1:
             raise ValueError("batch and concurrency must be at least 1")
         self._slurm = slurm
@@ -71,7 +72,7 @@ class Canceller:
         self.batch = batch
         self.tick = tick
         self._limit = asyncio.Semaphore(concurrency)
-        self._asks: dict[str | None, list[_Ask]] = {}
+        self._asks: dict[str, list[_Ask]] = {}
         self._waits: dict[int, list[asyncio.Future[None]]] = defaultdict(list)
         self._arrays: set[int] = set()  # the waited-for ids that are job arrays
         self._tasks: set[asyncio.Task[None]] = set()
@@ -80,16 +81,17 @@ class Canceller:
 
     # -- cancel ------------------------------------------------------------------------------
 
-    async def cancel(self, user: str | None, ref: Ref) -> None:
-        """Cancel the job `ref` as Slurm user `user`. Returns once Slurm took the cancel (or
-        said the job had already ended); raises `SlurmNotFound` when Slurm does not know the
-        job, and the other `SlurmError`s as a one-job cancel would."""
+    async def cancel(self, job: VerifiedJob) -> None:
+        """Cancel `job` as its owner. Returns once Slurm took the cancel (or said the job had
+        already ended); raises `SlurmNotFound` when Slurm does not know the job, and the
+        other `SlurmError`s as a one-job cancel would. The caller's step stays open while it
+        waits, so the handle is still good when the batch goes out."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        asks = self._asks.get(user)
+        asks = self._asks.get(job.owner)
         if asks is None:
-            asks = self._asks[user] = []
-            self._spawn(self._flush(user))
-        asks.append(_Ask(ref, future))
+            asks = self._asks[job.owner] = []
+            self._spawn(self._flush(job.owner))
+        asks.append(_Ask(job, future))
         await future
 
     def _spawn(self, work: Awaitable[None]) -> None:
@@ -97,7 +99,7 @@ class Canceller:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _flush(self, user: str | None) -> None:
+    async def _flush(self, user: str) -> None:
         await asyncio.sleep(self.linger)
         asks = [a for a in self._asks.pop(user, []) if not a.future.done()]
         try:
@@ -108,12 +110,12 @@ class Canceller:
             if not isinstance(exc, Exception):
                 raise
 
-    async def _flush_asks(self, user: str | None, asks: list[_Ask]) -> None:
+    async def _flush_asks(self, user: str, asks: list[_Ask]) -> None:
         client = await self._slurm_as(user)
         valid: list[_Ask] = []
         for ask in asks:
             try:
-                ask.sent = client.dialect.job_ref_path(ask.ref)
+                ask.sent = client.bulk_ref(ask.job)
             except (SlurmError, ValueError) as exc:  # no job can have it: one, not the batch
                 _settle(ask.future, exc)
                 continue
@@ -124,7 +126,7 @@ class Canceller:
     async def _send(self, client: SlurmClient, asks: list[_Ask]) -> None:
         if self._bulk and client.dialect.supports_bulk_cancel:
             try:
-                result = await client.cancel_many([a.sent for a in asks])
+                result = await client.cancel_many([a.job for a in asks])
             except SlurmUnsupported:
                 log.info("slurmrestd %s has no bulk cancel: cancelling one by one", client.version)
                 self._bulk = False
@@ -144,7 +146,7 @@ class Canceller:
     async def _one(self, client: SlurmClient, ask: _Ask) -> None:
         async with self._limit:
             try:
-                await client.cancel(ask.ref)
+                await client.cancel(ask.job)
             except SlurmError as exc:
                 _settle(ask.future, exc)
             else:

@@ -16,6 +16,7 @@ from slurmjob_operator.controller.deletion import Deletion
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.registry import Registry, Tracked
@@ -64,6 +65,10 @@ class Controller:
             settings, transport, self.token, metrics.on_request, users=self.site.slurm_users
         )
         self._edge = ResourceEdge(kube, metrics, self.registry)
+        # The one door to changing a Slurm job: read now, proven the resource's, as its owner.
+        self.identity = JobIdentity(
+            self.name, self.site, self._edge, metrics, self.slurm, self.slurm_as
+        )
         # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
         backoff = max(1.0, min(30.0, settings.poll_interval * 5))
         self._following = Following(
@@ -73,7 +78,7 @@ class Controller:
             self.reconcile,
             backoff,
             job_uid=self.site.job_uid,
-            acting=lambda ref: self.slurm_as(self.site.slurm_user(ref.namespace)),
+            identity=self.identity,
             on_late=metrics.late_submits_cancelled_total.inc,
         )
         # One for the process (the fleet's clusters share it): submits in progress at once,
@@ -99,9 +104,10 @@ class Controller:
             clusters=self.clusters,
             dependencies=self._dependencies,
             queues=self._queues,
+            identity=self.identity,
         )
         self._deletion = Deletion(
-            settings, self._edge, self.slurm, self._following, self.site, self.slurm_as
+            settings, self._edge, self.slurm, self._following, self.identity, self.slurm_as
         )
         self._deletion.queues = self._queues
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from slurmjob_operator.api.resource import ObjectRef, ResourceView
+from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.cancelling import Canceller
-from slurmjob_operator.controller.following import Following, refuse_stranger
-from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
-from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.arrays import shown_index
-from slurmjob_operator.core.decisions import belongs, stranger
+from slurmjob_operator.core.decisions import belongs
 from slurmjob_operator.core.following import with_logs
+from slurmjob_operator.core.jobview import by_leader
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound
@@ -36,16 +36,16 @@ class Deletion:
         edge: ResourceEdge,
         slurm: Callable[[], Awaitable[SlurmClient]],
         following: Following,
-        site: Site | None = None,
+        identity: JobIdentity,
         slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None = None,
     ) -> None:
-        """`slurm_as(user)`: the client acting as Slurm user `user` (a tenant's slurmUser, as
-        `site` says for the namespace)."""
+        """`identity`: what makes a job's handle before it is cancelled; `slurm_as(user)`:
+        the client acting as Slurm user `user` (the handle's owner)."""
         self.settings = settings
         self.edge = edge
         self.slurm = slurm
         self.following = following
-        self._site = site
+        self.identity = identity
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
         self.queues: Queues | None = None
@@ -53,17 +53,10 @@ class Deletion:
     async def _client_as(self, user: str | None) -> SlurmClient:
         return await (self.slurm() if self._slurm_as is None else self._slurm_as(user))
 
-    def _user(self, ref: ObjectRef) -> str | None:
-        """Who cancels `ref`'s jobs: its namespace's tenant's Slurm user (a non-admin
-        operator user may not cancel another user's job); None: the operator."""
-        if self._slurm_as is None or self._site is None:
-            return None
-        return self._site.slurm_user(ref.namespace)
-
     async def finalize(self, view: ResourceView) -> None:
         """Raises RetryLater while the job is still ending."""
         ref = view.ref
-        async with self.edge.lock(ref.uid):
+        async with self.edge.step(ref.uid):
             # The handler's body predates the lock: a retry may have submitted a new attempt.
             view = await self.edge.fresh(ref) or view
             status = view.status
@@ -71,7 +64,7 @@ class Deletion:
             live = status.phase is None or not status.phase.is_terminal
             if attempt is not None and live:
                 client = await self.slurm()
-                await self._end_job(ref, client, attempt)
+                await self._end_job(view, client, attempt)
                 fresh = await self.edge.fresh(ref)
                 if fresh is not None and attempt.staging_dir:
                     logs = await self.following.logs(
@@ -87,26 +80,36 @@ class Deletion:
                 await self.queues.delete(view)  # the quota is released with the job
         self.edge.forget(ref)
 
-    async def _end_job(self, ref: ObjectRef, client: SlurmClient, attempt: Attempt) -> None:
+    async def _end_job(self, view: ResourceView, client: SlurmClient, attempt: Attempt) -> None:
+        """Cancel the attempt's job, once a read shows it is the resource's to cancel, and
+        wait for its end. Returns at once (the finalizer goes) when it is gone, not the
+        attempt's, or not the resource's to change on this cluster (each said in an Event)."""
+        ref = view.ref
+        refused = "it is not cancelled"
         if attempt.job_id is None:
             # An unconfirmed submission may still have created a job: cancel what carries
             # this attempt's name and identity.
-            for job in await client.find_by_name(attempt.job_name):
-                if belongs(job, ref.uid, attempt):
-                    await cancel_quietly(await self._client_as(self._user(ref)), job.job_id)
+            owners = await self.identity.owners(view)
+            if owners is None:
+                return
+            found = await client.find_by_name(attempt.job_name)
+            mine = [j for j in found if belongs(j, ref.uid, attempt)]
+            for views in by_leader(mine).values():
+                job = await self.identity.check(view, attempt, views, refused, owners=owners)
+                if job is not None:
+                    await self.identity.cancel_quietly(job)
             return
-        target = client.lifecycle_ref(attempt.job_id, attempt.sluid)
         # The job id is a claim (ids are reused; a status can be written): look before
         # cancelling, and leave another's job alone.
         try:
-            other = stranger(await client.get_job(target), ref.uid, attempt)
-            if other is not None:
-                await refuse_stranger(self.edge, ref, attempt, other, "it is not cancelled")
+            job = await self.identity.read(view, attempt, refused, through_sluid=True)
+            if job is None:
                 return
             # Coalesced with the other deletions of the moment: one DELETE for all of them.
-            await self.canceller.cancel(self._user(ref), target)
+            await self.canceller.cancel(job)
         except SlurmNotFound:
             return
+        target = client.lifecycle_ref(job.job_id, job.sluid)
         # An array's id stands for all its tasks: cancelled together, waited for together.
         array = attempt.array is not None
         if await self.canceller.until_final(

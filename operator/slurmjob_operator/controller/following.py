@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.identity import JobIdentity, refuse_stranger
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
-from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.absence import Window, late_candidates
 from slurmjob_operator.core.arrays import (
     ArrayObservation,
@@ -24,9 +24,7 @@ from slurmjob_operator.core.arrays import (
     shown_index,
 )
 from slurmjob_operator.core.decisions import (
-    IDENTITY_MISMATCH,
     belongs,
-    mismatch_text,
     stranger,
 )
 from slurmjob_operator.core.following import (
@@ -41,7 +39,7 @@ from slurmjob_operator.core.following import (
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView, leader
+from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView, by_leader, leader
 from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
@@ -61,30 +59,6 @@ log = logging.getLogger(__name__)
 LATE_SUBMIT_CANCELLED = "LateSubmitCancelled"
 
 
-async def refuse_stranger(
-    edge: ResourceEdge, ref: ObjectRef, attempt: Attempt, job: SlurmJobView, refused: str
-) -> None:
-    """Say that Slurm's job under the attempt's id is not the attempt's: both identities in
-    the operator's log, ours and what differs in a Warning Event."""
-    log.warning(
-        "%s/%s attempt %s: Slurm job %s is not its job (expected name %r, uid %s; found job "
-        "%s named %r with comment %r): %s",
-        ref.namespace,
-        ref.name,
-        attempt.number,
-        attempt.job_id,
-        attempt.job_name,
-        ref.uid,
-        job.job_id,
-        job.name,
-        job.comment,
-        refused,
-    )
-    await edge.event(
-        ref, "Warning", IDENTITY_MISMATCH, mismatch_text(job, ref.uid, attempt, refused)
-    )
-
-
 class Following:
     def __init__(
         self,
@@ -95,14 +69,15 @@ class Following:
         backoff: float,
         *,
         job_uid: Callable[[str], int | None] = lambda namespace: None,
-        acting: Callable[[ObjectRef], Awaitable[SlurmClient]] | None = None,
+        identity: JobIdentity | None = None,
         on_late: Callable[[], None] = lambda: None,
     ) -> None:
         """`job_uid(namespace)`: the uid that namespace's logs belong to when it is not the
-        settings' job user (a tenant's own uid); `acting(ref)`: the client that cancels the
-        resource's jobs (its tenant's Slurm user); `on_late`: counts a late submit cancelled."""
+        settings' job user (a tenant's own uid); `identity`: what makes a late job's handle
+        before it is cancelled (None: late jobs are only looked for by the poller's fold,
+        never cancelled); `on_late`: counts a late submit cancelled."""
         self.settings = settings
-        self._acting = acting
+        self.identity = identity
         self._on_late = on_late
         self._window = Window(
             settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
@@ -121,7 +96,7 @@ class Following:
         """Fold a changed Slurm state (None: the job is gone from the controller) and the log
         tails into the resource's status; `logs_only` when only the log files moved."""
         ref = tracked.ref
-        async with self.edge.lock(ref.uid):
+        async with self.edge.step(ref.uid):
             view = await self.edge.fresh(ref)
             if view is not None:
                 status = view.status
@@ -249,6 +224,8 @@ class Following:
         proxy longer than the fencing window) duplicates the newer attempt: cancel it and say
         that the window was too short. Looked for at each fold, for a while after the proof."""
         now = utc_now()
+        if self.identity is None:
+            return
         for attempt in late_candidates(status.attempts, now, self._window):
             try:
                 client = await self.slurm()
@@ -261,9 +238,11 @@ class Following:
                 for job in found
                 if belongs(job, view.ref.uid, attempt) and job.base_state in ACTIVE_STATES
             ]
-            for job in late:
-                acting = await (self._acting(view.ref) if self._acting else self.slurm())
-                await cancel_quietly(acting, job.job_id)
+            for views in by_leader(late).values():
+                job = await self.identity.check(view, attempt, views, "it is not cancelled")
+                if job is None:
+                    continue
+                await self.identity.cancel_quietly(job)
                 self._on_late()
                 proven = parse_rfc3339(attempt.proven_absent_at)
                 after = (now - proven).total_seconds() if proven else 0.0
@@ -401,7 +380,7 @@ class Following:
         limit = asyncio.Semaphore(self.settings.refresh_concurrency)
 
         async def tell(item: Tracked) -> bool:
-            async with limit, self.edge.lock(item.ref.uid):
+            async with limit, self.edge.step(item.ref.uid):
                 try:
                     view = await self.edge.fresh(item.ref)
                     if view is not None:

@@ -9,13 +9,15 @@ each other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.registry import Registry
+from slurmjob_operator.core import verified
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH
 from slurmjob_operator.core.transition import Transition, changed
 from slurmjob_operator.kube import ResourceStore, SecretError
@@ -55,6 +57,14 @@ class ResourceEdge:
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def step(self, uid: str) -> AsyncIterator[None]:
+        """One step on the resource: under its lock, and a `core.verified` step, so a job
+        verified in it can be changed until it ends and not after."""
+        async with self.lock(uid):
+            with verified.step():
+                yield
 
     async def fresh(self, ref: ObjectRef) -> ResourceView | None:
         """The resource as the API server has it now; None when it is gone or is another

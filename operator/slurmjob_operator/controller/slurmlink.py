@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection
 from typing import Protocol
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import client_as, connect
@@ -74,7 +75,7 @@ class SlurmLink:
         requests carry `user`'s name and a token minted for it; one per user, kept (at most
         one per tenant). None, or the operator's own user: the operator's client."""
         base = await self.client()
-        if user is None or user == self.settings.slurm_rest_user:
+        if user is None or user == self.settings.slurm_rest_user or user == base.user:
             return base
         if user not in self._users:
             # Only the tenants file names users: anything else is a bug, never a guess.
@@ -88,12 +89,12 @@ class SlurmLink:
         return client
 
 
-async def cancel_quietly(client: SlurmClient, ref: int | str) -> None:
+async def cancel_quietly(client: SlurmClient, job: VerifiedJob) -> None:
     """Cancel a job the operator does not wait for (a duplicate, a refused record): gone
     already is fine, and a failure is only logged."""
     try:
-        await client.cancel(ref)
+        await client.cancel(job)
     except SlurmNotFound:
         pass
     except SlurmError:
-        log.exception("cannot cancel Slurm job %s", ref)
+        log.exception("cannot cancel Slurm job %s", job.job_id)

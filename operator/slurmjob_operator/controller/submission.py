@@ -30,7 +30,8 @@ from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, Slur
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.fairness import FairLimiter
-from slurmjob_operator.controller.following import Following, refuse_stranger
+from slurmjob_operator.controller.following import Following
+from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.limits import LimitsCache
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
@@ -41,7 +42,6 @@ from slurmjob_operator.controller.pipeline import (
 )
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
-from slurmjob_operator.controller.slurmlink import cancel_quietly
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
 from slurmjob_operator.core.arrays import next_indices
 from slurmjob_operator.core.decisions import (
@@ -58,7 +58,6 @@ from slurmjob_operator.core.decisions import (
     hold_action,
     hold_transition,
     settled_refusal,
-    stranger,
 )
 from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
 from slurmjob_operator.core.following import (
@@ -70,7 +69,7 @@ from slurmjob_operator.core.following import (
     kueue_hold,
     kueue_release,
 )
-from slurmjob_operator.core.jobview import BaseState, SlurmJobView, job_of, leader
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView, by_leader, job_of, leader
 from slurmjob_operator.core.kueue import QUEUE_LABEL, Admission, kueue_says, queue_of
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
@@ -91,6 +90,7 @@ from slurmjob_operator.core.reconcile import (
     waiting,
 )
 from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.kube import SecretError, WorkloadError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import ArtifactError
@@ -187,8 +187,10 @@ class Submission:
         limits: LimitsCache | None = None,
         dependencies: Dependencies | None = None,
         queues: Queues | None = None,
+        identity: JobIdentity | None = None,
     ) -> None:
         """`slurm_as(user)`: the client acting as a tenant's Slurm user (None: `slurm`);
+        `identity`: what makes a job's handle before it is changed (None: one of its own);
         `limiter`: the slots submits are made in, by namespace (None: its own); `clusters`:
         every cluster's name (this one is `settings.cluster_name`); `limits`: the cluster's
         limits a request is checked against (None: read through `slurm`, per poll interval)."""
@@ -213,6 +215,7 @@ class Submission:
         self.limits = limits or LimitsCache(self.cluster, slurm, settings.poll_interval)
         self.dependencies = dependencies
         self.queues = queues
+        self.identity = identity or JobIdentity(self.cluster, site, edge, metrics, slurm, slurm_as)
         # How soon a dependent that waits looks again, besides being woken by a change.
         self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
         # Kueue's admission is looked for this often while it waits, besides the Workload
@@ -268,7 +271,7 @@ class Submission:
     async def _step(self, ref: ObjectRef, *, slot: bool) -> bool:
         """One step under the resource's lock. True: a submit is due and `slot` (one is held)
         is False; nothing was sent."""
-        async with self.edge.lock(ref.uid):
+        async with self.edge.step(ref.uid):
             view = await self.edge.fresh(ref)
             if view is None or view.deleting:
                 return False
@@ -341,10 +344,6 @@ class Submission:
             return await self.slurm()
         return await self._slurm_as(user)
 
-    async def _acting(self, ref: ObjectRef) -> SlurmClient:
-        """The client that changes `ref`'s jobs: as its namespace's tenant's Slurm user."""
-        return await self._as(self.site.slurm_user(ref.namespace))
-
     # -- submit ---------------------------------------------------------------------------
 
     async def _failed(
@@ -361,8 +360,9 @@ class Submission:
         if plan.metric is not None:
             self.metrics.count_submission(plan.metric)
         if plan.cancel_created and isinstance(exc, SlurmRejected) and exc.job_id is not None:
-            # Slurm created a record despite refusing the job (200 + errors): end it.
-            await cancel_quietly(await self._acting(view.ref), exc.job_id)
+            # Slurm created a record despite refusing the job (200 + errors): end it, once a
+            # read shows it is this attempt's (the id is only what the answer said).
+            await self._cancel_refused(view, exc.job_id)
         if plan.discard_attempt and staging is not None:
             await asyncio.to_thread(remove_attempt, self.settings, staging)
         await self.edge.apply(view, transition)
@@ -370,6 +370,18 @@ class Submission:
             raise RetryLater(str(exc), self._backoff) from exc
         if plan.retry is Retry.POLL:
             raise RetryLater(str(exc), self.settings.poll_interval) from exc
+
+    async def _cancel_refused(self, view: ResourceView, job_id: int) -> None:
+        attempt = view.status.current_attempt
+        if attempt is None:
+            return
+        try:
+            job = await self.identity.read(view, attempt, "it is not cancelled", job_id)
+        except SlurmError as exc:
+            log.info("%s: refused record %s not cancelled: %s", view.ref.name, job_id, exc)
+            return
+        if job is not None:
+            await self.identity.cancel_quietly(job)
 
     async def _prepare(
         self,
@@ -575,9 +587,15 @@ class Submission:
         # The job's own id: an array's, not one of its tasks' (whose record may be all that
         # is left of it), which names every task for a cancel, a hold or a look-up.
         kept = job_of(keep)
+        groups = by_leader(found)
         for duplicate in decision.duplicates:
             other = job_of(duplicate)
-            await cancel_quietly(await self._acting(view.ref), other)
+            job = await self.identity.check(
+                view, attempt, groups[other], "the duplicate is not cancelled"
+            )
+            if job is None:
+                continue
+            await self.identity.cancel_quietly(job)
             self.metrics.duplicates_total.inc()
             await self.edge.event(
                 view.ref,
@@ -765,21 +783,22 @@ class Submission:
 
     async def _components(
         self, view: ResourceView, attempt: Attempt, refused: str
-    ) -> list[SlurmJobView] | None:
-        """The attempt's job as Slurm shows it now ([] when gone); None when the id is not
-        the attempt's job (said, and nothing done to it)."""
+    ) -> tuple[list[SlurmJobView], VerifiedJob | None] | None:
+        """The attempt's job as Slurm shows it now, with its handle (([], None) when gone);
+        None when the id is not the attempt's job or not the resource's to change (said, and
+        nothing done to it)."""
         assert attempt.job_id is not None
+        owners = await self.identity.owners(view)
+        if owners is None:
+            return None
         try:
             views = await (await self.slurm()).get_job(attempt.job_id)
         except SlurmNotFound:
-            return []
+            return [], None
         except SlurmError as exc:
             raise RetryLater(f"job {attempt.job_id}: {exc}", self._backoff) from exc
-        other = stranger(views, view.ref.uid, attempt)
-        if other is not None:
-            await refuse_stranger(self.edge, view.ref, attempt, other, refused)
-            return None
-        return views
+        job = await self.identity.check(view, attempt, views, refused, owners=owners)
+        return None if job is None else (views, job)
 
     async def _hold_evicted(self, view: ResourceView, attempt: Attempt, found: Admitted) -> bool:
         """Hold the evicted job while it is still pending: True when it is held (or is not
@@ -788,15 +807,15 @@ class Submission:
         assert self.queues is not None
         assert attempt.job_id is not None
         job_id = attempt.job_id
-        views = await self._components(view, attempt, "not held")
-        if views:
+        read = await self._components(view, attempt, "not held")
+        if read is not None and read[1] is not None:
             try:
-                await self._hold(view.ref, job_id, views, True)
+                await self._hold(read[1], True)
             except SlurmError as exc:  # Slurm refuses to hold a job that has started
                 log.info("%s: evicted job %s not held: %s", view.ref.name, job_id, exc)
             # Held only if every component is pending and held now: read it again.
-            views = await self._components(view, attempt, "not held")
-        if views is not None and (not views or not all(_held(v) for v in views)):
+            read = await self._components(view, attempt, "not held")
+        if read is not None and (not read[0] or not all(_held(v) for v in read[0])):
             return False
         # Held; or the id is not the attempt's job, which is left alone: either way the
         # quota goes back, so that what preempted it is admitted.
@@ -835,11 +854,12 @@ class Submission:
                 view, admission_conditions(view.status, found, view.generation, now)
             )
             return None
-        views = await self._components(view, attempt, "not released")
-        if views is None:
+        read = await self._components(view, attempt, "not released")
+        if read is None:
             return None
+        views, job = read
         moved = found.partition is not None and any(v.partition != found.partition for v in views)
-        if found.refusal is not None or moved or not views:
+        if found.refusal is not None or moved or job is None:
             why = found.refusal or "admitted again elsewhere than where its job was held"
             await self._end_evicted(view, attempt, found, "Readmitted", why)
             # The new attempt is due now and no Workload event will come: tried again at once
@@ -847,7 +867,7 @@ class Submission:
             raise RetryLater("evicted attempt ended: the next one is due", 0.0)
         if not view.suspend:
             try:
-                await self._hold(view.ref, attempt.job_id, views, False)
+                await self._hold(job, False)
             except SlurmError as exc:
                 raise RetryLater(
                     f"cannot release job {attempt.job_id}: {exc}", self._backoff
@@ -867,31 +887,40 @@ class Submission:
         assert attempt.job_id is not None
         job_id = attempt.job_id
         try:
-            acting = await self._acting(view.ref)
-            with contextlib.suppress(SlurmNotFound):
-                await acting.cancel(job_id)
-            client = await self.slurm()
-            ref = client.lifecycle_ref(job_id, attempt.sluid)
-            # Waited for here, under the resource's lock: the poller's fold of the cancelled
-            # job must find the attempt evicted, not end the SlurmJob Cancelled.
-            for _ in range(EVICTION_WAIT_ROUNDS):
-                try:
-                    views = await client.get_job(ref)
-                except SlurmNotFound:
-                    break
-                if all(v.is_final for v in views):
-                    break
-                await asyncio.sleep(0.5)
-            else:
-                raise RetryLater(f"evicted job {job_id} is still ending", 1.0)
+            try:
+                job = await self.identity.read(view, attempt, "it is not cancelled")
+            except SlurmNotFound:
+                job = None
+            if job is not None:
+                await self._end_now(job)
         except SlurmError as exc:
             raise RetryLater(f"evicted job {job_id}: {exc}", self._backoff) from exc
+        # Ended, gone, or not the attempt's job (left alone): the attempt is over for Kueue
+        # either way, and the quota goes back.
         now = utc_now()
         ended = evicted(view.status, reason, message, view.generation, now)
         told = admission_conditions(ended.status, found, view.generation, now)
         view = await self.edge.apply(view, Transition(told.status, ended.events + told.events))
         if found.admission is Admission.EVICTED:
             await self._give_back(view, found, now)
+
+    async def _end_now(self, job: VerifiedJob) -> None:
+        """Cancel an evicted job and wait for its end, under the resource's lock: the
+        poller's fold of the cancelled job must find the attempt evicted, not end the
+        SlurmJob Cancelled."""
+        with contextlib.suppress(SlurmNotFound):
+            await (await self.identity.acting(job)).cancel(job)
+        client = await self.slurm()
+        ref = client.lifecycle_ref(job.job_id, job.sluid)
+        for _ in range(EVICTION_WAIT_ROUNDS):
+            try:
+                views = await client.get_job(ref)
+            except SlurmNotFound:
+                return
+            if all(v.is_final for v in views):
+                return
+            await asyncio.sleep(0.5)
+        raise RetryLater(f"evicted job {job.job_id} is still ending", 1.0)
 
     # -- dependencies ---------------------------------------------------------------------
 
@@ -940,19 +969,28 @@ class Submission:
         plan = repoint(attempt.dependencies, upstreams)
         if plan.action is Action.NOTHING:
             return
+        update = plan.action is Action.UPDATE
         try:
-            acting = await self._acting(view.ref)
-            if plan.action is Action.UPDATE:
-                warnings = await acting.set_dependency(
-                    attempt.job_id, slurm_dependency(plan.records) or ""
+            try:
+                job = await self.identity.read(
+                    view, attempt, "its dependency is not changed" if update else "not cancelled"
                 )
-                for warning in warnings:
-                    log.warning("repointing Slurm job %s: %s", attempt.job_id, warning)
+            except SlurmNotFound:
+                if update:
+                    return  # gone: nothing queued to repoint (the fold says how it ended)
             else:
-                # Written Failed only once Slurm no longer has it queued: a cancel that did
-                # not go through is tried again, never left behind a final status.
-                with contextlib.suppress(SlurmNotFound):
-                    await acting.cancel(attempt.job_id)
+                if job is None:
+                    return  # not the attempt's job: left alone, and nothing written
+                acting = await self.identity.acting(job)
+                if update:
+                    dependency = slurm_dependency(plan.records) or ""
+                    for warning in await acting.set_dependency(job, dependency):
+                        log.warning("repointing Slurm job %s: %s", job.job_id, warning)
+                else:
+                    # Written Failed only once Slurm no longer has it queued: a cancel that
+                    # did not go through is tried again, never left behind a final status.
+                    with contextlib.suppress(SlurmNotFound):
+                        await acting.cancel(job)
         except SlurmError as exc:
             raise RetryLater(f"dependencies of job {attempt.job_id}: {exc}", self._backoff) from exc
         now = utc_now()
@@ -967,36 +1005,27 @@ class Submission:
 
     # -- hold and release -----------------------------------------------------------------
 
-    async def _hold(
-        self, ref: ObjectRef, job_id: int, views: list[SlurmJobView], held: bool
-    ) -> None:
-        """Hold (or release) the job: every component of a heterogeneous one, each by its own
-        id (slurmrestd holds only the leader's component when given the leader's id, and the
-        other components, still eligible, would keep their reservation of nodes in the
-        backfill plan, blocking the jobs Kueue admitted in the held one's place)."""
-        acting = await self._acting(ref)
-        components = sorted({v.job_id for v in views if v.het_job_id == job_id} - {job_id})
-        for component in (*components, job_id):
-            await acting.hold(component, held)
+    async def _hold(self, job: VerifiedJob, held: bool) -> None:
+        """Hold (or release) the job as its owner: every heterogeneous component (the
+        client's `hold`), so none keeps nodes reserved in the backfill plan, blocking the jobs
+        Kueue admitted in the held one's place."""
+        await (await self.identity.acting(job)).hold(job, held)
 
     async def _sync_hold(self, view: ResourceView) -> None:
         """Hold a queued job while spec.suspend is true; release it when it is false again."""
         action = hold_action(view.status, view.suspend)
         if action is Hold.NOTHING:
             return
-        client = await self.slurm()
         attempt = view.status.current_attempt
         assert attempt is not None
         assert attempt.job_id is not None
         if action is not Hold.CANNOT_HOLD:
             try:
                 # The status's job id is only a claim: hold or release only the attempt's job.
-                views = await client.get_job(attempt.job_id)
-                other = stranger(views, view.ref.uid, attempt)
-                if other is not None:
-                    await refuse_stranger(self.edge, view.ref, attempt, other, "not held")
+                job = await self.identity.read(view, attempt, "not held")
+                if job is None:
                     return
-                await self._hold(view.ref, attempt.job_id, views, action is Hold.HOLD)
+                await self._hold(job, action is Hold.HOLD)
             except SlurmError as exc:
                 verb = "hold" if action is Hold.HOLD else "release"
                 raise RetryLater(f"cannot {verb}: {exc}", 10) from exc

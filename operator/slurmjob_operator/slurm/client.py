@@ -20,15 +20,17 @@ component or a run would misstate the job, and an empty answer would read as "go
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict
 
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, valid_job_id
 from slurmjob_operator.core.launch import LaunchRequest
-from slurmjob_operator.slurm.auth import TokenProvider
+from slurmjob_operator.core.verified import NotVerified, VerifiedJob, vouch
+from slurmjob_operator.slurm.auth import TokenError, TokenProvider, decode_claims
 from slurmjob_operator.slurm.dialects import (
     BulkCancelResult,
     CancelResult,
@@ -48,7 +50,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
-from slurmjob_operator.slurm.exchange import OnRequest, Requester
+from slurmjob_operator.slurm.exchange import Answer, OnRequest, Requester
 from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
 from slurmjob_operator.slurm.nodes import (
@@ -61,6 +63,7 @@ from slurmjob_operator.slurm.nodes import (
     parse_nodes,
     parse_partitions,
 )
+from slurmjob_operator.slurm.routes import MUTATING, ROUTES
 
 DEFAULT_LOOKBACK = timedelta(days=7)
 _NO_CHANGE_TEXT = "no job changes"
@@ -119,6 +122,8 @@ class SlurmClient:
             on_request=on_request,
         )
         self._accounting = accounting if self._dialect.supports_accounting else False
+        self._user = user
+        self._token = token
 
     @property
     def version(self) -> str:
@@ -133,24 +138,68 @@ class SlurmClient:
         return self._dialect
 
     @property
+    def user(self) -> str | None:
+        """The Slurm user this client acts as: the one it names, else its token's (`sun`);
+        None when neither can be told."""
+        if self._user:
+            return self._user
+        try:
+            claims = decode_claims(self._token.token())
+        except TokenError:
+            return None
+        sun = claims.get("sun") if claims else None
+        return sun if isinstance(sun, str) and sun else None
+
+    @property
     def accounting(self) -> bool | None:
         """Whether `/slurmdb/` paths are served, as far as known (None: not asked yet)."""
         return self._accounting
 
-    # -- paths ----------------------------------------------------------------------------
+    # -- the request table ----------------------------------------------------------------
 
-    def _slurm(self, rest: str) -> str:
-        return f"/slurm/{self.version}{rest}"
+    def _template(self, operation: str) -> str:
+        return ROUTES[operation].template(self.version)
 
-    def _slurmdb(self, rest: str) -> str:
-        return f"/slurmdb/{self.version}{rest}"
+    async def _send(
+        self,
+        operation: str,
+        *,
+        ref: str | None = None,
+        changes: Sequence[VerifiedJob] = (),
+        params: Sequence[tuple[str, str]] | None = None,
+        body: Mapping[str, Any] | None = None,
+        submit: bool = False,
+        allow_304: bool = False,
+        allow_empty: bool = False,
+    ) -> Answer:
+        """One request of the table. A mutating operation is sent only with a live handle
+        for each job it changes, every one owned by the user this client acts as."""
+        if operation in MUTATING:
+            if not changes:
+                raise NotVerified(f"{operation}: no verified job given")
+            acting = self.user
+            for job in changes:
+                vouch(job, acting)
+        route = ROUTES[operation]
+        template = route.template(self.version)
+        path = template if ref is None else template.replace("{job_id}", quote(ref, safe=""))
+        return await self._rest.call(
+            route.method,
+            template,
+            path,
+            params=params,
+            body=body,
+            submit=submit,
+            allow_304=allow_304,
+            allow_empty=allow_empty,
+        )
 
     # -- operations -----------------------------------------------------------------------
 
     async def ping(self) -> PingResult:
         """Check that a controller answers with this token; raises when none does."""
-        template = self._slurm("/ping")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("ping")
+        answer = await self._send("ping")
         result = answer.parse(self._dialect.parse_ping, template)
         return _checked_ping(result, answer.status, template)
 
@@ -160,10 +209,10 @@ class SlurmClient:
         HTTP 200 with `errors[]` raises `SlurmRejected` whose `job_id` (when Slurm created a
         record anyway) should be cancelled by the caller.
         """
-        template = self._slurm("/job/submit")
+        template = self._template("submit")
         body = self._dialect.submit_body(req)
         try:
-            answer = await self._rest.call("POST", template, template, body=body, submit=True)
+            answer = await self._send("submit", body=body, submit=True)
         except SlurmAuthError as exc:
             if ZERO_BYTES not in exc.error_numbers:
                 raise
@@ -201,8 +250,8 @@ class SlurmClient:
         `ref` is a job id, "123+1", "123_4", or (v0.0.45 only) a SLUID "s…".
         """
         path_ref = self._dialect.job_ref_path(ref)
-        template = self._slurm("/job/{job_id}")
-        answer = await self._rest.call("GET", template, self._slurm(f"/job/{quote(path_ref)}"))
+        template = self._template("get_job")
+        answer = await self._send("get_job", ref=path_ref)
         jobs = answer.parse(lambda p: self._dialect.parse_jobs(p).complete(), template)
         if not jobs:
             raise SlurmNotFound(
@@ -212,9 +261,9 @@ class SlurmClient:
 
     async def list_jobs(self, update_time: datetime | None = None) -> JobListResult:
         """All jobs the controller holds, or "not modified" since `update_time`."""
-        template = self._slurm("/jobs")
+        template = self._template("list_jobs")
         params = [("update_time", str(int(update_time.timestamp())))] if update_time else None
-        answer = await self._rest.call("GET", template, template, params=params, allow_304=True)
+        answer = await self._send("list_jobs", params=params, allow_304=True)
         if answer.status == 304:
             return JobListResult(not_modified=True)
         warnings = answer.envelope.warnings
@@ -249,9 +298,9 @@ class SlurmClient:
         return live_per_component(entries)
 
     async def _jobs_state_query(self, ids: Sequence[int] | None) -> list[JobStateEntry]:
-        template = self._slurm("/jobs/state")
+        template = self._template("jobs_state")
         params = [("job_id", str(i)) for i in ids] if ids is not None else None
-        answer = await self._rest.call("GET", template, template, params=params)
+        answer = await self._send("jobs_state", params=params)
         return usable(answer.parse(self._dialect.parse_jobs_state, template), template)
 
     async def find_by_name(
@@ -280,9 +329,9 @@ class SlurmClient:
     async def _accounting_jobs(self, params: Sequence[tuple[str, str]]) -> list[SlurmJobView]:
         if self._accounting is False:
             return []
-        template = self._slurmdb("/jobs")
+        template = self._template("accounting_jobs")
         try:
-            answer = await self._rest.call("GET", template, template, params=params)
+            answer = await self._send("accounting_jobs", params=params)
         except SlurmUnsupported:
             self._accounting = False
             return []
@@ -294,53 +343,56 @@ class SlurmClient:
         if self._accounting is False:
             raise SlurmUnsupported(f"accounting is not available through {self.version}")
         path_ref = self._dialect.job_ref_path(ref)
-        template = self._slurmdb("/job/{job_id}")
+        template = self._template("get_job_accounting")
         try:
-            answer = await self._rest.call(
-                "GET", template, self._slurmdb(f"/job/{quote(path_ref)}")
-            )
+            answer = await self._send("get_job_accounting", ref=path_ref)
         except SlurmUnsupported:
             self._accounting = False
             raise
         self._accounting = True
         return answer.parse(lambda p: self._dialect.parse_accounting_jobs(p).complete(), template)
 
-    async def hold(self, job_id: int, held: bool) -> tuple[SlurmMessage, ...]:
-        """Hold (or release) a pending job: `POST /job/{id}` with `{"hold": ...}`.
+    async def hold(self, job: VerifiedJob, held: bool) -> tuple[SlurmMessage, ...]:
+        """Hold (or release) a pending job: `POST /job/{id}` with `{"hold": ...}` for every
+        heterogeneous component by its own id, the leader's last (slurmrestd holds only the
+        leader's component when given the leader's id, and the others, still eligible, would
+        keep their reservation of nodes in the backfill plan).
 
         Job updates take the numeric id only (26.05 does not wire SLUIDs into updates).
         Returns the warnings; per-job refusals arrive as errors (raised) or, on v0.0.40+,
         as warnings in an HTTP 200, which are returned for the caller to show.
         """
-        path_ref = self._dialect.job_ref_path(job_id)
-        template = self._slurm("/job/{job_id}")
-        answer = await self._rest.call(
-            "POST", template, self._slurm(f"/job/{path_ref}"), body={"hold": held}
-        )
-        return answer.envelope.warnings
+        warnings: list[SlurmMessage] = []
+        for component in job.components:
+            answer = await self._send(
+                "hold",
+                ref=self._dialect.job_ref_path(component),
+                changes=(job,),
+                body={"hold": held},
+            )
+            warnings.extend(answer.envelope.warnings)
+        return tuple(warnings)
 
-    async def set_dependency(self, job_id: int, dependency: str) -> tuple[SlurmMessage, ...]:
+    async def set_dependency(self, job: VerifiedJob, dependency: str) -> tuple[SlurmMessage, ...]:
         """Replace a pending job's dependency (`POST /job/{id}` with `{"dependency": ...}`;
         an empty string clears it). Returns the warnings, as `hold` does."""
-        path_ref = self._dialect.job_ref_path(job_id)
-        template = self._slurm("/job/{job_id}")
-        answer = await self._rest.call(
-            "POST", template, self._slurm(f"/job/{path_ref}"), body={"dependency": dependency}
+        answer = await self._send(
+            "set_dependency",
+            ref=self._dialect.job_ref_path(job.job_id),
+            changes=(job,),
+            body={"dependency": dependency},
         )
         return answer.envelope.warnings
 
-    async def cancel(self, ref: int | str, *, signal: str | None = None) -> CancelResult:
-        """Cancel (or signal) a job. A job that already ended is a success
-        (`already_done` where the version says so); an unknown job raises SlurmNotFound."""
-        path_ref = self._dialect.job_ref_path(ref)
-        template = self._slurm("/job/{job_id}")
+    async def cancel(self, job: VerifiedJob, *, signal: str | None = None) -> CancelResult:
+        """Cancel (or signal) a job by its id, read and verified in this step. A job that
+        already ended is a success (`already_done` where the version says so); an unknown job
+        raises SlurmNotFound."""
+        path_ref = self._dialect.job_ref_path(job.job_id)
+        template = self._template("cancel")
         params = [("signal", signal)] if signal else None
-        answer = await self._rest.call(
-            "DELETE",
-            template,
-            self._slurm(f"/job/{quote(path_ref)}"),
-            params=params,
-            allow_empty=True,
+        answer = await self._send(
+            "cancel", ref=path_ref, changes=(job,), params=params, allow_empty=True
         )
         try:
             return answer.parse(
@@ -350,25 +402,28 @@ class SlurmClient:
             exc.endpoint, exc.method = template, "DELETE"
             raise
 
-    async def cancel_many(self, refs: Sequence[int | str]) -> BulkCancelResult:
+    def bulk_ref(self, job: VerifiedJob) -> str:
+        """How `cancel_many` sends `job` (and keys its outcome in the result)."""
+        return self._dialect.job_ref_path(self.lifecycle_ref(job.job_id, job.sluid))
+
+    async def cancel_many(self, jobs: Sequence[VerifiedJob]) -> BulkCancelResult:
         """Cancel several jobs with one `DELETE /jobs` (v0.0.40+); what happened to each is
-        in the result, keyed by the id as sent. Raises `SlurmUnsupported` where the version
-        (or this v0.0.40's release) has no bulk cancel: cancel one by one then. An id no job
-        can have raises `InvalidJobRef` before anything is sent."""
+        in the result, keyed by `bulk_ref`. Raises `SlurmUnsupported` where the version
+        (or this v0.0.40's release) has no bulk cancel: cancel one by one then."""
         if not self._dialect.supports_bulk_cancel:
             raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
-        sent = [self._dialect.job_ref_path(ref) for ref in refs]
-        template = self._slurm("/jobs")
-        answer = await self._rest.call(
-            "DELETE", template, template, body=self._dialect.kill_jobs_body(sent)
+        sent = [self.bulk_ref(job) for job in jobs]
+        template = self._template("cancel_many")
+        answer = await self._send(
+            "cancel_many", changes=jobs, body=self._dialect.kill_jobs_body(sent)
         )
         return answer.parse(lambda p: self._dialect.parse_kill_jobs(p, sent), template, "DELETE")
 
     async def dbd_queue(self) -> int | None:
         """Job records slurmctld has yet to send to slurmdbd (`GET /diag`); None when the
         answer does not say."""
-        template = self._slurm("/diag")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("diag")
+        answer = await self._send("diag")
         return answer.parse(parse_dbd_queue, template)
 
     async def list_partitions(self) -> list[str]:
@@ -378,9 +433,9 @@ class SlurmClient:
     async def partitions(self) -> list[PartitionInfo]:
         """Every partition with its state and limits, hidden ones included (`flags=ALL`,
         v0.0.40+; v0.0.38 shows those the operator's user may see)."""
-        template = self._slurm("/partitions")
+        template = self._template("partitions")
         params = None if self.version == "v0.0.38" else [("flags", "ALL")]
-        answer = await self._rest.call("GET", template, template, params=params)
+        answer = await self._send("partitions", params=params)
         return answer.parse(parse_partitions, template)
 
     async def conf(self) -> ConfFacts | None:
@@ -388,24 +443,24 @@ class SlurmClient:
         served from v0.0.45); None where this version does not serve it."""
         if self.version != "v0.0.45":
             return None
-        template = self._slurm("/conf")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("conf")
+        answer = await self._send("conf")
         return answer.parse(parse_conf, template)
 
     async def account_names(self) -> frozenset[str]:
         """The accounts slurmdbd knows (lower-cased); needs accounting."""
-        template = self._slurmdb("/accounts/")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("accounts")
+        answer = await self._send("accounts")
         return answer.parse(parse_names("accounts"), template)
 
     async def qos_names(self) -> frozenset[str]:
         """The QOS slurmdbd knows (lower-cased); needs accounting."""
-        template = self._slurmdb("/qos/")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("qos")
+        answer = await self._send("qos")
         return answer.parse(parse_names("qos"), template)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node with its features and state (for site checks, not for polling)."""
-        template = self._slurm("/nodes")
-        answer = await self._rest.call("GET", template, template)
+        template = self._template("nodes")
+        answer = await self._send("nodes")
         return answer.parse(parse_nodes, template)
