@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -659,6 +660,8 @@ async def test_a_held_job_readmitted_elsewhere_is_ended_and_submitted_anew(tmp_p
     big = PartitionInfo(name="big", states=frozenset({"UP"}))
     assert isinstance(bed.slurm.partition_list, list)
     bed.slurm.partition_list = [*bed.slurm.partition_list, big]
+    # Made after the last read: a refusal waits for a read younger than the refusal age.
+    await asyncio.sleep(bed.controller._submission.limits.refusal_age)
     workload["status"] = _admitted_on(main="big")["status"]
     again = await _reconcile(bed, ref)
     assert again is not None  # the next attempt is due now: tried again by the caller
