@@ -23,6 +23,7 @@ from typing import Any
 import kopf
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core import verified
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
 from slurmjob_operator.slurm.client import SlurmClient
@@ -125,12 +126,23 @@ async def poll(status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
 
 
 @kopf.on.delete(*RESOURCE)
-async def cancel(status: kopf.Status, **_: Any) -> None:
+async def cancel(status: kopf.Status, name: str, namespace: str, uid: str, **_: Any) -> None:
     job_id = status.get("slurmJobId")
     if not job_id or status.get("phase") in FINAL:
         return
+    client = _client()
     try:
-        await _client().cancel(int(job_id))
+        # A status's id is a claim: cancelled only once a read shows the job it submitted.
+        with verified.step():
+            made = verified.verify_named(
+                await client.get_job(int(job_id)),
+                f"sj-{namespace}-{name}-base",
+                f"slurmjob bench baseline uid={uid}",
+                owners=frozenset({client.user} if client.user else ()),
+                cluster="bench",
+            )
+            if isinstance(made, verified.VerifiedJob):
+                await client.cancel(made)
     except SlurmNotFound:
         pass
     except SlurmError as exc:

@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:  # `tests.testbed` lives next to the package, not 
     sys.path.insert(0, str(ROOT))
 
 from tests.testbed import slurm as testbed  # noqa: E402
+from tests.testbed.handles import cancel_own  # noqa: E402
 
 from slurmjob_operator.api.resource import ObjectRef  # noqa: E402
 from slurmjob_operator.config import Settings  # noqa: E402
@@ -278,7 +279,7 @@ async def cancel_jobs(client: SlurmClient, job_ids: Iterable[int], concurrency: 
     async def one(job_id: int) -> None:
         async with slots:
             with contextlib.suppress(SlurmNotFound):
-                await client.cancel(job_id)
+                await cancel_own(client, job_id)
 
     await asyncio.gather(*(one(i) for i in job_ids))
 

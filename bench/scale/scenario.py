@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.testbed.handles import cancel_own
+
 from bench.scale import requests as reqs
 from bench.scale.kubeapi import Kube, Watcher, etcd_db_size
 from bench.scale.sampler import Sampler
@@ -182,7 +184,7 @@ async def cancel_all(ctx: Context, job_ids: list[int], concurrency: int = 16) ->
     async def one(job_id: int) -> None:
         async with slots:
             with contextlib.suppress(SlurmNotFound):
-                await ctx.slurm.cancel(job_id)
+                await cancel_own(ctx.slurm, job_id)
             times.append(time.time())
 
     await asyncio.gather(*(one(j) for j in job_ids))

@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 from tests.integration.helpers import cpu_spec
 from tests.integration.sitefiles import site_env
+from tests.testbed.handles import own_job
 from tests.testbed.slurm import SlurmTestbed
+from tests.unit.handles import handle
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.pipeline import Site, prepare_attempt, stage, verify_runtime
+from slurmjob_operator.core import verified
 from slurmjob_operator.core.jobview import BaseState
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
@@ -67,11 +70,14 @@ async def test_many_cancels_in_one_go_and_one_wait_for_all(
         ids = await submit_sleepers(client, settings, 6)
         unknown = 99_999_990
         canceller = Canceller(own, acting, tick=0.25)
-        requests.clear()
-        outcomes = await asyncio.gather(
-            *(canceller.cancel(None, job_id) for job_id in [*ids, unknown]),
-            return_exceptions=True,
-        )
+        with verified.step():
+            # A handle on a job Slurm does not know can only be made up (a unit-test handle):
+            # it stands for a job verified, then purged before the cancel.
+            jobs = [*[await own_job(client, i) for i in ids], handle(unknown, client.user or "")]
+            requests.clear()
+            outcomes = await asyncio.gather(
+                *(canceller.cancel(job) for job in jobs), return_exceptions=True
+            )
         assert outcomes[:-1] == [None] * len(ids)
         assert isinstance(outcomes[-1], SlurmNotFound)
         deletes = [t for m, t in requests if m == "DELETE"]

@@ -32,6 +32,7 @@ from tests.integration.helpers import (
 )
 from tests.integration.sitefiles import site_env
 from tests.k8s.kube import KubeTestbed
+from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
@@ -383,7 +384,7 @@ def test_a_status_claiming_another_resources_job_neither_folds_nor_cancels_it(
         assert mismatches, "the refusal is told"
         assert not any("victim" in m for m in mismatches), "the other job's name is not shown"
     finally:
-        ask_slurm(op.env, lambda client: client.cancel(own["jobId"]))
+        ask_slurm(op.env, lambda client: cancel_own(client, own["jobId"]))
         op.kube.kubectl(
             "delete", "slurmjob", "victim", "-n", op.namespace, "--timeout=60s", timeout=70
         )

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from tests.integration.helpers import cpu_spec
 from tests.integration.sitefiles import SIF_BYTES, SQSH_BYTES, site_env
+from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import SpecError, parse_spec
@@ -249,7 +250,7 @@ async def test_srun_option_injection_stays_the_command(
         [still] = await client.get_job(victim_id)
         assert still.base_state is BaseState.RUNNING
     finally:
-        await client.cancel(victim_id)
+        await cancel_own(client, victim_id)
 
     # By SLUID: job ids start again when a test cluster is rebuilt, and the record files
     # keep earlier runs' lines.

@@ -21,6 +21,7 @@ import pytest
 from tests.integration import leaks
 from tests.integration.helpers import cpu_spec, het_pools
 from tests.integration.sitefiles import site_env
+from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import parse_spec
@@ -198,10 +199,10 @@ async def test_cancel_running_job_and_cancel_again(bed: Bed, client: SlurmClient
     prepared = _prepare(bed, client, _spec(bed, ["sleep", "300"]))
     receipt = await stage_and_submit(client, prepared, bed.settings)
     await _wait(client, receipt.job_id, final=False)
-    await client.cancel(receipt.job_id)
+    await cancel_own(client, receipt.job_id)
     [job] = await _wait(client, receipt.job_id)
     assert job.base_state is BaseState.CANCELLED
-    again = await client.cancel(receipt.job_id)  # cancelling a finished job is success
+    again = await cancel_own(client, receipt.job_id)  # cancelling a finished job is success
     assert again is not None
 
 
@@ -213,7 +214,7 @@ async def test_find_by_exact_name(bed: Bed, client: SlurmClient) -> None:
         assert [j.job_id for j in found] == [receipt.job_id]
         assert await client.find_by_name(prepared.rendered.launch.job_name + "x") == []
     finally:
-        await client.cancel(receipt.job_id)
+        await cancel_own(client, receipt.job_id)
 
 
 async def test_heterogeneous_gpu_job_runs_on_both_constrained_nodes(
@@ -293,6 +294,6 @@ async def test_sluid_addresses_get_and_cancel(bed_2605: Bed) -> None:
         assert len(job.sluid) == 14
         [by_sluid] = await client.get_job(job.sluid)
         assert by_sluid.job_id == receipt.job_id
-        await client.cancel(job.sluid)
+        await cancel_own(client, job.sluid)
         [done] = await _wait(client, job.sluid)
         assert done.base_state is BaseState.CANCELLED

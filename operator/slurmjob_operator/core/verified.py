@@ -166,7 +166,7 @@ def verify(
 def verify_named(
     views: Sequence[SlurmJobView],
     name: str,
-    comment: str,
+    comment: str | None,
     *,
     owners: frozenset[str],
     cluster: str,

@@ -160,6 +160,17 @@ class SlurmClient:
     def _template(self, operation: str) -> str:
         return ROUTES[operation].template(self.version)
 
+    def _vouch(self, operation: str, changes: Sequence[VerifiedJob]) -> None:
+        """A mutating operation changes only live handles owned by the user this client acts
+        as (checked before anything of them is read, and again as the request goes out)."""
+        if operation not in MUTATING:
+            return
+        if not changes:
+            raise NotVerified(f"{operation}: no verified job given")
+        acting = self.user
+        for job in changes:
+            vouch(job, acting)
+
     async def _send(
         self,
         operation: str,
@@ -174,12 +185,7 @@ class SlurmClient:
     ) -> Answer:
         """One request of the table. A mutating operation is sent only with a live handle
         for each job it changes, every one owned by the user this client acts as."""
-        if operation in MUTATING:
-            if not changes:
-                raise NotVerified(f"{operation}: no verified job given")
-            acting = self.user
-            for job in changes:
-                vouch(job, acting)
+        self._vouch(operation, changes)
         route = ROUTES[operation]
         template = route.template(self.version)
         path = template if ref is None else template.replace("{job_id}", quote(ref, safe=""))
@@ -362,6 +368,7 @@ class SlurmClient:
         Returns the warnings; per-job refusals arrive as errors (raised) or, on v0.0.40+,
         as warnings in an HTTP 200, which are returned for the caller to show.
         """
+        self._vouch("hold", (job,))
         warnings: list[SlurmMessage] = []
         for component in job.components:
             answer = await self._send(
@@ -376,6 +383,7 @@ class SlurmClient:
     async def set_dependency(self, job: VerifiedJob, dependency: str) -> tuple[SlurmMessage, ...]:
         """Replace a pending job's dependency (`POST /job/{id}` with `{"dependency": ...}`;
         an empty string clears it). Returns the warnings, as `hold` does."""
+        self._vouch("set_dependency", (job,))
         answer = await self._send(
             "set_dependency",
             ref=self._dialect.job_ref_path(job.job_id),
@@ -388,6 +396,7 @@ class SlurmClient:
         """Cancel (or signal) a job by its id, read and verified in this step. A job that
         already ended is a success (`already_done` where the version says so); an unknown job
         raises SlurmNotFound."""
+        self._vouch("cancel", (job,))
         path_ref = self._dialect.job_ref_path(job.job_id)
         template = self._template("cancel")
         params = [("signal", signal)] if signal else None
@@ -412,6 +421,7 @@ class SlurmClient:
         (or this v0.0.40's release) has no bulk cancel: cancel one by one then."""
         if not self._dialect.supports_bulk_cancel:
             raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
+        self._vouch("cancel_many", jobs)
         sent = [self.bulk_ref(job) for job in jobs]
         template = self._template("cancel_many")
         answer = await self._send(
