@@ -23,6 +23,7 @@ from slurmjob_operator.controller.registry import Registry, Tracked
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
+from slurmjob_operator.core.dependencies import waiting_interval
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
@@ -86,7 +87,13 @@ class Controller:
         self.submit_slots = submit_slots or FairLimiter[str](
             settings.submit_concurrency, on_waiting=metrics.waiting_submissions.set
         )
-        self._dependencies = Dependencies(kube, self.clusters, self.name, self.reconcile)
+        self._dependencies = Dependencies(
+            kube,
+            self.clusters,
+            self.name,
+            self.reconcile,
+            interval=waiting_interval(settings.poll_interval),
+        )
         # Kueue's Workloads, where the store can hold them (not the local runner's files).
         self._queues = Queues(kube) if isinstance(kube, WorkloadStore) else None
         if self._queues is not None:
@@ -145,15 +152,21 @@ class Controller:
         await self._edge.event(ref, type_, reason, message)
 
     def observe_body(
-        self, body: Mapping[str, Any] | ResourceView, *, deleted: bool = False
+        self,
+        body: Mapping[str, Any] | ResourceView,
+        *,
+        deleted: bool = False,
+        gone: bool | None = None,
     ) -> None:
-        """Every watch event: what the poller must follow, and whose dependents to wake."""
+        """Every watch event: what the poller must follow, and whose dependents to wake.
+        `deleted`: deleted, or another cluster's (the fleet); `gone`: deleted (None: as
+        `deleted`), since another cluster's SlurmJob may still be an upstream here."""
         view = _view(body)
         if deleted:
             self._edge.forget(view.ref)
         else:
             self._edge.observe(view.ref, view.status)
-        self._dependencies.noticed(view, deleted=deleted)
+        self._dependencies.noticed(view, deleted=deleted, gone=gone)
 
     def followed(self) -> list[Tracked]:
         return self.registry.followed()

@@ -7,22 +7,31 @@ are reconciled when a fact the rules read changed: its uid, phase, attempt, Slur
 confirmation or scheduled retry. Nothing else costs a request: a SlurmJob without dependents
 is one dictionary lookup per event.
 
-Upstreams are read from the apiserver (one GET each, at most `MAX_VISITED` per resolution,
-the cycle search included), always in the dependent's namespace: a name never reaches another
-namespace.
+Upstreams are read from what the watch delivered: each event keeps the few facts the rules
+read (`core.dependencies.Upstream`), so resolving a dependent, and the cycle search through
+upstreams of upstreams (at most `MAX_VISITED` SlurmJobs), costs no request. Only a SlurmJob
+the watch has not delivered (not made yet, made a moment ago, a restart's list still coming)
+is read from the apiserver, and those reads are bounded per namespace (`core.budget`: 64 at
+once, 64 more per waiting interval): a tenant's dependents naming SlurmJobs that do not exist
+spend their own namespace's reads, not the operator's share of the apiserver. A name found
+missing is not read again for an interval unless the watch delivers it. Always in the
+dependent's namespace: a name never reaches another namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from enum import Enum
 from typing import Any
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.resource import RetryLater
+from slurmjob_operator.core.budget import Bucket, is_full, take
 from slurmjob_operator.core.decisions import awaits_upstream
 from slurmjob_operator.core.dependencies import (
     MAX_VISITED,
@@ -34,6 +43,7 @@ from slurmjob_operator.core.dependencies import (
     upstream_of,
 )
 from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import ResourceStore
 
 log = logging.getLogger(__name__)
@@ -41,8 +51,23 @@ log = logging.getLogger(__name__)
 #: How soon a dependent whose reconcile failed unexpectedly is tried again.
 RETRY_AFTER_ERROR = 30.0
 
+#: Reads from the apiserver per namespace: a resolution's worth at once, as many again per
+#: waiting interval (the watch delivers everything else).
+READS_PER_INTERVAL = MAX_VISITED
+
+#: Names found missing, kept for an interval (the bound only caps memory).
+MAX_ABSENT = 16384
+
 #: The facts of an upstream its dependents' rules read; a change of any one wakes them.
 Fingerprint = tuple[Any, ...]
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Unread(Enum):
+    """Neither delivered by the watch nor read: the namespace's reads are spent for now."""
+
+    UNREAD = "unread"
 
 
 def _fingerprint(view: ResourceView) -> Fingerprint:
@@ -65,11 +90,22 @@ class Dependencies:
         clusters: Clusters,
         cluster: str,
         reconcile: Callable[[ObjectRef], Awaitable[None]],
+        *,
+        interval: float = 50.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`interval`: how often a waiting dependent looks again
+        (`core.dependencies.waiting_interval`), over which the reads are bounded."""
         self._store = store
         self._clusters = clusters
         self._cluster = cluster
         self._reconcile = reconcile
+        self.interval = interval
+        self.clock = clock
+        # Every SlurmJob the watch delivered, as the rules read it.
+        self._known: dict[Key, Upstream] = {}
+        self._absent: TtlCache[Key, bool] = TtlCache(interval, MAX_ABSENT)
+        self._buckets: dict[str, Bucket] = {}
         # (namespace, upstream name) -> the dependents' refs, by uid
         self._dependents: dict[tuple[str, str], dict[str, ObjectRef]] = {}
         self._upstreams_of: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -80,9 +116,15 @@ class Dependencies:
 
     # -- who depends on whom --------------------------------------------------------------
 
-    def noticed(self, view: ResourceView, *, deleted: bool = False) -> None:
-        """A watch event: keep the dependents' index and wake the dependents of `view`."""
+    def noticed(
+        self, view: ResourceView, *, deleted: bool = False, gone: bool | None = None
+    ) -> None:
+        """A watch event: keep the dependents' index and wake the dependents of `view`.
+        `deleted`: not this cluster's to reconcile (the fleet's word), or deleted; `gone`:
+        deleted (None: as `deleted`). Another cluster's SlurmJob is still an upstream here."""
+        gone = deleted if gone is None else gone
         ref = view.ref
+        self._keep(view, gone)
         final = view.status.phase is not None and view.status.phase.is_terminal
         names = () if deleted or final or view.deleting else view.depends_on
         self._index(ref, names)
@@ -92,7 +134,7 @@ class Dependencies:
         if not dependents:
             self._seen.pop(key, None)
             return
-        mark = ("deleted",) if deleted else _fingerprint(view)
+        mark = ("deleted",) if gone else _fingerprint(view)
         if self._seen.get(key) == mark:
             return
         self._seen[key] = mark
@@ -167,31 +209,81 @@ class Dependencies:
 
     # -- reading the upstreams ------------------------------------------------------------
 
+    def _keep(self, view: ResourceView, gone: bool) -> None:
+        key = (view.ref.namespace, view.ref.name)
+        if not gone:
+            self._known[key] = self._upstream(view)
+            self._absent.drop(key)
+            return
+        kept = self._known.get(key)
+        # The uid: a late event of a deleted SlurmJob must not drop one made since under
+        # its name (each object's events come in order, two objects' need not).
+        if kept is not None and kept.uid == view.ref.uid:
+            del self._known[key]
+            self._absent.put(key, True, self.clock())
+
+    def _spend(self, namespace: str, now: float) -> bool:
+        allowed, bucket = take(self._buckets.get(namespace), now, READS_PER_INTERVAL, self.interval)
+        self._buckets[namespace] = bucket
+        if len(self._buckets) > 1024:
+            for name, kept in list(self._buckets.items()):
+                if is_full(kept, now, READS_PER_INTERVAL, self.interval):
+                    del self._buckets[name]
+        if not allowed:
+            log.debug("reads of SlurmJobs in namespace %s are spent for now", namespace)
+        return allowed
+
+    async def _look(self, namespace: str, name: str) -> Upstream | Unread | None:
+        """A SlurmJob of `namespace` as the watch delivered it; read from the apiserver only
+        when the watch has not, within the namespace's reads."""
+        key = (namespace, name)
+        known = self._known.get(key)
+        if known is not None:
+            return known
+        now = self.clock()
+        if self._absent.get(key, now) is not None:
+            return None
+        if not self._spend(namespace, now):
+            return Unread.UNREAD
+        body = await self._store.get(namespace, name)
+        if body is not None:
+            # Not kept: only the watch says when it changes.
+            return self._upstream(ResourceView.of(body))
+        delivered = self._known.get(key)  # by the watch, while the read was in flight
+        if delivered is None:
+            self._absent.put(key, True, now)
+        return delivered
+
     async def upstreams(
         self, namespace: str, names: tuple[str, ...]
-    ) -> tuple[dict[str, Upstream | None], dict[str, list[str]]]:
-        """The upstreams named, and the dependency graph reachable from them (for cycles),
-        read from the apiserver in `namespace` only."""
+    ) -> tuple[dict[str, Upstream | None], dict[str, list[str]], frozenset[str]]:
+        """The upstreams named, the dependency graph reachable from them (for cycles), and
+        the names among `names` that could not be read now; in `namespace` only."""
         found: dict[str, Upstream | None] = {}
         graph: dict[str, list[str]] = {}
+        unread: set[str] = set()
         queue = list(names)
-        reads = 0
-        while queue and reads < MAX_VISITED:
+        visited = 0
+        while queue and visited < MAX_VISITED:
             name = queue.pop(0)
-            if name in graph:
+            if name in graph or name in unread:
                 continue
-            reads += 1
-            body = await self._store.get(namespace, name)
-            if body is None:
+            visited += 1
+            upstream = await self._look(namespace, name)
+            if upstream is Unread.UNREAD:
+                # Searched no further, as past MAX_VISITED: a cycle through it is found
+                # once it is read.
+                unread.add(name)
+                continue
+            if upstream is None:
                 graph[name] = []
                 found.setdefault(name, None)
                 continue
-            view = ResourceView.of(body)
-            graph[name] = list(view.depends_on)
+            graph[name] = list(upstream.depends_on)
             if name in names:
-                found[name] = self._upstream(view)
-            queue.extend(n for n in view.depends_on if n not in graph)
-        return found, graph
+                found[name] = upstream
+            queue.extend(n for n in upstream.depends_on if n not in graph)
+        return found, graph, frozenset(unread.intersection(names))
 
     def _upstream(self, view: ResourceView) -> Upstream:
         status: SlurmJobStatus = view.status
@@ -209,20 +301,23 @@ class Dependencies:
         own = view.ref.name
         if own in names:
             return Resolution(Kind.FAIL, f"spec.dependsOn: {own} cannot depend on itself"), True
-        upstreams, graph = await self.upstreams(view.ref.namespace, names)
+        upstreams, graph, unread = await self.upstreams(view.ref.namespace, names)
         graph[own] = list(names)
         cycle = find_cycle(own, graph)
         if cycle is not None:
             text = " -> ".join(cycle)
             return Resolution(Kind.FAIL, f"spec.dependsOn: a dependency cycle: {text}"), True
-        return resolve(spec.depends_on, upstreams, slurm_allowed=slurm_allowed), False
+        resolution = resolve(spec.depends_on, upstreams, slurm_allowed=slurm_allowed, unread=unread)
+        return resolution, False
 
     async def current(
         self, view: ResourceView, names: tuple[str, ...]
     ) -> Mapping[str, Upstream | None]:
-        """The upstreams named, and nothing further (no cycle search: the job is queued)."""
+        """The upstreams named, and nothing further (no cycle search: the job is queued). One
+        not read now is as one gone: nothing is changed for it (`core.dependencies.repoint`),
+        and its watch event wakes the dependent."""
         found: dict[str, Upstream | None] = {}
         for name in dict.fromkeys(names):
-            body = await self._store.get(view.ref.namespace, name)
-            found[name] = self._upstream(ResourceView.of(body)) if body is not None else None
+            upstream = await self._look(view.ref.namespace, name)
+            found[name] = None if upstream is Unread.UNREAD else upstream
         return found

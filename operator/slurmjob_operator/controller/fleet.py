@@ -107,9 +107,10 @@ class Fleet:
         view = ResourceView.of(body)
         owner = None if deleted else self.owner(view)
         # A resource is followed by one cluster's part at most (its placement never changes
-        # once an attempt is recorded; before that nothing follows it anywhere).
+        # once an attempt is recorded; before that nothing follows it anywhere). Every part
+        # keeps it as an upstream its own dependents may name, until it is really deleted.
         for member in self.members:
-            member.observe_body(view, deleted=member is not owner)
+            member.observe_body(view, deleted=member is not owner, gone=deleted)
 
     def followed(self) -> list[Tracked]:
         return [item for member in self.members for item in member.followed()]

@@ -20,7 +20,7 @@ upstream is retried as J2. So:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -33,7 +33,13 @@ MAX_DEPTH = 16
 MAX_VISITED = 64
 
 
-@dataclass(frozen=True)
+def waiting_interval(poll_interval: float) -> float:
+    """How often a dependent that waits looks at its upstreams again (besides being woken by
+    a change), and the interval over which a namespace's reads of SlurmJobs are bounded."""
+    return max(5.0, min(60.0, poll_interval * 5))
+
+
+@dataclass(frozen=True, slots=True)
 class Upstream:
     """What the dependency rules need of an upstream SlurmJob."""
 
@@ -105,14 +111,20 @@ def resolve(
     upstreams: Mapping[str, Upstream | None],
     *,
     slurm_allowed: bool = True,
+    unread: Collection[str] = (),
 ) -> Resolution:
     """What to do with a dependent that has submitted nothing yet. `slurm_allowed`: False
     where Slurm cancels a job whose dependency failed (DependencyParameters=
-    kill_invalid_depend): an upstream that may still be retried is then waited for here."""
+    kill_invalid_depend): an upstream that may still be retried is then waited for here.
+    `unread`: upstreams that could not be read now (neither delivered by the watch nor read,
+    the namespace's reads being spent): waited for, never taken as missing."""
     waits: list[str] = []
     slurm: list[AttemptDependency] = []
     for dep in deps:
         up = upstreams.get(dep.name)
+        if dep.name in unread:
+            waits.append(f"SlurmJob {dep.name} is not read yet (too many reads in the namespace)")
+            continue
         if up is None:
             waits.append(f"SlurmJob {dep.name} does not exist")
             continue
