@@ -1,7 +1,7 @@
 """How often the cluster's limits are read when tenants send specs that cannot fit: a refusal
 is made on a read no older than the refusal age, one read at most is in flight, and no
 number of over-limit SlurmJobs makes more than one read per refusal age (docs/security.md,
-"Limit reads tenants cannot multiply")."""
+"Reads tenants cannot multiply")."""
 
 from __future__ import annotations
 
