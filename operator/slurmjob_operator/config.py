@@ -307,14 +307,6 @@ class Settings(BaseSettings):
         max_length=128,
         description="This replica's name in the Lease. Unset: the host name and a random suffix.",
     )
-    leader_pod: str | None = Field(
-        default=None,
-        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
-        description=(
-            "This replica's pod, in the Lease's namespace: it carries the label "
-            "`slurmjob.io/leader` (`true` on the leader, `false` on a standby). Unset: no label."
-        ),
-    )
     lease_duration: float = Field(
         default=15.0,
         gt=0,

@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import urlsplit
 
 import kopf
@@ -38,7 +37,7 @@ from slurmjob_operator.core.leadership import (
     still_leading,
 )
 from slurmjob_operator.kube import KubeApi
-from slurmjob_operator.leases import LeaseConflict, LeaseStore, PodLabel
+from slurmjob_operator.leases import LeaseConflict, LeaseStore
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.times import utc_now
@@ -198,58 +197,6 @@ async def run_elected(
     return True
 
 
-class Label(Protocol):
-    pod: str
-
-    async def set(self, leading: bool) -> None: ...
-
-
-class LabelWriter:
-    """Keeps the pod's leader label equal to the last state it was told, in the background:
-    a failed patch (the apiserver away) is tried again, a newer state replaces an older one
-    not yet written, and no write ever holds up the election."""
-
-    def __init__(self, label: Label, retry: float) -> None:
-        self._label = label
-        self._retry = retry
-        self._wanted: bool | None = None
-        self._written: bool | None = None
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def tell(self, leading: bool) -> None:
-        self._wanted = leading
-        self._changed.set()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            wanted = self._wanted
-            if wanted is None or wanted == self._written:
-                continue
-            try:
-                await self._label.set(wanted)
-                self._written = wanted
-            except Exception as exc:
-                log.warning("labelling pod %s: %s", self._label.pod, exc)
-                await asyncio.sleep(self._retry)
-                self._changed.set()
-
-    async def flush(self, within: float) -> None:
-        """Write the last state now (a clean end: the label must not say `true` after it)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._wanted is not None and self._wanted != self._written:
-            try:
-                await asyncio.wait_for(self._label.set(self._wanted), within)
-            except Exception as exc:
-                log.warning("labelling pod %s: %s", self._label.pod, exc)
-
-
 # -- the process ------------------------------------------------------------------------------
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -305,22 +252,11 @@ async def run_with_lease(
     metrics.leader.set(0)
     kube = await KubeApi.connect()
     store = LeaseStore(kube.api, lease_namespace(settings), settings.lease_name)
-    labels = (
-        LabelWriter(
-            PodLabel(kube.api, store.namespace, settings.leader_pod), settings.lease_retry_period
-        )
-        if settings.leader_pod
-        else None
-    )
 
     def changed(leading: bool) -> None:
         metrics.leader.set(1 if leading else 0)
-        if labels is not None:
-            labels.tell(leading)
 
     elector = Elector(store, lease_identity(settings), lease_timing(settings), on_change=changed)
-    if labels is not None:
-        labels.tell(False)  # a restarted container's pod may still say it leads
     health = await serve_health(liveness, elector.healthy) if liveness else None
     # Standbys serve the logs too: the read needs nothing of the leader's, and the Service
     # may send a request to any replica.
@@ -346,15 +282,13 @@ async def run_with_lease(
         grace = (settings.lease_duration - settings.lease_renew_deadline) / 2
         clean = await run_elected(elector, lead, grace=grace)
         if not clean:
-            # Now, not after the cleanup below: the label, the connections and the event
-            # loop's teardown (which waits for worker threads) could take the process past the
-            # moment the standby may take over. A restarted container labels itself first.
+            # Now, not after the cleanup below: the connections and the event loop's teardown
+            # (which waits for worker threads) could take the process past the moment the
+            # standby may take over.
             logging.shutdown()
             os._exit(EXIT_LEADERSHIP_LOST)
         return clean
     finally:
-        if labels is not None:
-            await labels.flush(settings.lease_retry_period)
         if logs is not None:
             await logs.cleanup()
         if health is not None:

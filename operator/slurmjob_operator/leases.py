@@ -60,23 +60,6 @@ def _body(name: str, namespace: str, record: LeaseRecord) -> dict[str, Any]:
     }
 
 
-LEADER_LABEL = "slurmjob.io/leader"
-
-
-class PodLabel:
-    """The `slurmjob.io/leader` label on this replica's own pod (a patch of one pod, by name:
-    the only pod write the chart's Role allows)."""
-
-    def __init__(self, api: k8s.ApiClient, namespace: str, pod: str) -> None:
-        self._core = k8s.CoreV1Api(api)
-        self.namespace = namespace
-        self.pod = pod
-
-    async def set(self, leading: bool) -> None:
-        body = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else "false"}}}
-        await self._core.patch_namespaced_pod(self.pod, self.namespace, body)
-
-
 class LeaseStore:
     def __init__(self, api: k8s.ApiClient, namespace: str, name: str) -> None:
         self._leases = k8s.CoordinationV1Api(api)

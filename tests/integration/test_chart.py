@@ -10,7 +10,6 @@ import json
 import re
 import socket
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -253,18 +252,16 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
         ("RoleBinding", "ci-slurmjob-operator-logs-proxy"),
     ]
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
-    # Each replica labels its own pod: patch on the release namespace's pods, nothing more.
+    # The Lease and nothing else: no right on any pod (a leaked token could swap an image).
     election = named(docs, "Role", "-leader-election")
     assert election["metadata"]["namespace"] == CI_NAMESPACE
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]} in election["rules"]
-    leader_pod = next(e for e in c["env"] if e["name"] == "SLURMJOB_LEADER_POD")
-    assert leader_pod["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    unlabelled = render(
-        kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "leaderElection.podLabel=false"
+    assert {res for rule in election["rules"] for res in rule["resources"]} == {"leases"}
+    assert all(e["name"] != "SLURMJOB_LEADER_POD" for e in c["env"])
+    # leaderElection.podLabel is deprecated: still accepted, and it changes nothing.
+    labelled = render(
+        kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "leaderElection.podLabel=true"
     )
-    election = named(unlabelled, "Role", "-leader-election")
-    assert all("pods" not in rule["resources"] for rule in election["rules"])
-    assert all(e["name"] != "SLURMJOB_LEADER_POD" for e in container(unlabelled)["env"])
+    assert labelled == docs
     svc = named(docs, "Service", "-metrics")
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not of_kind(docs, "ServiceMonitor")
@@ -645,27 +642,7 @@ def sa_operator(
             if e["name"].startswith(("SLURMJOB_LEADER_", "SLURMJOB_LEASE_")) and "value" in e
         },
         "SLURMJOB_LEASE_IDENTITY": f"{release}-pod-0",
-        # Its downward-API pod name: a Pod object of that name (never scheduled: the test bed
-        # runs no scheduler) carries the leader label.
-        "SLURMJOB_LEADER_POD": f"{release}-pod-0",
     }
-    assert any(e["name"] == "SLURMJOB_LEADER_POD" for e in container(docs)["env"])
-    kube.apply(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": env["SLURMJOB_LEADER_POD"], "namespace": op_ns},
-                "spec": {
-                    # The chart's own ServiceAccount: "default" does not exist here (no
-                    # controller-manager makes it), and the ServiceAccount admission needs one.
-                    "serviceAccountName": sa,
-                    "automountServiceAccountToken": False,
-                    "containers": [{"name": "operator", "image": "slurmjob-operator:none"}],
-                },
-            }
-        )
-    )
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
     assert env["SLURMJOB_LEASE_NAMESPACE"] == op_ns
     op = ChartOperator(
@@ -736,16 +713,6 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
         "-o", "jsonpath={.spec.holderIdentity}",
     ).stdout  # fmt: skip
     assert holder == op.env["SLURMJOB_LEASE_IDENTITY"]
-    # And its pod says so (the label is written in the background).
-    deadline = time.monotonic() + 10
-    label = ""
-    while time.monotonic() < deadline and label != "true":
-        label = op.kube.kubectl(
-            "get", "pod", op.env["SLURMJOB_LEADER_POD"], "-n", op.op_namespace,
-            "-o", "jsonpath={.metadata.labels.slurmjob\\.io/leader}",
-        ).stdout  # fmt: skip
-        time.sleep(0.2)
-    assert label == "true"
 
 
 @pytest.mark.slurm2605
@@ -764,7 +731,6 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     for verb in ("get", "update"):
         assert can_i(kube, who, verb, lease, "-n", op.op_namespace), verb
     assert can_i(kube, who, "create", "leases.coordination.k8s.io", "-n", op.op_namespace)
-    assert can_i(kube, who, "patch", "pods", "-n", op.op_namespace)  # its leader label
     # The log endpoint's reviews (cluster-scoped kinds: the one cluster-wide grant).
     assert can_i(kube, who, "create", "tokenreviews.authentication.k8s.io")
     assert can_i(kube, who, "create", "subjectaccessreviews.authorization.k8s.io")
@@ -784,6 +750,7 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
         ("get", "configmaps", "-n", ns),
         ("create", "pods", "-n", ns),
         ("patch", "pods", "-n", ns),
+        ("patch", "pods", "-n", op.op_namespace),  # no leader label any more: no pod rights
         ("create", "pods", "-n", op.op_namespace),
         ("delete", "pods", "-n", op.op_namespace),
         ("update", "pods", "-n", op.op_namespace),

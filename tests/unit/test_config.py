@@ -50,7 +50,6 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LEASE_NAME", "ops.lease-1", "lease_name", "ops.lease-1"),
     ("SLURMJOB_LEASE_NAMESPACE", "slurmjob-system", "lease_namespace", "slurmjob-system"),
     ("SLURMJOB_LEASE_IDENTITY", "pod-7f9c", "lease_identity", "pod-7f9c"),
-    ("SLURMJOB_LEADER_POD", "op-7f9c", "leader_pod", "op-7f9c"),
     ("SLURMJOB_SLURM_MESSAGE_TIMEOUT", "20", "slurm_message_timeout", 20.0),
     ("SLURMJOB_ABSENCE_MARGIN", "5", "absence_margin", 5.0),
     (

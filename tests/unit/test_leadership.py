@@ -21,7 +21,7 @@ from slurmjob_operator.core.leadership import (
     observe,
     still_leading,
 )
-from slurmjob_operator.election import Elector, LabelWriter, LeadershipLost, run_elected
+from slurmjob_operator.election import Elector, LeadershipLost, run_elected
 from slurmjob_operator.leases import LeaseConflict
 
 TIMING = Timing(lease_duration=15, renew_deadline=10, retry_period=2)
@@ -275,64 +275,6 @@ def test_two_replicas_never_act_at_the_same_moment(events: list[tuple[str, str, 
                 assert a1 <= b0 or b1 <= a0, (acting, events)
 
     asyncio.run(play())
-
-
-# -- the pod's leader label -----------------------------------------------------------------
-
-
-class FakePodLabel:
-    """Records each label write; fails the writes it is told to."""
-
-    pod = "op-0"
-
-    def __init__(self, failures: int = 0) -> None:
-        self.writes: list[bool] = []
-        self.failures = failures
-
-    async def set(self, leading: bool) -> None:
-        await asyncio.sleep(0)
-        if self.failures:
-            self.failures -= 1
-            raise ConnectionError("apiserver away")
-        self.writes.append(leading)
-
-
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
-async def test_the_label_follows_the_last_state_told() -> None:
-    label = FakePodLabel()
-    writer = LabelWriter(label, retry=0.01)
-    writer.tell(False)
-    await _settle()
-    writer.tell(True)
-    writer.tell(False)
-    writer.tell(True)  # only the last of a burst needs writing
-    await _settle()
-    await writer.flush(within=1)
-    assert label.writes == [False, True]
-
-
-async def test_a_failed_label_write_is_tried_again() -> None:
-    label = FakePodLabel(failures=2)
-    writer = LabelWriter(label, retry=0.01)
-    writer.tell(True)
-    await asyncio.sleep(0.1)
-    assert label.writes == [True]
-    await writer.flush(within=1)
-    assert label.writes == [True]  # nothing left to write
-
-
-async def test_flush_writes_a_state_not_yet_written() -> None:
-    label = FakePodLabel(failures=1)
-    writer = LabelWriter(label, retry=10)
-    writer.tell(True)
-    await _settle()  # the first write failed; the retry waits 10 s
-    writer.tell(False)
-    await writer.flush(within=1)
-    assert label.writes == [False]
 
 
 async def test_a_standby_is_healthy_while_it_can_read_the_lease() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,23 @@ class Session:
             ) from None
         result: dict[str, Any] = obj
         return result
+
+    # -- the operator's Lease -------------------------------------------------------------
+
+    async def leases(self, namespace: str, name: str | None) -> Sequence[dict[str, Any]]:
+        """The Lease `name` of `namespace`, or every Lease there (`get` or `list` on leases,
+        as the user): who leads the operator's replicas."""
+        coordination = k8s.CoordinationV1Api(self.api)
+        what = f"lease {name}" if name else "leases"
+        try:
+            if name:
+                found = [await coordination.read_namespaced_lease(name, namespace)]
+            else:
+                found = list((await coordination.list_namespaced_lease(namespace)).items or [])
+        except ApiException as exc:
+            raise PluginError(_api_error(exc, f"{what} in namespace {namespace}")) from None
+        bodies = [self.api.sanitize_for_serialization(lease) for lease in found]
+        return sorted(bodies, key=lambda body: str(body.get("metadata", {}).get("name")))
 
     # -- the log endpoint -----------------------------------------------------------------
 

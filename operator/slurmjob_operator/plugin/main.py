@@ -4,6 +4,7 @@
     kubectl slurmjob get [NAME] [-A]
     kubectl slurmjob describe NAME
     kubectl slurmjob cancel NAME [--suspend] [--wait]
+    kubectl slurmjob leader [--operator-namespace NS] [--lease NAME]
 
 (each with `-n NAMESPACE` and `--context CONTEXT`). kubectl finds the console script
 `kubectl-slurmjob` on the PATH and runs it with the words after `slurmjob`.
@@ -38,6 +39,7 @@ from slurmjob_operator.plugin.kubeclient import (
     Session,
     TokenRejected,
 )
+from slurmjob_operator.plugin.leader import leader_table
 from slurmjob_operator.plugin.render import (
     Job,
     delete_effect,
@@ -82,6 +84,7 @@ class Cluster(Protocol):
     async def read_log(
         self, operator: Operator, namespace: str, name: str, query: LogQuery, token: str
     ) -> LogAnswer: ...
+    async def leases(self, namespace: str, name: str | None) -> Sequence[dict[str, Any]]: ...
     async def close(self) -> None: ...
 
 
@@ -119,7 +122,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
 
     parser = argparse.ArgumentParser(
         prog="kubectl slurmjob",
-        description="SlurmJobs from the user's side: logs, get, describe, cancel.",
+        description="SlurmJobs from the user's side: logs, get, describe, cancel; the leader.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -182,6 +185,20 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     )
     cancel.add_argument(
         "--timeout", type=_count(1, 86_400), default=300, help="seconds --wait waits (300)"
+    )
+
+    leader = commands.add_parser(
+        "leader", parents=[common], help="which operator replica leads (its Lease's holder)"
+    )
+    leader.add_argument(
+        "--operator-namespace",
+        type=_namespace,
+        default=env.get(OPERATOR_NAMESPACE_ENV) or DEFAULT_OPERATOR_NAMESPACE,
+        help=f"the operator's namespace (${OPERATOR_NAMESPACE_ENV}, "
+        f"default {DEFAULT_OPERATOR_NAMESPACE})",
+    )
+    leader.add_argument(
+        "--lease", type=_name, help="the Lease (default: every Lease of that namespace)"
     )
     return parser
 
@@ -414,6 +431,17 @@ async def cmd_cancel(args: argparse.Namespace, cluster: Cluster, out: TextIO, sl
     return EXIT_OK
 
 
+async def cmd_leader(
+    args: argparse.Namespace, cluster: Cluster, out: TextIO, err: TextIO, now: datetime
+) -> int:
+    leases = await cluster.leases(args.operator_namespace, args.lease)
+    if not leases:
+        err.write(f"No Leases found in namespace {args.operator_namespace}.\n")
+        return EXIT_OK
+    out.write(leader_table(leases, now))
+    return EXIT_OK
+
+
 def _isatty(stream: TextIO) -> bool:
     try:
         return stream.isatty()
@@ -438,6 +466,8 @@ async def run(
             return await cmd_get(args, cluster, out, err, now())
         if args.command == "describe":
             return await cmd_describe(args, cluster, out, now())
+        if args.command == "leader":
+            return await cmd_leader(args, cluster, out, err, now())
         return await cmd_cancel(args, cluster, out, sleep)
     finally:
         await cluster.close()
