@@ -257,6 +257,12 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (Prometheus); 0 disables it."
     )
+    metrics_address: str = Field(
+        default="0.0.0.0",  # noqa: S104  (a pod's address is not known before it runs)
+        min_length=1,
+        max_length=253,
+        description="Address /metrics listens on.",
+    )
     logs_port: int = Field(
         default=0,
         ge=0,
@@ -271,6 +277,39 @@ class Settings(BaseSettings):
         min_length=1,
         max_length=253,
         description="Address the log endpoint listens on.",
+    )
+    listener_header_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "Seconds a client of any listener (log endpoint, health probe, /metrics) has to "
+            "send a request's head, from its first byte (from the accept for the first "
+            "request); a connection still sending one then is closed."
+        ),
+    )
+    listener_keepalive: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds a listener keeps an idle connection open after an answer.",
+    )
+    listener_write_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "Seconds a listener waits for a client that does not read its answer before "
+            "closing the connection."
+        ),
+    )
+    listener_max_connections: int = Field(
+        default=64,
+        ge=1,
+        le=65535,
+        description=(
+            "Connections each listener holds at once; one more is answered 503 and closed at once."
+        ),
     )
     kueue: bool = Field(
         default=False,

@@ -38,6 +38,7 @@ from slurmjob_operator.core.leadership import (
 )
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.leases import LeaseConflict, LeaseStore
+from slurmjob_operator.listeners import Limits, Listener, serve_handler, serve_metrics
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.times import utc_now
@@ -225,21 +226,20 @@ def lease_timing(settings: Settings) -> Timing:
     )
 
 
-async def serve_health(url: str, healthy: Callable[[], bool]) -> web.AppRunner:
+async def serve_health(url: str, healthy: Callable[[], bool], limits: Limits) -> Listener:
     """`GET <path>` of `url` (e.g. http://0.0.0.0:8080/healthz): 200 while `healthy()`, 503
     otherwise; for the liveness and readiness probes of leader and standby alike."""
     parts = urlsplit(url)
+    path = parts.path or "/"
 
-    async def probe(_: web.Request) -> web.Response:
+    async def probe(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path != path:
+            return web.Response(status=404)
         ok = healthy()
         return web.json_response({"ok": ok}, status=200 if ok else 503)
 
-    app = web.Application()
-    app.router.add_get(parts.path or "/", probe)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, parts.hostname or "0.0.0.0", parts.port or 80).start()  # noqa: S104
-    return runner
+    host = parts.hostname or "0.0.0.0"  # noqa: S104
+    return await serve_handler(probe, host, parts.port or 80, limits, name="health")
 
 
 async def run_with_lease(
@@ -247,8 +247,6 @@ async def run_with_lease(
 ) -> bool:
     """The operator under leader election; False when leadership was lost."""
     metrics = Metrics()
-    if settings.metrics_port:
-        metrics.start_http_server(settings.metrics_port)
     metrics.leader.set(0)
     kube = await KubeApi.connect()
     store = LeaseStore(kube.api, lease_namespace(settings), settings.lease_name)
@@ -257,14 +255,26 @@ async def run_with_lease(
         metrics.leader.set(1 if leading else 0)
 
     elector = Elector(store, lease_identity(settings), lease_timing(settings), on_change=changed)
-    health = await serve_health(liveness, elector.healthy) if liveness else None
-    # Standbys serve the logs too: the read needs nothing of the leader's, and the Service
-    # may send a request to any replica.
+    limits = Limits.from_settings(settings)
+    listeners: list[Listener] = []
+
+    def keep(listener: Listener | None) -> None:
+        if listener is not None:
+            listeners.append(listener)
+
+    async def close_listeners() -> None:
+        for listener in reversed(listeners):
+            await listener.close()
+
     try:
-        logs = await serve_logs(settings, kube, namespaces)
+        keep(await serve_metrics(settings, metrics.registry, limits))
+        if liveness:
+            keep(await serve_health(liveness, elector.healthy, limits))
+        # Standbys serve the logs too: the read needs nothing of the leader's, and the
+        # Service may send a request to any replica.
+        keep(await serve_logs(settings, kube, namespaces))
     except BaseException:
-        if health is not None:
-            await health.cleanup()
+        await close_listeners()
         await kube.close()
         raise
     log.info("standing by for lease %s/%s as %s", store.namespace, store.name, elector.identity)
@@ -275,7 +285,12 @@ async def run_with_lease(
             clusterwide=not namespaces,
             namespaces=namespaces,
             stop_flag=stop,
-            memo=kopf.Memo(metrics=metrics, watch_streams=len(namespaces) or 1, logs_serving=True),
+            memo=kopf.Memo(
+                metrics=metrics,
+                watch_streams=len(namespaces) or 1,
+                logs_serving=True,
+                metrics_serving=True,
+            ),
         )
 
     try:
@@ -289,8 +304,5 @@ async def run_with_lease(
             os._exit(EXIT_LEADERSHIP_LOST)
         return clean
     finally:
-        if logs is not None:
-            await logs.cleanup()
-        if health is not None:
-            await health.cleanup()
+        await close_listeners()
         await kube.close()

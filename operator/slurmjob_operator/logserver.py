@@ -13,6 +13,10 @@ comes from. Each request carries the user's own bearer token in `X-Slurmjob-Toke
    `kubectl get slurmjob NAME -n NAMESPACE` would be decided? No: 403;
 4. only then is the SlurmJob read, with the operator's credentials, and its log.
 
+The port is held to the limits every listener of the operator has (`listeners`: a deadline
+for a request's head, a short keep-alive, a cap on connections, bounded heads and no body),
+with room in one header for the longest token taken.
+
 An allowed decision is kept for `DECISION_TTL` seconds, keyed by a SHA-256 of the token with
 the namespace and name, in a bounded cache (a refusal is never kept: a right granted works at
 once). The token is never logged, never kept, and never part of an answer or an exception.
@@ -41,12 +45,18 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.logaccess import CACHE_ENTRIES, LogAccess, LogFailure
 from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import AccessReviewer, KubeApi, ReviewedUser, ReviewUnavailable
+from slurmjob_operator.listeners import Limits, Listener, serve_app
 
 log = logging.getLogger(__name__)
 
 #: Seconds an allowed decision is kept: a follower asks about once a second, and a right
 #: taken away stops working within this.
 DECISION_TTL = 10.0
+
+#: One header field: the longest token taken, with room for its name.
+FIELD_BYTES = MAX_TOKEN_LENGTH + 1024
+#: A request's whole head: that token and everything the apiserver's proxy adds.
+HEAD_BYTES = FIELD_BYTES + 16 * 1024
 
 
 class _NoHeaderValues(logging.Filter):
@@ -167,7 +177,7 @@ def make_app(access: LogAccess, authoriser: Authoriser) -> web.Application:
 
     # Room in a header for the longest token taken (aiohttp's default is 8 KiB), and the
     # parser's complaints without the bytes they hold.
-    handler = {"max_field_size": MAX_TOKEN_LENGTH + 1024, "logger": _protocol_log}
+    handler = {"max_field_size": FIELD_BYTES, "logger": _protocol_log}
     app = web.Application(middlewares=[_json_errors], handler_args=handler)
     app.router.add_get(LOG_PATH, get_log, allow_head=False)
     return app
@@ -175,15 +185,14 @@ def make_app(access: LogAccess, authoriser: Authoriser) -> web.Application:
 
 async def serve_logs(
     settings: Settings, kube: KubeApi, namespaces: Sequence[str] = ()
-) -> web.AppRunner | None:
-    """Start the endpoint on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT`; None when the port
-    is 0. The caller cleans the runner up."""
+) -> Listener | None:
+    """Start the endpoint on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT` under the listener
+    limits (`listeners`); None when the port is 0. The caller closes it."""
     if not settings.logs_port:
         return None
     access = LogAccess.from_settings(settings, kube, namespaces)
     app = make_app(access, Authoriser(kube))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.logs_address, settings.logs_port).start()
+    limits = Limits.from_settings(settings).with_fields(FIELD_BYTES, HEAD_BYTES)
+    listener = await serve_app(app, settings.logs_address, settings.logs_port, limits, name="logs")
     log.info("serving logs on %s:%s", settings.logs_address, settings.logs_port)
-    return runner
+    return listener

@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator, on a registry of their own.
 
 Nothing is registered or served at import time: a `Metrics` instance creates its collectors on
-the registry it is given (a fresh `CollectorRegistry` by default, so tests are isolated), and
-`Metrics.start_http_server` serves that registry on `/metrics` when the operator asks for it.
+the registry it is given (a fresh `CollectorRegistry` by default, so tests are isolated).
+`listeners.serve_metrics` serves that registry on `/metrics`, under the limits every listener
+of the operator has (prometheus_client's own server gives each connection a thread).
 
 Requests per poll cycle are counted through a context variable: `on_request` (the slurmrestd
 client's callback) adds to the cycle that is open *in the calling task's context*, so requests
@@ -18,9 +19,8 @@ import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, Final, get_args
+from typing import Final, get_args
 
-import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slurmjob_operator.api.status import Phase
@@ -179,8 +179,6 @@ class Metrics:
         self._cycle: ContextVar[PollCycle | None] = ContextVar(
             f"{PREFIX}_poll_cycle_{id(self)}", default=None
         )
-        self._server: Any = None
-        self._server_thread: threading.Thread | None = None
 
     # -- counters ----------------------------------------------------------------------
 
@@ -242,32 +240,6 @@ class Metrics:
             raise ValueError("expires_at must be timezone-aware")
         moment = now if now is not None else datetime.now(tz=UTC)
         self.token_expiry_seconds.set((expires_at - moment).total_seconds())
-
-    # -- serving -----------------------------------------------------------------------
-
-    def start_http_server(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104
-        """Serve this registry on http://addr:port/metrics in a daemon thread; port 0 means
-        disabled (nothing is started)."""
-        if port == 0:
-            return
-        if self._server is not None:
-            raise RuntimeError("the metrics server is already running")
-        server, thread = prometheus_client.start_http_server(port, addr, registry=self.registry)
-        self._server, self._server_thread = server, thread
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None
-
-    def stop_http_server(self) -> None:
-        """Stop the server `start_http_server` started (no-op when none runs)."""
-        server, thread = self._server, self._server_thread
-        self._server = self._server_thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
 
     def sample(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """One sample's current value (full name, e.g. `slurmjob_operator_jobs`), for tests

@@ -66,6 +66,11 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
     ("SLURMJOB_LOGS_PORT", "8081", "logs_port", 8081),
     ("SLURMJOB_LOGS_ADDRESS", "192.0.2.7", "logs_address", "192.0.2.7"),
+    ("SLURMJOB_METRICS_ADDRESS", "127.0.0.1", "metrics_address", "127.0.0.1"),
+    ("SLURMJOB_LISTENER_HEADER_TIMEOUT", "0.5", "listener_header_timeout", 0.5),
+    ("SLURMJOB_LISTENER_KEEPALIVE", "2", "listener_keepalive", 2.0),
+    ("SLURMJOB_LISTENER_WRITE_TIMEOUT", "3", "listener_write_timeout", 3.0),
+    ("SLURMJOB_LISTENER_MAX_CONNECTIONS", "16", "listener_max_connections", 16),
 ]
 
 

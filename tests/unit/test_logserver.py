@@ -441,12 +441,12 @@ async def test_serve_logs_listens_on_the_setting_and_not_at_all_on_0(tmp_path: P
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = Settings(storage_root=tmp_path, logs_port=port, logs_address="127.0.0.1")
-    runner = await serve_logs(settings, api)  # type: ignore[arg-type]
-    assert runner is not None
+    listener = await serve_logs(settings, api)  # type: ignore[arg-type]
+    assert listener is not None
     try:
         url = f"http://127.0.0.1:{port}" + LOG_PATH.format(namespace=NS, name=NAME)
         async with aiohttp.ClientSession() as http, http.get(url) as resp:
             assert resp.status == 401
             assert (await resp.json())["reason"] == "TokenMissing"
     finally:
-        await runner.cleanup()
+        await listener.close()

@@ -7,13 +7,14 @@ import math
 import socket
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from slurmjob_operator.api.status import Phase
+from slurmjob_operator.config import Settings
+from slurmjob_operator.listeners import Limits, serve_metrics
 from slurmjob_operator.metrics import SUBMISSION_RESULTS, Metrics
 from slurmjob_operator.slurm.exchange import OnRequest
 
@@ -21,10 +22,8 @@ JOB = "/slurm/v0.0.45/job/{job_id}"
 
 
 @pytest.fixture
-def metrics() -> Iterator[Metrics]:
-    m = Metrics()
-    yield m
-    m.stop_http_server()
+def metrics() -> Metrics:
+    return Metrics()
 
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
@@ -214,18 +213,28 @@ def _free_port() -> int:
         return port
 
 
-def test_http_server_serves_this_registry(metrics: Metrics) -> None:
-    metrics.start_http_server(0)  # disabled: nothing started
-    assert metrics._server is None
+async def test_the_metrics_listener_serves_this_registry(metrics: Metrics) -> None:
+    """Served by `listeners.serve_metrics` (no thread per connection; its limits are
+    test_listeners.py's), which the operator starts with SLURMJOB_METRICS_PORT."""
+    settings = Settings(metrics_port=0)
+    limits = Limits.from_settings(settings)
+    assert await serve_metrics(settings, metrics.registry, limits) is None  # 0: disabled
     port = _free_port()
-    metrics.start_http_server(port, "127.0.0.1")
+    settings = Settings(metrics_port=port, metrics_address="127.0.0.1")
+    listener = await serve_metrics(settings, metrics.registry, limits)
+    assert listener is not None
     metrics.count_submission("auth")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        body = resp.read().decode()
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            body: str = resp.read().decode()
+            return body
+
+    try:
+        body = await asyncio.to_thread(scrape)
+    finally:
+        await listener.close()
     assert 'slurmjob_operator_submissions_total{result="auth"} 1.0' in body
     assert "python_gc_objects_collected_total" not in body  # not the global registry
-    with pytest.raises(RuntimeError, match="already running"):
-        metrics.start_http_server(port, "127.0.0.1")
-    metrics.stop_http_server()
     with pytest.raises(OSError):  # noqa: PT011 - connection refused, whatever its subclass
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        await asyncio.to_thread(scrape)

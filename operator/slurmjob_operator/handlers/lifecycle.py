@@ -17,6 +17,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.kube import KubeApi
+from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
@@ -52,8 +53,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Under leader election `run` made it before the Lease was won (a standby serves the
     # leader gauge too); kopf passes it in the memo.
     metrics = memo.get("metrics") or Metrics()
-    if config.metrics_port and not metrics.serving:
-        metrics.start_http_server(config.metrics_port)
+    if not memo.get("metrics_serving") and memo.get("metrics_listener") is None:
+        # Kept in the memo at once: a retried startup finds it serving.
+        memo.metrics_listener = await serve_metrics(
+            config, metrics.registry, Limits.from_settings(config)
+        )
     slots = FairLimiter[str](config.submit_concurrency, on_waiting=metrics.waiting_submissions.set)
     members: list[Controller] = []
     opened = []
@@ -75,7 +79,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if config.logs_port and not memo.get("logs_serving"):
         # Without leader election nobody started it before kopf (`election.run_with_lease`).
         try:
-            memo.logs_runner = await serve_logs(config, kube, memo.get("namespaces") or ())
+            memo.logs_listener = await serve_logs(config, kube, memo.get("namespaces") or ())
         except BaseException:
             for transport in opened:
                 await transport.close()
@@ -105,9 +109,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         poller.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poller
-    runner = memo.get("logs_runner")
-    if runner is not None:
-        await runner.cleanup()
+    for name in ("logs_listener", "metrics_listener"):
+        listener: Listener | None = memo.get(name)
+        if listener is not None:
+            await listener.close()
     fleet: Fleet | None = memo.get("controller")
     if fleet is not None:
         for member in fleet.members:

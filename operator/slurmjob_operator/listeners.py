@@ -1,0 +1,408 @@
+"""Every port the operator listens on (the log endpoint, the health probe, /metrics) is held
+to the same limits here, whoever connects: no credential is needed to open a connection, so a
+connection may cost only what these limits allow.
+
+* **Connections**: at most `max_connections` at once per listener. One over that is accepted
+  and closed at once (a 503 written first), so none waits in the kernel's backlog.
+* **Request head**: the head of each request (its line and headers) must be complete within
+  `header_timeout` seconds of its first byte (of the accept, for the first) and within
+  `max_head_bytes`; a field is at most `max_field_size` bytes and a head has at most
+  `max_headers` fields (aiohttp's parser). Over the deadline the connection is cut; over
+  the bytes it gets a 431 and is cut.
+* **Body**: no endpoint takes one. A request announcing one gets a 413 and the connection is
+  closed (nothing is read or lingered over).
+* **Keep-alive**: an idle connection is closed `keepalive` seconds after its last answer.
+* **Answers left unread**: a connection whose answer the peer has not taken (writing paused)
+  for `write_timeout` seconds is cut.
+
+No thread serves any connection: /metrics is an asyncio handler over the operator's
+registry like the others (`metrics_handler`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from slurmjob_operator.config import Settings
+
+__all__ = [
+    "HEAD_BYTES",
+    "Limits",
+    "Listener",
+    "metrics_handler",
+    "serve_app",
+    "serve_handler",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bytes of one request head: far above what a probe, a scraper (a bearer token included) or
+#: the apiserver's proxy sends, and small enough that a full cap of slow heads is a few MiB.
+HEAD_BYTES: Final = 16 * 1024
+#: aiohttp's own default for one field and for the request line.
+FIELD_BYTES: Final = 8190
+MAX_HEADERS: Final = 64
+#: The largest chunk aiohttp buffers of a body before it stops reading the socket.
+READ_BUFFER: Final = 16 * 1024
+
+_REFUSED: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Connection: close\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
+)
+_HEAD_TOO_LARGE: Final = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"Connection: close\r\nContent-Length: 0\r\n\r\n"
+)
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may cost a listener (see the module's docstring)."""
+
+    header_timeout: float
+    keepalive: float
+    write_timeout: float
+    max_connections: int
+    max_head_bytes: int = HEAD_BYTES
+    max_field_size: int = FIELD_BYTES
+    max_headers: int = MAX_HEADERS
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            header_timeout=settings.listener_header_timeout,
+            keepalive=settings.listener_keepalive,
+            write_timeout=settings.listener_write_timeout,
+            max_connections=settings.listener_max_connections,
+        )
+
+    def with_fields(self, field_size: int, head_bytes: int) -> Limits:
+        """The same limits for a listener whose requests carry a larger field."""
+        return replace(self, max_field_size=field_size, max_head_bytes=head_bytes)
+
+    def handler_args(self) -> dict[str, Any]:
+        """aiohttp's own knobs (`RequestHandler`) for these limits."""
+        return {
+            "keepalive_timeout": self.keepalive,
+            "max_line_size": self.max_field_size,
+            "max_field_size": self.max_field_size,
+            "max_headers": self.max_headers,
+            # A body left unread closes the connection at once instead of being drained.
+            "lingering_time": 0,
+            "read_bufsize": READ_BUFFER,
+        }
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: a 503, then closed before anything of it is read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_REFUSED)
+        # abort, not close: a peer that never reads must not keep the socket alive.
+        transport.abort()
+
+
+class _Guard(asyncio.Protocol):
+    """One accepted connection: aiohttp's protocol inside, the limits around it. It sees every
+    byte before aiohttp does and is told by the listener when a request starts and ends."""
+
+    def __init__(self, listener: Listener, inner: asyncio.Protocol) -> None:
+        self._listener = listener
+        self.inner = inner
+        self._inner_connected = False
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._waiting = True  # for a request head (not handling a request)
+        self._head_bytes = 0
+        self._released = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        # From the accept: a connection that never sends a byte is cut at the same deadline.
+        self._arm_head()
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _arm_head(self) -> None:
+        self._head_timer = self._loop.call_later(
+            self._listener.limits.header_timeout, self.cut, "header"
+        )
+
+    def _cancel(self, *timers: asyncio.TimerHandle | None) -> None:
+        for timer in timers:
+            if timer is not None:
+                timer.cancel()
+
+    def cut(self, why: str) -> None:
+        self._listener.count_cut(why)
+        self.abort()
+
+    def abort(self) -> None:
+        if self._transport is None:
+            # Never connected (the transport failed while being made): free the slot only.
+            self._release()
+            return
+        self._transport.abort()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cancel(self._head_timer, self._idle_timer, self._write_timer)
+            self._listener.release(self)
+
+    # -- what the listener tells it ---------------------------------------------------------
+
+    def request_started(self) -> None:
+        self._waiting = False
+        self._head_bytes = 0
+        self._cancel(self._head_timer, self._idle_timer)
+        self._head_timer = self._idle_timer = None
+
+    def request_ended(self) -> None:
+        self._waiting = True
+        if self._transport is not None and not self._released:
+            self._idle_timer = self._loop.call_later(
+                self._listener.limits.keepalive, self._idle_expired
+            )
+
+    def _idle_expired(self) -> None:
+        # The answer may still be going out; the write deadline watches that.
+        if self._waiting and self._head_timer is None and self._write_timer is None:
+            self.cut("keepalive")
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._released:  # the deadline passed before the connection was made
+            transport.abort()
+            return
+        self._inner_connected = True
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._released:
+            return
+        if self._waiting and self._head_timer is None:  # the first byte of the next request
+            self._cancel(self._idle_timer)
+            self._idle_timer = None
+            self._arm_head()
+        # Counted while a request is handled too: no endpoint takes a body, so whatever comes
+        # then is the next (pipelined) head, which aiohttp's parser would otherwise hold.
+        self._head_bytes += len(data)
+        if self._head_bytes > self._listener.limits.max_head_bytes:
+            self._listener.count_cut("head-bytes")
+            assert self._transport is not None
+            self._transport.write(_HEAD_TOO_LARGE)
+            self._transport.abort()
+            return
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._write_timer is None:
+            self._write_timer = self._loop.call_later(
+                self._listener.limits.write_timeout, self.cut, "write"
+            )
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._cancel(self._write_timer)
+        self._write_timer = None
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        if self._inner_connected:
+            self.inner.connection_lost(exc)
+
+
+class Listener:
+    """One listening socket under `Limits`, serving an aiohttp `web.Server` (an application's
+    or a bare handler's). Made by `serve_app` and `serve_handler`; `close` ends it."""
+
+    def __init__(self, name: str, limits: Limits, server: web.Server) -> None:
+        self.name = name
+        self.limits = limits
+        self._server = server
+        self._guards: dict[object, _Guard] = {}  # by aiohttp's protocol of the connection
+        self._open: set[_Guard] = set()
+        self._socket_server: asyncio.Server | None = None
+        self._port = 0
+        self._cleanup: Callable[[], Awaitable[None]] | None = None
+        self.refused = 0
+        self.cuts: dict[str, int] = {}
+        self._last_warning = 0.0
+        handler = server.request_handler
+        # Read by each connection's protocol when it is made: set before the first accept.
+        server.request_handler = self._wrap(handler)
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one the system chose for port 0)."""
+        return self._port
+
+    def _wrap(self, handler: Handler) -> Handler:
+        async def guarded(request: web.BaseRequest) -> web.StreamResponse:
+            guard = self._guards.get(request.protocol)
+            if guard is not None:
+                guard.request_started()
+            try:
+                if request.content_length or "Transfer-Encoding" in request.headers:
+                    self.count_cut("body")
+                    refusal = web.Response(status=413, text="no request body is taken\n")
+                    refusal.force_close()
+                    return refusal
+                return await handler(request)
+            finally:
+                if guard is not None:
+                    guard.request_ended()
+
+        return guarded
+
+    def _protocol(self) -> asyncio.Protocol:
+        if len(self._open) >= self.limits.max_connections:
+            self.refused += 1
+            self._warn("refused a connection over the cap of %d", self.limits.max_connections)
+            return _Refused()
+        inner = self._server()
+        guard = _Guard(self, inner)
+        self._open.add(guard)
+        self._guards[inner] = guard
+        return guard
+
+    def release(self, guard: _Guard) -> None:
+        self._open.discard(guard)
+        self._guards.pop(guard.inner, None)
+
+    def count_cut(self, why: str) -> None:
+        self.cuts[why] = self.cuts.get(why, 0) + 1
+        self._warn("cut a connection (%s)", why)
+
+    def _warn(self, message: str, *args: object) -> None:
+        # One line a minute at most: the log must not grow with an attack.
+        now = time.monotonic()
+        if now - self._last_warning >= 60:
+            self._last_warning = now
+            log.warning(
+                "%s listener: " + message + " (refused %d so far, cut %s)",
+                self.name,
+                *args,
+                self.refused,
+                self.cuts,
+            )
+
+    async def start(self, host: str, port: int, cleanup: Callable[[], Awaitable[None]]) -> None:
+        self._cleanup = cleanup
+        loop = asyncio.get_running_loop()
+        self._socket_server = await loop.create_server(
+            self._protocol, host, port, reuse_address=True, backlog=128
+        )
+        self._port = int(self._socket_server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop listening, cut every open connection and clean the aiohttp side up."""
+        if self._socket_server is not None:
+            self._socket_server.close()
+        for guard in list(self._open):
+            guard.abort()
+        if self._socket_server is not None:
+            await self._socket_server.wait_closed()
+        if self._cleanup is not None:
+            await self._cleanup()
+            self._cleanup = None
+
+
+async def serve_app(
+    app: web.Application, host: str, port: int, limits: Limits, *, name: str
+) -> Listener:
+    """Serve an aiohttp application on host:port under `limits`."""
+    runner = web.AppRunner(app, access_log=None, **limits.handler_args())
+    await runner.setup()
+    assert runner.server is not None
+    listener = Listener(name, limits, runner.server)
+    try:
+        await listener.start(host, port, runner.cleanup)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return listener
+
+
+async def serve_handler(
+    handler: Handler, host: str, port: int, limits: Limits, *, name: str
+) -> Listener:
+    """Serve one request handler (no application: no router, no middleware) under `limits`."""
+    server = web.Server(handler, access_log=None, **limits.handler_args())
+
+    async def cleanup() -> None:
+        await server.shutdown(1.0)
+
+    listener = Listener(name, limits, server)
+    await listener.start(host, port, cleanup)
+    return listener
+
+
+#: Seconds one rendering of the registry is served again: a flood of scrapes costs one
+#: rendering a second, not one each.
+EXPOSITION_TTL: Final = 1.0
+
+
+def metrics_handler(
+    registry: CollectorRegistry, *, clock: Callable[[], float] = time.monotonic
+) -> Handler:
+    """`GET /metrics`: the registry in the format the scraper's Accept asks for (Prometheus
+    text or OpenMetrics, as prometheus_client's own server chooses)."""
+    cache: dict[str, tuple[float, bytes]] = {}
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path != "/metrics":
+            return web.Response(status=404, text="only /metrics is served here\n")
+        if request.method not in ("GET", "HEAD"):
+            return web.Response(status=405, headers={"Allow": "GET, HEAD"})
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        now = clock()
+        made, body = cache.get(content_type, (float("-inf"), b""))
+        if now - made >= EXPOSITION_TTL:
+            body = encode(registry)
+            cache[content_type] = (now, body)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    return handle
+
+
+async def serve_metrics(
+    settings: Settings, registry: CollectorRegistry, limits: Limits
+) -> Listener | None:
+    """/metrics on `SLURMJOB_METRICS_ADDRESS:SLURMJOB_METRICS_PORT`; None when the port is 0."""
+    if not settings.metrics_port:
+        return None
+    listener = await serve_handler(
+        metrics_handler(registry),
+        settings.metrics_address,
+        settings.metrics_port,
+        limits,
+        name="metrics",
+    )
+    log.info("serving /metrics on %s:%s", settings.metrics_address, settings.metrics_port)
+    return listener

@@ -1,0 +1,407 @@
+"""The listener limits (issue 21, section 2) on real sockets on 127.0.0.1: the log endpoint
+(`serve_logs`), the standby's health probe (`serve_health`) and /metrics (`serve_metrics`),
+each under a short configured deadline.
+
+A slow partial request is cut at the header deadline, a connection that sends nothing too, an
+idle one after the keep-alive, one that leaves its answer unread after the write deadline;
+connections over the cap get a 503 and are closed at once; a 64 KiB head or a body is refused;
+/metrics still serves the registry's exposition text, and no thread serves any connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurmjob_operator.api.logs import LOG_PATH
+from slurmjob_operator.config import Settings
+from slurmjob_operator.election import serve_health
+from slurmjob_operator.kube import ReviewedUser
+from slurmjob_operator.listeners import Limits, Listener, serve_handler, serve_metrics
+from slurmjob_operator.logserver import serve_logs
+from slurmjob_operator.metrics import Metrics
+
+DEADLINE = 0.4  # the configured header deadline, keep-alive and write deadline of these tests
+CAP = 4
+# Scheduling slack on a loaded machine: a connection is closed within DEADLINE + SLACK.
+SLACK = 1.0
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def settings(tmp_path: Path, **more: Any) -> Settings:
+    given: dict[str, Any] = {
+        "storage_root": tmp_path,
+        "metrics_address": "127.0.0.1",
+        "logs_address": "127.0.0.1",
+        "listener_header_timeout": DEADLINE,
+        "listener_keepalive": DEADLINE,
+        "listener_write_timeout": DEADLINE,
+        "listener_max_connections": CAP,
+    }
+    return Settings(**(given | more))
+
+
+class FakeKube:
+    """What the log endpoint asks the apiserver: nobody's token is accepted."""
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def review_token(self, token: str) -> ReviewedUser | None:
+        return None
+
+    async def may_get_slurmjob(
+        self, user: ReviewedUser, namespace: str, name: str
+    ) -> tuple[bool, str]:
+        return False, "no"
+
+
+Opener = Callable[[Settings], Awaitable[Listener | None]]
+
+
+def _metrics(s: Settings) -> Awaitable[Listener | None]:
+    return serve_metrics(s, Metrics().registry, Limits.from_settings(s))
+
+
+def _logs(s: Settings) -> Awaitable[Listener | None]:
+    return serve_logs(s, FakeKube())  # type: ignore[arg-type]
+
+
+async def _health(s: Settings) -> Listener | None:
+    url = f"http://127.0.0.1:{s.metrics_port}/healthz"
+    return await serve_health(url, lambda: True, Limits.from_settings(s))
+
+
+# Each listener with one request it answers 200 (health), 401 (logs: no token) or 200.
+LISTENERS: dict[str, tuple[Opener, str]] = {
+    "metrics": (_metrics, "/metrics"),
+    "health": (_health, "/healthz"),
+    "logs": (_logs, LOG_PATH.format(namespace="ns", name="job")),
+}
+
+
+@dataclass
+class Served:
+    """One of the operator's listeners and a path it answers."""
+
+    listener: Listener
+    path: str
+
+    @property
+    def port(self) -> int:
+        return self.listener.port
+
+
+@pytest.fixture(params=sorted(LISTENERS))
+async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+    opener, path = LISTENERS[request.param]
+    port = free_port()
+    listener = await opener(settings(tmp_path, metrics_port=port, logs_port=port))
+    assert listener is not None
+    yield Served(listener, path)
+    await listener.close()
+
+
+async def connect(port: int) -> Streams:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def closed_after(reader: asyncio.StreamReader, within: float) -> tuple[float, bytes]:
+    """Read until the server closes the connection: the seconds it took and what was sent."""
+    started = time.monotonic()
+    got = b""
+    try:
+        async with asyncio.timeout(within):
+            while chunk := await reader.read(65536):
+                got += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except TimeoutError:
+        pytest.fail(f"still open after {within} s (got {got[:80]!r})")
+    return time.monotonic() - started, got
+
+
+def request(path: str, *extra: str, close: bool = False) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", *extra]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    raise AssertionError(f"no Content-Length in {head!r}")
+
+
+async def status_of(reader: asyncio.StreamReader) -> int:
+    line = await asyncio.wait_for(reader.readline(), 5)
+    return int(line.split()[1])
+
+
+def close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        writer.close()
+
+
+# -- the deadlines ----------------------------------------------------------------------------
+
+
+async def test_a_slow_partial_request_is_cut_at_the_header_deadline(served: Served) -> None:
+    reader, writer = await connect(served.port)
+    writer.write(b"GET " + served.path.encode() + b" HTTP/1.1\r\nHost: x\r\n")
+
+    async def trickle() -> None:
+        with contextlib.suppress(OSError):
+            while True:  # a byte every 50 ms: always sending, never done
+                await asyncio.sleep(0.05)
+                writer.write(b"X")
+
+    sender = asyncio.create_task(trickle())
+    try:
+        took, got = await closed_after(reader, DEADLINE + SLACK)
+    finally:
+        sender.cancel()
+        close(writer)
+    assert DEADLINE * 0.8 <= took <= DEADLINE + SLACK
+    assert got == b""  # no answer: the request never ended
+    assert served.listener.cuts.get("header") == 1
+
+
+async def test_a_connection_that_sends_nothing_is_cut_at_the_deadline(served: Served) -> None:
+    reader, writer = await connect(served.port)
+    took, _ = await closed_after(reader, DEADLINE + SLACK)
+    close(writer)
+    assert took <= DEADLINE + SLACK
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_the_short_keep_alive(
+    served: Served,
+) -> None:
+    reader, writer = await connect(served.port)
+    for _ in range(2):  # the connection is kept between requests...
+        writer.write(request(served.path))
+        assert await status_of(reader) in (200, 401)
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(content_length(head))
+    took, rest = await closed_after(reader, DEADLINE + SLACK)  # ...but not while idle
+    close(writer)
+    assert rest == b""
+    assert DEADLINE * 0.8 <= took <= DEADLINE + SLACK
+
+
+async def test_an_answer_left_unread_is_cut_at_the_write_deadline(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    big = b"x" * (64 * 1024 * 1024)
+
+    async def handler(_: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(body=big)
+
+    limits = Limits.from_settings(settings(tmp_path))
+    listener = await serve_handler(handler, "127.0.0.1", 0, limits, name="big")
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", listener.port))
+        sock.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.transport.pause_reading()  # never read the answer
+        writer.write(request("/"))
+        await asyncio.sleep(DEADLINE + SLACK)
+        assert listener.cuts.get("write") == 1
+        writer.transport.resume_reading()
+        with contextlib.suppress(ConnectionResetError):
+            got = await asyncio.wait_for(reader.read(), 30)
+            assert len(got) < len(big)  # cut: the answer never arrived whole
+        close(writer)
+    finally:
+        await listener.close()
+
+
+# -- the cap ---------------------------------------------------------------------------------
+
+
+async def test_connections_over_the_cap_are_answered_503_and_closed_at_once(
+    served: Served,
+) -> None:
+    held = [await connect(served.port) for _ in range(CAP)]
+    await asyncio.sleep(0.05)
+    assert served.listener.connections == CAP
+    for _ in range(3):
+        reader, writer = await connect(served.port)
+        took, got = await closed_after(reader, DEADLINE / 2)  # long before any deadline
+        close(writer)
+        assert got.startswith(b"HTTP/1.1 503 ")
+        assert took < DEADLINE / 2
+    assert served.listener.refused == 3
+    assert served.listener.connections == CAP
+    for reader, writer in held:  # they are still cut at their own deadline...
+        await closed_after(reader, DEADLINE + SLACK)
+        close(writer)
+    await asyncio.sleep(0.05)
+    assert served.listener.connections == 0
+    reader, writer = await connect(served.port)  # ...which frees their slots
+    writer.write(request(served.path, close=True))
+    assert await status_of(reader) in (200, 401)
+    close(writer)
+
+
+# -- bytes per connection ----------------------------------------------------------------------
+
+
+async def test_a_64_kib_header_is_refused(served: Served) -> None:
+    reader, writer = await connect(served.port)
+    writer.write(request(served.path, "X-Big: " + "a" * (64 * 1024)))
+    took, got = await closed_after(reader, SLACK)
+    close(writer)
+    assert got.split(b" ")[1] in (b"400", b"431"), got[:60]
+    assert took < SLACK
+
+
+async def test_60_kib_of_small_headers_is_refused_before_the_parser_holds_them(
+    served: Served,
+) -> None:
+    # Each field and their number within aiohttp's own bounds: only the head's total stops it.
+    reader, writer = await connect(served.port)
+    headers = [f"X-H{i}: {'b' * 1500}" for i in range(40)]
+    with contextlib.suppress(OSError):
+        writer.write(request(served.path, *headers))
+    _, got = await closed_after(reader, SLACK)
+    close(writer)
+    assert got.startswith(b"HTTP/1.1 431 "), got[:60]
+    assert served.listener.cuts == {"head-bytes": 1}
+
+
+async def test_a_request_body_is_refused_and_the_connection_closed(served: Served) -> None:
+    reader, writer = await connect(served.port)
+    writer.write(request(served.path, "Content-Length: 1000000")[:-2] + b"\r\n" + b"z" * 1000)
+    assert await status_of(reader) == 413
+    await closed_after(reader, SLACK)
+    close(writer)
+    assert served.listener.cuts.get("body") == 1
+
+
+# -- /metrics ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def metrics_on(tmp_path: Path) -> AsyncIterator[tuple[Metrics, int]]:
+    metrics = Metrics()
+    port = free_port()
+    s = settings(tmp_path, metrics_port=port)
+    listener = await serve_metrics(s, metrics.registry, Limits.from_settings(s))
+    assert listener is not None
+    yield metrics, port
+    await listener.close()
+
+
+async def test_metrics_serve_the_registrys_exposition_text(
+    metrics_on: tuple[Metrics, int],
+) -> None:
+    metrics, port = metrics_on
+    metrics.count_submission("auth")
+    metrics.leader.set(1)
+    reader, writer = await connect(port)
+    writer.write(request("/metrics", close=True))
+    _, raw = await closed_after(reader, 5)
+    close(writer)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"Content-Type: text/plain; version=" in head
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    submissions = families["slurmjob_operator_submissions"].samples
+    assert {s.labels["result"]: s.value for s in submissions if s.name.endswith("_total")}[
+        "auth"
+    ] == 1.0
+    assert families["slurmjob_operator_leader"].samples[0].value == 1.0
+    assert "python_gc_objects_collected" not in families  # the operator's registry only
+
+
+async def test_metrics_speak_openmetrics_when_asked_and_only_on_their_path(
+    metrics_on: tuple[Metrics, int],
+) -> None:
+    _, port = metrics_on
+    reader, writer = await connect(port)
+    writer.write(request("/metrics", "Accept: application/openmetrics-text; version=1.0.0"))
+    assert await status_of(reader) == 200
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert b"application/openmetrics-text" in head
+    close(writer)
+    reader, writer = await connect(port)
+    writer.write(request("/", close=True))
+    assert await status_of(reader) == 404
+    close(writer)
+
+
+async def test_a_scrape_flood_renders_the_registry_once_a_second(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    counted = Counter("renders", "renders", registry=registry)
+    gauge = Gauge("g", "g", registry=registry)
+    real_collect = registry.collect
+
+    def collect() -> Any:
+        counted.inc()
+        return real_collect()
+
+    registry.collect = collect  # type: ignore[method-assign]
+    s = settings(tmp_path, metrics_port=free_port(), listener_max_connections=64)
+    listener = await serve_metrics(s, registry, Limits.from_settings(s))
+    assert listener is not None
+    try:
+        gauge.set(7)
+        for _ in range(20):
+            reader, writer = await connect(listener.port)
+            writer.write(request("/metrics", close=True))
+            _, raw = await closed_after(reader, 5)
+            close(writer)
+            assert b"g 7.0" in raw
+        assert counted._value.get() <= 2  # type: ignore[attr-defined]
+    finally:
+        await listener.close()
+
+
+async def test_no_thread_serves_a_connection(metrics_on: tuple[Metrics, int]) -> None:
+    _, port = metrics_on
+    before = threading.active_count()
+    held = [await connect(port) for _ in range(CAP)]
+    for _, writer in held:
+        writer.write(b"GET /met")  # partial: each waits for the rest of its head
+    await asyncio.sleep(0.1)
+    assert threading.active_count() == before
+    for _, writer in held:
+        close(writer)
+
+
+async def test_closing_a_listener_cuts_its_connections(tmp_path: Path) -> None:
+    s = settings(tmp_path, metrics_port=free_port(), listener_header_timeout=60)
+    listener = await serve_metrics(s, Metrics().registry, Limits.from_settings(s))
+    assert listener is not None
+    reader, writer = await connect(listener.port)
+    await asyncio.sleep(0.05)
+    await listener.close()
+    took, _ = await closed_after(reader, SLACK)
+    close(writer)
+    assert took < SLACK
+    with pytest.raises(ConnectionRefusedError):
+        await connect(listener.port)
