@@ -59,7 +59,13 @@ from slurmjob_operator.core.decisions import (
     hold_transition,
     settled_refusal,
 )
-from slurmjob_operator.core.dependencies import Action, Kind, repoint, slurm_dependency
+from slurmjob_operator.core.dependencies import (
+    Action,
+    Kind,
+    repoint,
+    slurm_dependency,
+    waiting_interval,
+)
 from slurmjob_operator.core.following import (
     admission_conditions,
     dependency_failed,
@@ -217,7 +223,7 @@ class Submission:
         self.queues = queues
         self.identity = identity or JobIdentity(self.cluster, site, edge, metrics, slurm, slurm_as)
         # How soon a dependent that waits looks again, besides being woken by a change.
-        self._dependency_wait = max(5.0, min(60.0, settings.poll_interval * 5))
+        self._dependency_wait = waiting_interval(settings.poll_interval)
         # Kueue's admission is looked for this often while it waits, besides the Workload
         # watch (SLURMJOB_KUEUE) waking it on every change.
         self._admission_wait = max(1.0, min(10.0, settings.poll_interval))

@@ -1,0 +1,298 @@
+"""A tenant that writes its own status to claim another tenant's Slurm job gets nothing done
+to it, on the real stack: Slurm 26.05, kube-apiserver, Kueue, the tenants file with the test
+bed's Unix users (team-a 2101, team-b 2102, each its own `slurmUser`) and a clusters file
+naming a second cluster, `east`, on the same slurmrestd, which team-a may not use.
+
+team-b's job runs in Slurm (submitted as team-b, as its own operator would have). team-a then
+points three of its SlurmJobs at that job id, through the three paths that change a job
+without a fold first: a dependent whose upstream fails (the operator would cancel it), a Kueue
+eviction (`spec.suspend` deactivates the Workload; the operator would cancel the running job),
+and the attempt's `cluster` field naming `east` (the operator would act there as itself, team-a
+having no Slurm user there) followed by a deletion. Each gets `JobIdentityMismatch` or
+`JobChangeRefused`; team-b's job runs on; and the operator sends no mutating request at all
+(counted from its own metrics, whichever user it would have acted as).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.integration.helpers import ask_slurm, cpu_spec
+from tests.integration.sitefiles import site_env
+from tests.integration.test_operator_e2e import CRD, Operator, _operator
+from tests.integration.test_tenants_e2e import PROFILE, TEAM_A_UID, TEAM_B_UID, _require_users
+from tests.k8s.kube import KubeTestbed, keep_requested
+from tests.k8s.kueue import start_kueue, stop_kueue
+from tests.testbed.handles import cancel_own
+from tests.testbed.slurm import SlurmTestbed
+
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
+
+FIRST, EAST = "tb2605", "east"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def _requests(methods: str) -> re.Pattern[str]:
+    """The request counts of `/job/{job_id}` and `/jobs` by the methods matched."""
+    return re.compile(
+        r"^slurmjob_operator_slurmrestd_request_seconds_count\{[^}]*"
+        r'endpoint="/slurm/[^"]+/(?:job/\{job_id\}|jobs)"[^}]*'
+        rf'method="(?:{methods})"[^}}]*\}}'
+        r"\s+(\S+)$",
+        re.MULTILINE,
+    )
+
+
+CHANGING, READING = _requests("POST|DELETE"), _requests("GET")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _files(slurm: SlurmTestbed, tmp: Path, namespace: str) -> dict[str, str]:
+    env = site_env(slurm, PROFILE, tmp)
+    clusters = tmp / "clusters.yaml"
+    clusters.write_text(
+        json.dumps(
+            {
+                "clusters": [
+                    {"name": FIRST},
+                    {
+                        "name": EAST,
+                        "restUrl": env["SLURMJOB_SLURM_REST_URL"],
+                        "jwtKeyFile": env["SLURMJOB_SLURM_JWT_KEY_FILE"],
+                    },
+                ]
+            }
+        )
+    )
+    common = {"accounts": ["a"], "partitions": ["debug"], "mountSources": ["datasets/public"]}
+    tenants = tmp / "tenants.yaml"
+    tenants.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": [
+                    {"name": "team-a", "namespaces": [namespace], **common,
+                     "slurmUser": "team-a", "uid": TEAM_A_UID, "clusters": {FIRST: {}}},
+                    {"name": "team-b", "namespaces": [f"{namespace}-b"], **common,
+                     "slurmUser": "team-b", "uid": TEAM_B_UID},
+                ]
+            }
+        )
+    )  # fmt: skip
+    return {"SLURMJOB_CLUSTERS_FILE": str(clusters), "SLURMJOB_TENANTS_FILE": str(tenants)}
+
+
+@pytest.fixture(scope="module")
+def claims(
+    kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Operator, int, int]]:
+    _require_users(slurm_2605)
+    kube.apply(CRD)
+    kube.wait_established("slurmjobs.slurmjob.io")
+    start_kueue(kube)
+    tmp = tmp_path_factory.mktemp("claims")
+    port = _free_port()
+    tag = uuid.uuid4().hex[:6]
+    placeholder = _files(slurm_2605, tmp, "claims-placeholder")
+    env = {"SLURMJOB_KUEUE": "true", "SLURMJOB_METRICS_PORT": str(port), **placeholder}
+    for op in _operator(kube, slurm_2605, tmp, PROFILE, **env):
+        # The namespace is made by `_operator`: name it in the tenants file, then restart.
+        op.stop()
+        _files(slurm_2605, tmp, op.namespace)
+        op.start()
+        flavor, cq = f"sj-cpu-{tag}", f"sj-claims-{tag}"
+        kube.apply(
+            yaml.safe_dump_all(
+                [
+                    {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                     "metadata": {"name": flavor}},
+                    {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                     "metadata": {"name": cq},
+                     "spec": {"namespaceSelector": {"matchLabels": {
+                                  "kubernetes.io/metadata.name": op.namespace}},
+                              "resourceGroups": [{
+                                  "coveredResources": ["cpu", "memory"],
+                                  "flavors": [{"name": flavor, "resources": [
+                                      {"name": "cpu", "nominalQuota": 4},
+                                      {"name": "memory", "nominalQuota": "16Gi"}]}]}]}},
+                    {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                     "metadata": {"name": "team-a", "namespace": op.namespace},
+                     "spec": {"clusterQueue": cq}},
+                ]
+            )
+        )  # fmt: skip
+        victim = _victim(op)
+        try:
+            yield op, port, victim
+        finally:
+            _cancel_as(op, "team-b", victim)
+            kube.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+            kube.kubectl("delete", "resourceflavor", flavor, "--wait=false", check=False)
+            if not keep_requested():
+                stop_kueue()
+
+
+def _as(op: Operator, user: str) -> dict[str, str]:
+    """The settings of a client acting as Slurm user `user` (tokens minted for it)."""
+    return {**op.env, "SLURMJOB_SLURM_REST_USER": user}
+
+
+def _victim(op: Operator) -> int:
+    """team-b's running job, submitted as team-b with another resource's identity."""
+    request = LaunchRequest(
+        job_name=f"sj-{op.namespace}-b-victim-00000000-a1",
+        comment=f"slurmjob.io ns={op.namespace}-b name=victim uid=0000-victim attempt=1",
+        script="#!/bin/bash\nsleep 600\n",
+        working_directory="/tmp",
+        standard_output="/dev/null",
+        standard_error="/dev/null",
+        environment={"PATH": "/usr/bin:/bin"},
+        components=[JobComponent(pool="main", nodes=1, cpus_per_task=1, memory_mb=256)],
+        partition="debug",
+        time_limit_minutes=15,
+    )
+    receipt = ask_slurm(_as(op, "team-b"), lambda client: client.submit(request))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        [job] = op.slurm_job(receipt.job_id)
+        if job.base_state is BaseState.RUNNING:
+            assert job.user == "team-b"
+            return receipt.job_id
+        time.sleep(0.5)
+    raise AssertionError(f"team-b's job {receipt.job_id} did not start")
+
+
+def _cancel_as(op: Operator, user: str, job_id: int | None) -> None:
+    """Cancel a job as its own Slurm user (a refused cancel would stall this slurmctld)."""
+    if job_id is None:
+        return
+    [job] = op.slurm_job(job_id)
+    if not job.is_final and job.user == user:
+        ask_slurm(_as(op, user), lambda client: cancel_own(client, job_id))
+
+
+def _claim(op: Operator, name: str, job_id: int, **extra: Any) -> None:
+    """What team-a, with write access to its own slurmjobs/status, writes."""
+    obj = op.get(name)
+    assert obj is not None
+    attempts = obj["status"]["attempts"]
+    attempts[-1].update({"jobId": job_id, "sluid": None, **extra})
+    op.kube.kubectl(
+        "patch", "slurmjob", name, "-n", op.namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"attempts": attempts}}),
+    )  # fmt: skip
+
+
+def _job_id(obj: dict[str, Any]) -> int | None:
+    attempts = (obj.get("status") or {}).get("attempts") or []
+    return attempts[-1].get("jobId") if attempts else None
+
+
+def _reasons(op: Operator, name: str) -> list[str]:
+    return [e["reason"] for e in op.events(name)]
+
+
+def _requests_made(port: int) -> tuple[float, float]:
+    """(changing, reading) requests to the job endpoints, from the operator's metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    changing, reading = (sum(float(v) for v in p.findall(text)) for p in (CHANGING, READING))
+    return changing, reading
+
+
+def _running(op: Operator, job_id: int) -> SlurmJobView:
+    [job] = op.slurm_job(job_id)
+    assert job.base_state is BaseState.RUNNING, job
+    assert job.user == "team-b"
+    return job
+
+
+def test_claims_on_another_tenants_job_change_nothing(claims: tuple[Operator, int, int]) -> None:
+    op, port, victim = claims
+    own: list[int | None] = []
+    try:
+        # 1. A dependent whose upstream fails: its queued job would be cancelled.
+        op.apply("pre", cpu_spec(["bash", "-c", "sleep 20; exit 1"], PROFILE))
+        op.apply("post", cpu_spec(["true"], PROFILE, dependsOn=[{"name": "pre"}]))
+        post = op.wait_for("post", lambda o: _job_id(o) is not None, 90, "post's job id")
+        own.append(_job_id(post))
+        _claim(op, "post", victim)
+        op.wait_phase("pre", "Failed", within=90)
+        op.wait_for(
+            "post",
+            lambda o: "JobIdentityMismatch" in _reasons(op, "post"),
+            60,
+            "JobIdentityMismatch on post",
+        )
+        _running(op, victim)
+
+        # 2. A Kueue eviction of a running job (spec.suspend deactivates the Workload).
+        queued = cpu_spec(["sleep", "300"], PROFILE)
+        manifest = {
+            "apiVersion": "slurmjob.io/v1alpha1",
+            "kind": "SlurmJob",
+            "metadata": {"name": "kq", "namespace": op.namespace,
+                         "labels": {QUEUE_LABEL: "team-a"}},
+            "spec": queued,
+        }  # fmt: skip
+        op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+        kq = op.wait_phase("kq", "Running", within=90)
+        own.append(_job_id(kq))
+        _claim(op, "kq", victim)
+        op.kube.kubectl(
+            "patch", "slurmjob", "kq", "-n", op.namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"suspend": True}}),
+        )  # fmt: skip
+        op.wait_for(
+            "kq",
+            lambda o: any(a.get("retryAction") == "Evicted" for a in o["status"]["attempts"]),
+            90,
+            "the eviction recorded",
+        )
+        assert "JobIdentityMismatch" in _reasons(op, "kq")
+        _running(op, victim)
+
+        # 3. The attempt's cluster rewritten to one team-a may not use, then a deletion.
+        op.apply("cl", cpu_spec(["sleep", "300"], PROFILE))
+        cl = op.wait_phase("cl", "Running", within=90)
+        own.append(_job_id(cl))
+        _claim(op, "cl", victim, cluster=EAST)
+        op.kube.kubectl("delete", "slurmjob", "cl", "-n", op.namespace, "--wait=false", timeout=30)
+        deadline = time.monotonic() + 60
+        while op.get("cl") is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert op.get("cl") is None, "the finalizer is released with the refusal told"
+        refused = [e for e in op.events("cl") if e["reason"] == "JobChangeRefused"]
+        assert refused, _reasons(op, "cl")
+        assert f"may not use cluster {EAST}" in refused[0]["message"]
+        _running(op, victim)
+
+        # Nothing that changes a job was sent, as any user.
+        changing, reading = _requests_made(port)
+        assert reading > 0, "the metrics are read as the operator counts them"
+        assert changing == 0
+    finally:
+        for job_id in own:
+            _cancel_as(op, "team-a", job_id)
+        for name in ("pre", "post", "kq", "cl"):
+            op.kube.kubectl(
+                "delete", "slurmjob", name, "-n", op.namespace, "--wait=false", check=False
+            )
