@@ -16,11 +16,9 @@ from collections.abc import Callable, Collection
 from typing import Protocol
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import client_as, connect
-from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
 from slurmjob_operator.slurm.http import HttpTransport
 
 log = logging.getLogger(__name__)
@@ -87,14 +85,3 @@ class SlurmLink:
             )
             self._as_user[user] = client
         return client
-
-
-async def cancel_quietly(client: SlurmClient, job: VerifiedJob) -> None:
-    """Cancel a job the operator does not wait for (a duplicate, a refused record): gone
-    already is fine, and a failure is only logged."""
-    try:
-        await client.cancel(job)
-    except SlurmNotFound:
-        pass
-    except SlurmError:
-        log.exception("cannot cancel Slurm job %s", job.job_id)

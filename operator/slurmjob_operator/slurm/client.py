@@ -20,16 +20,12 @@ component or a run would misstate the job, and an empty answer would read as "go
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
-from urllib.parse import quote
-
-from pydantic import BaseModel, ConfigDict
 
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, valid_job_id
 from slurmjob_operator.core.launch import LaunchRequest
-from slurmjob_operator.core.verified import NotVerified, VerifiedJob, vouch
+from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider, decode_claims
 from slurmjob_operator.slurm.dialects import (
     BulkCancelResult,
@@ -50,9 +46,15 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
-from slurmjob_operator.slurm.exchange import Answer, OnRequest, Requester
+from slurmjob_operator.slurm.exchange import OnRequest, Requester
 from slurmjob_operator.slurm.http import HttpTransport
-from slurmjob_operator.slurm.joblists import live_per_component, merge_named, query_known, usable
+from slurmjob_operator.slurm.joblists import (
+    JobListResult,
+    live_per_component,
+    merge_named,
+    query_known,
+    usable,
+)
 from slurmjob_operator.slurm.nodes import (
     ConfFacts,
     NodeInfo,
@@ -63,21 +65,10 @@ from slurmjob_operator.slurm.nodes import (
     parse_nodes,
     parse_partitions,
 )
-from slurmjob_operator.slurm.routes import MUTATING, ROUTES
+from slurmjob_operator.slurm.routes import Routes
 
 DEFAULT_LOOKBACK = timedelta(days=7)
 _NO_CHANGE_TEXT = "no job changes"
-
-
-class JobListResult(BaseModel):
-    """`GET /jobs`. When `not_modified` is True `jobs` is empty and means nothing: the
-    controller had no change since `update_time` (v0.0.38: HTTP 304; v0.0.40+: a warning)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    jobs: tuple[SlurmJobView, ...] = ()
-    not_modified: bool = False
-    warnings: tuple[SlurmMessage, ...] = ()
 
 
 def _checked_ping(result: PingResult, status: int, template: str) -> PingResult:
@@ -124,6 +115,7 @@ class SlurmClient:
         self._accounting = accounting if self._dialect.supports_accounting else False
         self._user = user
         self._token = token
+        self._routes = Routes(self._rest, self._dialect.version, lambda: self.user)
 
     @property
     def version(self) -> str:
@@ -155,57 +147,12 @@ class SlurmClient:
         """Whether `/slurmdb/` paths are served, as far as known (None: not asked yet)."""
         return self._accounting
 
-    # -- the request table ----------------------------------------------------------------
-
-    def _template(self, operation: str) -> str:
-        return ROUTES[operation].template(self.version)
-
-    def _vouch(self, operation: str, changes: Sequence[VerifiedJob]) -> None:
-        """A mutating operation changes only live handles owned by the user this client acts
-        as (checked before anything of them is read, and again as the request goes out)."""
-        if operation not in MUTATING:
-            return
-        if not changes:
-            raise NotVerified(f"{operation}: no verified job given")
-        acting = self.user
-        for job in changes:
-            vouch(job, acting)
-
-    async def _send(
-        self,
-        operation: str,
-        *,
-        ref: str | None = None,
-        changes: Sequence[VerifiedJob] = (),
-        params: Sequence[tuple[str, str]] | None = None,
-        body: Mapping[str, Any] | None = None,
-        submit: bool = False,
-        allow_304: bool = False,
-        allow_empty: bool = False,
-    ) -> Answer:
-        """One request of the table. A mutating operation is sent only with a live handle
-        for each job it changes, every one owned by the user this client acts as."""
-        self._vouch(operation, changes)
-        route = ROUTES[operation]
-        template = route.template(self.version)
-        path = template if ref is None else template.replace("{job_id}", quote(ref, safe=""))
-        return await self._rest.call(
-            route.method,
-            template,
-            path,
-            params=params,
-            body=body,
-            submit=submit,
-            allow_304=allow_304,
-            allow_empty=allow_empty,
-        )
-
     # -- operations -----------------------------------------------------------------------
 
     async def ping(self) -> PingResult:
         """Check that a controller answers with this token; raises when none does."""
-        template = self._template("ping")
-        answer = await self._send("ping")
+        template = self._routes.template("ping")
+        answer = await self._routes.send("ping")
         result = answer.parse(self._dialect.parse_ping, template)
         return _checked_ping(result, answer.status, template)
 
@@ -215,10 +162,10 @@ class SlurmClient:
         HTTP 200 with `errors[]` raises `SlurmRejected` whose `job_id` (when Slurm created a
         record anyway) should be cancelled by the caller.
         """
-        template = self._template("submit")
+        template = self._routes.template("submit")
         body = self._dialect.submit_body(req)
         try:
-            answer = await self._send("submit", body=body, submit=True)
+            answer = await self._routes.send("submit", body=body, submit=True)
         except SlurmAuthError as exc:
             if ZERO_BYTES not in exc.error_numbers:
                 raise
@@ -256,8 +203,8 @@ class SlurmClient:
         `ref` is a job id, "123+1", "123_4", or (v0.0.45 only) a SLUID "s…".
         """
         path_ref = self._dialect.job_ref_path(ref)
-        template = self._template("get_job")
-        answer = await self._send("get_job", ref=path_ref)
+        template = self._routes.template("get_job")
+        answer = await self._routes.send("get_job", ref=path_ref)
         jobs = answer.parse(lambda p: self._dialect.parse_jobs(p).complete(), template)
         if not jobs:
             raise SlurmNotFound(
@@ -267,9 +214,9 @@ class SlurmClient:
 
     async def list_jobs(self, update_time: datetime | None = None) -> JobListResult:
         """All jobs the controller holds, or "not modified" since `update_time`."""
-        template = self._template("list_jobs")
+        template = self._routes.template("list_jobs")
         params = [("update_time", str(int(update_time.timestamp())))] if update_time else None
-        answer = await self._send("list_jobs", params=params, allow_304=True)
+        answer = await self._routes.send("list_jobs", params=params, allow_304=True)
         if answer.status == 304:
             return JobListResult(not_modified=True)
         warnings = answer.envelope.warnings
@@ -304,9 +251,9 @@ class SlurmClient:
         return live_per_component(entries)
 
     async def _jobs_state_query(self, ids: Sequence[int] | None) -> list[JobStateEntry]:
-        template = self._template("jobs_state")
+        template = self._routes.template("jobs_state")
         params = [("job_id", str(i)) for i in ids] if ids is not None else None
-        answer = await self._send("jobs_state", params=params)
+        answer = await self._routes.send("jobs_state", params=params)
         return usable(answer.parse(self._dialect.parse_jobs_state, template), template)
 
     async def find_by_name(
@@ -335,9 +282,9 @@ class SlurmClient:
     async def _accounting_jobs(self, params: Sequence[tuple[str, str]]) -> list[SlurmJobView]:
         if self._accounting is False:
             return []
-        template = self._template("accounting_jobs")
+        template = self._routes.template("accounting_jobs")
         try:
-            answer = await self._send("accounting_jobs", params=params)
+            answer = await self._routes.send("accounting_jobs", params=params)
         except SlurmUnsupported:
             self._accounting = False
             return []
@@ -349,9 +296,9 @@ class SlurmClient:
         if self._accounting is False:
             raise SlurmUnsupported(f"accounting is not available through {self.version}")
         path_ref = self._dialect.job_ref_path(ref)
-        template = self._template("get_job_accounting")
+        template = self._routes.template("get_job_accounting")
         try:
-            answer = await self._send("get_job_accounting", ref=path_ref)
+            answer = await self._routes.send("get_job_accounting", ref=path_ref)
         except SlurmUnsupported:
             self._accounting = False
             raise
@@ -368,10 +315,10 @@ class SlurmClient:
         Returns the warnings; per-job refusals arrive as errors (raised) or, on v0.0.40+,
         as warnings in an HTTP 200, which are returned for the caller to show.
         """
-        self._vouch("hold", (job,))
+        self._routes.vouch("hold", (job,))
         warnings: list[SlurmMessage] = []
         for component in job.components:
-            answer = await self._send(
+            answer = await self._routes.send(
                 "hold",
                 ref=self._dialect.job_ref_path(component),
                 changes=(job,),
@@ -383,8 +330,8 @@ class SlurmClient:
     async def set_dependency(self, job: VerifiedJob, dependency: str) -> tuple[SlurmMessage, ...]:
         """Replace a pending job's dependency (`POST /job/{id}` with `{"dependency": ...}`;
         an empty string clears it). Returns the warnings, as `hold` does."""
-        self._vouch("set_dependency", (job,))
-        answer = await self._send(
+        self._routes.vouch("set_dependency", (job,))
+        answer = await self._routes.send(
             "set_dependency",
             ref=self._dialect.job_ref_path(job.job_id),
             changes=(job,),
@@ -396,11 +343,11 @@ class SlurmClient:
         """Cancel (or signal) a job by its id, read and verified in this step. A job that
         already ended is a success (`already_done` where the version says so); an unknown job
         raises SlurmNotFound."""
-        self._vouch("cancel", (job,))
+        self._routes.vouch("cancel", (job,))
         path_ref = self._dialect.job_ref_path(job.job_id)
-        template = self._template("cancel")
+        template = self._routes.template("cancel")
         params = [("signal", signal)] if signal else None
-        answer = await self._send(
+        answer = await self._routes.send(
             "cancel", ref=path_ref, changes=(job,), params=params, allow_empty=True
         )
         try:
@@ -421,10 +368,10 @@ class SlurmClient:
         (or this v0.0.40's release) has no bulk cancel: cancel one by one then."""
         if not self._dialect.supports_bulk_cancel:
             raise SlurmUnsupported(f"bulk cancel is not served by {self.version}")
-        self._vouch("cancel_many", jobs)
+        self._routes.vouch("cancel_many", jobs)
         sent = [self.bulk_ref(job) for job in jobs]
-        template = self._template("cancel_many")
-        answer = await self._send(
+        template = self._routes.template("cancel_many")
+        answer = await self._routes.send(
             "cancel_many", changes=jobs, body=self._dialect.kill_jobs_body(sent)
         )
         return answer.parse(lambda p: self._dialect.parse_kill_jobs(p, sent), template, "DELETE")
@@ -432,8 +379,8 @@ class SlurmClient:
     async def dbd_queue(self) -> int | None:
         """Job records slurmctld has yet to send to slurmdbd (`GET /diag`); None when the
         answer does not say."""
-        template = self._template("diag")
-        answer = await self._send("diag")
+        template = self._routes.template("diag")
+        answer = await self._routes.send("diag")
         return answer.parse(parse_dbd_queue, template)
 
     async def list_partitions(self) -> list[str]:
@@ -443,9 +390,9 @@ class SlurmClient:
     async def partitions(self) -> list[PartitionInfo]:
         """Every partition with its state and limits, hidden ones included (`flags=ALL`,
         v0.0.40+; v0.0.38 shows those the operator's user may see)."""
-        template = self._template("partitions")
+        template = self._routes.template("partitions")
         params = None if self.version == "v0.0.38" else [("flags", "ALL")]
-        answer = await self._send("partitions", params=params)
+        answer = await self._routes.send("partitions", params=params)
         return answer.parse(parse_partitions, template)
 
     async def conf(self) -> ConfFacts | None:
@@ -453,24 +400,24 @@ class SlurmClient:
         served from v0.0.45); None where this version does not serve it."""
         if self.version != "v0.0.45":
             return None
-        template = self._template("conf")
-        answer = await self._send("conf")
+        template = self._routes.template("conf")
+        answer = await self._routes.send("conf")
         return answer.parse(parse_conf, template)
 
     async def account_names(self) -> frozenset[str]:
         """The accounts slurmdbd knows (lower-cased); needs accounting."""
-        template = self._template("accounts")
-        answer = await self._send("accounts")
+        template = self._routes.template("accounts")
+        answer = await self._routes.send("accounts")
         return answer.parse(parse_names("accounts"), template)
 
     async def qos_names(self) -> frozenset[str]:
         """The QOS slurmdbd knows (lower-cased); needs accounting."""
-        template = self._template("qos")
-        answer = await self._send("qos")
+        template = self._routes.template("qos")
+        answer = await self._routes.send("qos")
         return answer.parse(parse_names("qos"), template)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node with its features and state (for site checks, not for polling)."""
-        template = self._template("nodes")
-        answer = await self._send("nodes")
+        template = self._routes.template("nodes")
+        answer = await self._routes.send("nodes")
         return answer.parse(parse_nodes, template)

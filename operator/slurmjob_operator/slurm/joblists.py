@@ -9,9 +9,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from pydantic import BaseModel, ConfigDict
+
 from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView
 from slurmjob_operator.slurm.dialects import Records
-from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.slurm.errors import SlurmMessage, SlurmNotFound
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -83,3 +85,14 @@ def merge_named(
         if previous is None or (job.submit_time or oldest) >= (previous.submit_time or oldest):
             merged[job.job_id] = job
     return [merged[k] for k in sorted(merged)]
+
+
+class JobListResult(BaseModel):
+    """`GET /jobs`. When `not_modified` is True `jobs` is empty and means nothing: the
+    controller had no change since `update_time` (v0.0.38: HTTP 304; v0.0.40+: a warning)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    jobs: tuple[SlurmJobView, ...] = ()
+    not_modified: bool = False
+    warnings: tuple[SlurmMessage, ...] = ()

@@ -8,9 +8,14 @@ table later is guarded the moment it is added.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
+from urllib.parse import quote
+
+from slurmjob_operator.core.verified import NotVerified, VerifiedJob, vouch
+from slurmjob_operator.slurm.exchange import Answer, Requester
 
 
 @dataclass(frozen=True)
@@ -54,3 +59,55 @@ MUTATING: frozenset[str] = frozenset(
     for name, route in ROUTES.items()
     if route.method in ("POST", "DELETE") and name != "submit"
 )
+
+
+class Routes:
+    """The table's requests for one client: its version, and the user it acts as (asked per
+    request: a token file may name another user once rotated)."""
+
+    def __init__(self, rest: Requester, version: str, acting: Callable[[], str | None]) -> None:
+        self._rest = rest
+        self._version = version
+        self._acting = acting
+
+    def template(self, operation: str) -> str:
+        return ROUTES[operation].template(self._version)
+
+    def vouch(self, operation: str, changes: Sequence[VerifiedJob]) -> None:
+        """A mutating operation changes only live handles owned by the user the client acts
+        as (checked before anything of them is read, and again as the request goes out)."""
+        if operation not in MUTATING:
+            return
+        if not changes:
+            raise NotVerified(f"{operation}: no verified job given")
+        acting = self._acting()
+        for job in changes:
+            vouch(job, acting)
+
+    async def send(
+        self,
+        operation: str,
+        *,
+        ref: str | None = None,
+        changes: Sequence[VerifiedJob] = (),
+        params: Sequence[tuple[str, str]] | None = None,
+        body: Mapping[str, Any] | None = None,
+        submit: bool = False,
+        allow_304: bool = False,
+        allow_empty: bool = False,
+    ) -> Answer:
+        """One request of the table; `ref` fills `{job_id}`."""
+        self.vouch(operation, changes)
+        route = ROUTES[operation]
+        template = route.template(self._version)
+        path = template if ref is None else template.replace("{job_id}", quote(ref, safe=""))
+        return await self._rest.call(
+            route.method,
+            template,
+            path,
+            params=params,
+            body=body,
+            submit=submit,
+            allow_304=allow_304,
+            allow_empty=allow_empty,
+        )
