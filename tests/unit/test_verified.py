@@ -16,7 +16,7 @@ import pytest
 
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.core import verified
-from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView
 from slurmjob_operator.core.verified import NotVerified, Unverified, VerifiedJob, Why, vouch
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.http import HttpTransport
@@ -83,6 +83,8 @@ def test_every_heterogeneous_component_is_covered_the_leaders_last(step: verifie
         ([view(user=None)], Why.OWNER),  # a user Slurm does not show is no owner
         ([view(), view(101, het_job_id=100, het_job_offset=1, user="team-b")], Why.OWNER),
         ([], Why.NOTHING),
+        ([view(source=JobSource.ACCOUNTING, comment=None)], Why.NOTHING),
+        ([view(), view(101, source=JobSource.ACCOUNTING)], Why.NOTHING),
     ],
 )
 def test_anything_else_makes_no_handle(

@@ -8,7 +8,8 @@ update, a signal: every mutating call of `slurm.client`) takes an id: it takes a
 
 * every view read is the job's (its name and the comment carrying the resource's uid and
   attempt, `decisions.belongs`; or the exact name and comment of an operator-made probe),
-  and they are one job (one leader, one array);
+  they are one job (one leader, one array), and each is slurmctld's own (an accounting
+  record may lack the comment and the user, and its job has left the controller);
 * the job's Slurm user is one the resource may own (`owners`: the tenant's `slurmUser` on
   this cluster, or the operator's own user); a job whose user Slurm does not show is not
   verified;
@@ -32,7 +33,7 @@ from enum import StrEnum
 
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.core.decisions import belongs
-from slurmjob_operator.core.jobview import SlurmJobView, by_leader, job_of, leader
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, job_of, leader
 
 
 class NotVerified(RuntimeError):
@@ -134,6 +135,11 @@ def _owned(
     cluster: str,
 ) -> VerifiedJob | Unverified:
     if not views:
+        return Unverified(Why.NOTHING)
+    if any(view.source is not JobSource.CONTROLLER for view in views):
+        # Only slurmctld's own view shows a live job's comment and user; an accounting
+        # record (which may have neither) is of a job that has left the controller, and
+        # nothing is left to change there.
         return Unverified(Why.NOTHING)
     for view in views:
         if not matches(view):
