@@ -278,6 +278,50 @@ class Settings(BaseSettings):
         max_length=253,
         description="Address the log endpoint listens on.",
     )
+    # The log API's serving certificate (servingcert.py): files, or the operator's own Secret.
+    logs_tls_cert_file: Path | None = Field(
+        default=None,
+        description=(
+            "PEM certificate (chain) the log API serves, e.g. a mounted cert-manager or admin "
+            "Secret; re-read when it changes. Set with SLURMJOB_LOGS_TLS_KEY_FILE."
+        ),
+    )
+    logs_tls_key_file: Path | None = Field(
+        default=None, description="PEM private key of SLURMJOB_LOGS_TLS_CERT_FILE."
+    )
+    logs_cert_secret: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description=(
+            "Secret of the operator's namespace holding its own CA and serving certificate "
+            "(both replicas read it; the leader creates it when missing and renews it before "
+            "expiry). Not with the files."
+        ),
+    )
+    logs_apiservice: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description=(
+            "APIService whose spec.caBundle the leader keeps equal to that Secret's CA bundle "
+            "(e.g. v1alpha1.logs.slurmjob.io). Unset: none is patched."
+        ),
+    )
+    logs_service: str = Field(
+        default="slurmjob-operator-logs",
+        pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description=(
+            "Service in front of the log API: the operator's own certificate is made for "
+            "<service>.<namespace>.svc (and .svc.cluster.local)."
+        ),
+    )
+    pod_namespace: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description=(
+            "The operator's own namespace (its certificate Secret and Service). Unset: the "
+            "pod's namespace in a cluster, `default` outside one."
+        ),
+    )
     listener_header_timeout: float = Field(
         default=5.0,
         gt=0,
@@ -371,6 +415,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 "SLURMJOB_LEASE_RETRY_PERIOD < SLURMJOB_LEASE_RENEW_DEADLINE < "
                 "SLURMJOB_LEASE_DURATION is required"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _logs_certificate(self) -> Settings:
+        if (self.logs_tls_cert_file is None) != (self.logs_tls_key_file is None):
+            raise ValueError(
+                "SLURMJOB_LOGS_TLS_CERT_FILE and SLURMJOB_LOGS_TLS_KEY_FILE go together"
+            )
+        if self.logs_tls_cert_file is not None and self.logs_cert_secret:
+            raise ValueError(
+                "SLURMJOB_LOGS_CERT_SECRET is not read with SLURMJOB_LOGS_TLS_CERT_FILE: set one"
             )
         return self
 

@@ -336,6 +336,85 @@ class KubeApi:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise SecretError(f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from exc
 
+    # -- the log API's own serving certificate (certkeeper.py, servingcert.py) ---------------
+
+    async def get_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
+        """A Secret's data, decoded, and its resourceVersion; None when there is none."""
+        try:
+            secret = await self._core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = {str(k): base64.b64decode(v or "") for k, v in (secret.data or {}).items()}
+        return data, str(secret.metadata.resource_version or "")
+
+    async def write_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, bytes],
+        *,
+        type_: str,
+        labels: Mapping[str, str],
+        resource_version: str | None,
+    ) -> bool:
+        """Create the Secret (`resource_version` None) or replace the version read; False when
+        another writer came first (or it is gone)."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata,
+            "type": type_,
+            "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
+        }
+        try:
+            if resource_version is None:
+                await self._core.create_namespaced_secret(namespace, body)
+            else:
+                await self._core.replace_namespaced_secret(name, namespace, body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def apiservice_ca_bundle(self, name: str) -> bytes | None:
+        """APIService `name`'s spec.caBundle (b"" when unset); None when there is no such
+        APIService."""
+        try:
+            obj = await self._custom.get_cluster_custom_object(
+                "apiregistration.k8s.io", "v1", "apiservices", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        bundle = spec.get("caBundle") if isinstance(spec, dict) else None
+        return base64.b64decode(bundle) if isinstance(bundle, str) else b""
+
+    async def set_apiservice_ca_bundle(self, name: str, bundle: bytes) -> bool:
+        """Merge-patch APIService `name`'s spec.caBundle; False when there is none."""
+        body = {"spec": {"caBundle": base64.b64encode(bundle).decode("ascii")}}
+        try:
+            await self._custom.patch_cluster_custom_object(
+                "apiregistration.k8s.io",
+                "v1",
+                "apiservices",
+                name,
+                body,
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the SlurmJob (`kubectl describe` shows it)."""
         now = datetime.now(tz=UTC)

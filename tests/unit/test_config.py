@@ -66,6 +66,15 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_METRICS_PORT", "65535", "metrics_port", 65535),
     ("SLURMJOB_LOGS_PORT", "8081", "logs_port", 8081),
     ("SLURMJOB_LOGS_ADDRESS", "192.0.2.7", "logs_address", "192.0.2.7"),
+    ("SLURMJOB_LOGS_CERT_SECRET", "sj-logs-cert", "logs_cert_secret", "sj-logs-cert"),
+    (
+        "SLURMJOB_LOGS_APISERVICE",
+        "v1alpha1.logs.slurmjob.io",
+        "logs_apiservice",
+        "v1alpha1.logs.slurmjob.io",
+    ),
+    ("SLURMJOB_LOGS_SERVICE", "sj-logs", "logs_service", "sj-logs"),
+    ("SLURMJOB_POD_NAMESPACE", "slurmjob-system", "pod_namespace", "slurmjob-system"),
     ("SLURMJOB_METRICS_ADDRESS", "127.0.0.1", "metrics_address", "127.0.0.1"),
     ("SLURMJOB_LISTENER_HEADER_TIMEOUT", "0.5", "listener_header_timeout", 0.5),
     ("SLURMJOB_LISTENER_KEEPALIVE", "2", "listener_keepalive", 2.0),
@@ -82,8 +91,19 @@ def test_a_variable_sets_its_field(name: str, raw: str, field: str, expected: An
     assert Settings.env_name(field) == name
 
 
+def test_the_serving_certificate_files_go_together() -> None:
+    settings = Settings.from_env(
+        {"SLURMJOB_LOGS_TLS_CERT_FILE": "/tls/tls.crt", "SLURMJOB_LOGS_TLS_KEY_FILE": "/tls/k"}
+    )
+    assert (settings.logs_tls_cert_file, settings.logs_tls_key_file) == (
+        Path("/tls/tls.crt"),
+        Path("/tls/k"),
+    )
+
+
 def test_the_value_table_covers_every_setting() -> None:
     names = {name for name, *_ in VALUES} | {"SLURMJOB_SLURM_TLS_VERIFY"}
+    names |= {"SLURMJOB_LOGS_TLS_CERT_FILE", "SLURMJOB_LOGS_TLS_KEY_FILE"}  # together, above
     assert names == {Settings.env_name(f) for f in Settings.model_fields}
 
 
@@ -176,6 +196,25 @@ ERRORS: list[tuple[dict[str, str], str]] = [
     ({"SLURMJOB_METRICS_PORT": "http"}, "SLURMJOB_METRICS_PORT: Input should be a valid integer"),
     ({"SLURMJOB_LOGS_PORT": "65536"}, "SLURMJOB_LOGS_PORT: Input should be less than"),
     ({"SLURMJOB_LOGS_ADDRESS": "a" * 254}, "SLURMJOB_LOGS_ADDRESS: String should have at most"),
+    (
+        {"SLURMJOB_LOGS_TLS_CERT_FILE": "/tls/tls.crt"},
+        "Value error, SLURMJOB_LOGS_TLS_CERT_FILE and SLURMJOB_LOGS_TLS_KEY_FILE go together",
+    ),
+    (
+        {"SLURMJOB_LOGS_TLS_KEY_FILE": "/tls/tls.key"},
+        "Value error, SLURMJOB_LOGS_TLS_CERT_FILE and SLURMJOB_LOGS_TLS_KEY_FILE go together",
+    ),
+    (
+        {
+            "SLURMJOB_LOGS_TLS_CERT_FILE": "/c",
+            "SLURMJOB_LOGS_TLS_KEY_FILE": "/k",
+            "SLURMJOB_LOGS_CERT_SECRET": "s",
+        },
+        "Value error, SLURMJOB_LOGS_CERT_SECRET is not read with SLURMJOB_LOGS_TLS_CERT_FILE",
+    ),
+    ({"SLURMJOB_LOGS_CERT_SECRET": "Bad_Name"}, "SLURMJOB_LOGS_CERT_SECRET: String should match"),
+    ({"SLURMJOB_LOGS_SERVICE": "a.b"}, "SLURMJOB_LOGS_SERVICE: String should match pattern"),
+    ({"SLURMJOB_POD_NAMESPACE": "a" * 64}, "SLURMJOB_POD_NAMESPACE: String should match"),
     ({"SLURMJOB_STAGING_OWNER": "1000"}, "SLURMJOB_STAGING_OWNER: String should match pattern"),
     ({"SLURMJOB_STAGING_OWNER": "slurm:slurm"}, "SLURMJOB_STAGING_OWNER: String should match"),
     (

@@ -11,6 +11,7 @@ import aiohttp
 import kopf
 
 from slurmjob_operator import GROUP
+from slurmjob_operator.certkeeper import cert_keeper_from_settings
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
 from slurmjob_operator.controller.fairness import FairLimiter
@@ -86,6 +87,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             await kube.close()
             raise
     memo.controller = fleet
+    # Only the leader runs this handler: it keeps the log API's own serving certificate.
+    keeper = cert_keeper_from_settings(config, kube)
+    if keeper is not None:
+        memo.cert_keeper = asyncio.create_task(keeper.run(), name="slurmjob-serving-cert")
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
@@ -105,10 +110,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for poller in memo.get("pollers") or []:
-        poller.cancel()
+    for task in [*(memo.get("pollers") or []), memo.get("cert_keeper")]:
+        if task is None:
+            continue
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await poller
+            await task
     for name in ("logs_listener", "metrics_listener"):
         listener: Listener | None = memo.get(name)
         if listener is not None:
