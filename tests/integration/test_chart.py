@@ -6,6 +6,7 @@ proving what that ServiceAccount can and cannot do."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import socket
@@ -38,17 +39,23 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CI_NAMESPACE = "slurmjob-chart-ci"  # release namespace of the dry-run installs
 CI_WATCHED = ("slurmjob-ci-a", "slurmjob-ci-b")  # ci/namespaced-values.yaml's watchNamespaces
 
-# The Prometheus Operator's kinds, reduced to what lets the API server accept the objects.
-MONITORING_CRDS = [("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule")]
+# The Prometheus Operator's and cert-manager's kinds, reduced to what lets the API server
+# accept the objects.
+MONITORING_CRDS = [
+    ("monitoring.coreos.com", "servicemonitors", "ServiceMonitor"),
+    ("monitoring.coreos.com", "prometheusrules", "PrometheusRule"),
+    ("cert-manager.io", "issuers", "Issuer"),
+    ("cert-manager.io", "certificates", "Certificate"),
+]
 
 
-def _monitoring_crd(plural: str, kind: str) -> dict[str, Any]:
+def _monitoring_crd(group: str, plural: str, kind: str) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": "monitoring.coreos.com",
+            "group": group,
             "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural},
             "scope": "Namespaced",
             "versions": [
@@ -239,17 +246,22 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
         "runtime-registry.yaml",
         "gpu-series.yaml",
     ]
-    # Cluster-wide RBAC, the reviews of the log endpoint, the Lease's Role and the log
-    # Service's proxy Role; the metrics and log Services, no monitoring objects.
+    # Cluster-wide RBAC, the log API's (its reviews, its own APIService's caBundle, the front
+    # proxy's ConfigMap, its certificate's Secret, the users' role), the Lease's Role; the
+    # metrics and log Services, no monitoring objects.
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if "Role" in d["kind"]) == [
         ("ClusterRole", "ci-slurmjob-operator"),
+        ("ClusterRole", "ci-slurmjob-operator-apiservice"),
+        ("ClusterRole", "ci-slurmjob-operator-logs-reader"),
         ("ClusterRole", "ci-slurmjob-operator-reviews"),
         ("ClusterRoleBinding", "ci-slurmjob-operator"),
+        ("ClusterRoleBinding", "ci-slurmjob-operator-apiservice"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
         ("Role", "ci-slurmjob-operator-leader-election"),
-        ("Role", "ci-slurmjob-operator-logs-proxy"),
+        ("Role", "ci-slurmjob-operator-serving-cert"),
+        ("RoleBinding", "ci-slurmjob-operator-auth-reader"),
         ("RoleBinding", "ci-slurmjob-operator-leader-election"),
-        ("RoleBinding", "ci-slurmjob-operator-logs-proxy"),
+        ("RoleBinding", "ci-slurmjob-operator-serving-cert"),
     ]
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
     # The Lease and nothing else: no right on any pod (a leaked token could swap an image).
@@ -266,64 +278,69 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
     assert svc["spec"]["ports"][0]["port"] == 9090
     assert not of_kind(docs, "ServiceMonitor")
     assert not of_kind(docs, "PrometheusRule")
-    # The log endpoint: its port on every replica, a Service of the name the plugin looks
-    # for, the reviews it makes, and the proxy right to that one port for every user.
+    # The log API: its port on every replica, behind the APIService's Service, TLS from the
+    # operator's own certificate (the Secret and the APIService it keeps); the RBAC is in
+    # test_the_log_apis_rbac_is_least_privilege.
     assert env["SLURMJOB_LOGS_PORT"] == "8081"
     assert {"name": "logs", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
-    logs = named(docs, "Service", "slurmjob-operator-logs")
+    logs = named(docs, "Service", "-logs")
+    assert logs["metadata"]["name"] == "ci-slurmjob-operator-logs"
     assert logs["metadata"]["namespace"] == CI_NAMESPACE
     assert logs["spec"]["ports"] == [
-        {"name": "logs", "port": 8081, "targetPort": "logs", "protocol": "TCP"}
+        {"name": "https", "port": 443, "targetPort": "logs", "protocol": "TCP"}
     ]
     assert logs["spec"]["selector"] == deployment(docs)["spec"]["selector"]["matchLabels"]
-    reviews = named(docs, "ClusterRole", "-reviews")
-    assert reviews["rules"] == [
-        {
-            "apiGroups": ["authentication.k8s.io"],
-            "resources": ["tokenreviews"],
-            "verbs": ["create"],
-        },
-        {
-            "apiGroups": ["authorization.k8s.io"],
-            "resources": ["subjectaccessreviews"],
-            "verbs": ["create"],
-        },
-    ]
-    proxy = named(docs, "Role", "-logs-proxy")
-    assert proxy["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["services/proxy"],
-            "resourceNames": ["slurmjob-operator-logs:logs", "http:slurmjob-operator-logs:logs"],
-            "verbs": ["get"],
-        }
-    ]
-    assert named(docs, "RoleBinding", "-logs-proxy")["subjects"] == [
-        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}
-    ]
+    (api,) = of_kind(docs, "APIService")
+    assert api["metadata"]["name"] == "v1alpha1.logs.slurmjob.io"
+    assert api["spec"] == {
+        "group": "logs.slurmjob.io",
+        "version": "v1alpha1",
+        "service": {"name": "ci-slurmjob-operator-logs", "namespace": CI_NAMESPACE, "port": 443},
+        "groupPriorityMinimum": 1000,
+        "versionPriority": 100,
+        "insecureSkipTLSVerify": False,
+    }  # no caBundle: the operator's leader patches it, and an upgrade must not take it away
+    assert env["SLURMJOB_LOGS_CERT_SECRET"] == "ci-slurmjob-operator-logs-serving-cert"
+    assert env["SLURMJOB_LOGS_APISERVICE"] == "v1alpha1.logs.slurmjob.io"
+    assert env["SLURMJOB_LOGS_SERVICE"] == "ci-slurmjob-operator-logs"
+    (pod_ns,) = [e for e in c["env"] if e["name"] == "SLURMJOB_POD_NAMESPACE"]
+    assert pod_ns["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "SLURMJOB_LOGS_TLS_CERT_FILE" not in env
+    assert "logs-tls" not in volumes(docs)
+    # Never a certificate or a Secret made by Helm (it would change at every render).
+    assert not of_kind(docs, "Secret")
+    assert "caBundle" not in api["spec"]
     off = render(kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "logs.port=0")
     names = {d["metadata"]["name"] for d in off}
-    assert not names & {
-        "slurmjob-operator-logs",
-        "ci-slurmjob-operator-logs-proxy",
-        "ci-slurmjob-operator-reviews",
-    }
+    assert not [
+        n
+        for n in names
+        if n.endswith(("-logs", "-logs-reader", "-reviews", "-apiservice", "-serving-cert"))
+    ]
+    assert not of_kind(off, "APIService")
     assert env_of(off)["SLURMJOB_LOGS_PORT"] == "0"
+    assert "SLURMJOB_LOGS_CERT_SECRET" not in env_of(off)
 
 
 def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
-    # With the log endpoint on, the one cluster-wide grant is its reviews (cluster-scoped
-    # kinds); without it, nothing.
-    with_logs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
+    # ci/namespaced-values.yaml turns the log API off (its APIService, reviews and users'
+    # role are cluster-scoped): nothing cluster-wide. With it on, only the log API's.
+    with_logs = render(
+        kube, "-f", str(CHART / "ci/namespaced-values.yaml"), "--set", "apiService.enabled=true"
+    )
     cluster_wide = [d for d in with_logs if d["kind"].startswith("Cluster")]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in cluster_wide) == [
+        ("ClusterRole", "ci-slurmjob-operator-apiservice"),
+        ("ClusterRole", "ci-slurmjob-operator-logs-reader"),
         ("ClusterRole", "ci-slurmjob-operator-reviews"),
+        ("ClusterRoleBinding", "ci-slurmjob-operator-apiservice"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
     ]
-    docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"), "--set", "logs.port=0")
+    docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
     assert not of_kind(docs, "ClusterRole")
     assert not of_kind(docs, "ClusterRoleBinding")
-    assert not [d for d in docs if d["metadata"]["name"].endswith("-logs-proxy")]
+    assert not of_kind(docs, "APIService")
+    assert env_of(docs)["SLURMJOB_LOGS_PORT"] == "0"
     # Besides the Lease's Role in the release namespace.
     election = [d for d in docs if d["metadata"]["name"].endswith("-leader-election")]
     assert [d["kind"] for d in election] == ["Role", "RoleBinding"]
@@ -349,6 +366,181 @@ def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
     assert "SLURMJOB_SLURM_JWT_FILE" not in env
     assert volumes(docs)["storage"]["persistentVolumeClaim"] == {"claimName": "slurmjob-shared"}
     assert deployment(docs)["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 4001
+
+
+SVC = "ci-slurmjob-operator-logs"
+SVC_NAMES = [f"{SVC}.{CI_NAMESPACE}.svc", f"{SVC}.{CI_NAMESPACE}.svc.cluster.local"]
+
+
+def _logs_rbac(docs: list[dict[str, Any]]) -> set[str]:
+    return {
+        d["metadata"]["name"].removeprefix("ci-slurmjob-operator-")
+        for d in docs
+        if "Role" in d["kind"]
+        and d["metadata"]["name"].endswith(
+            ("-reviews", "-auth-reader", "-serving-cert", "-apiservice", "-logs-reader")
+        )
+    }
+
+
+def test_the_log_apis_rbac_is_least_privilege(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/default-values.yaml"))
+    env = env_of(docs)
+    sa = {"kind": "ServiceAccount", "name": "ci-slurmjob-operator", "namespace": CI_NAMESPACE}
+    # Asking whether a user may read a log; no TokenReviews (no token reaches the operator).
+    assert named(docs, "ClusterRole", "-reviews")["rules"] == [
+        {
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["subjectaccessreviews"],
+            "verbs": ["create"],
+        }
+    ]
+    # The front proxy's ConfigMap, through Kubernetes' own Role for it, in kube-system.
+    reader = named(docs, "RoleBinding", "-auth-reader")
+    assert reader["metadata"]["namespace"] == "kube-system"
+    assert reader["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "extension-apiserver-authentication-reader",
+    }
+    assert reader["subjects"] == [sa]
+    # Its own Secret by name (create cannot be named), in the release namespace only.
+    secret = env["SLURMJOB_LOGS_CERT_SECRET"]
+    role = named(docs, "Role", "-serving-cert")
+    assert role["metadata"]["namespace"] == CI_NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [secret],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert named(docs, "RoleBinding", "-serving-cert")["subjects"] == [sa]
+    # Its own APIService by name, the one it is told to patch and the one the chart makes.
+    (api,) = of_kind(docs, "APIService")
+    assert env["SLURMJOB_LOGS_APISERVICE"] == api["metadata"]["name"]
+    assert named(docs, "ClusterRole", "-apiservice")["rules"] == [
+        {
+            "apiGroups": ["apiregistration.k8s.io"],
+            "resources": ["apiservices"],
+            "resourceNames": [api["metadata"]["name"]],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    for binding in ("-apiservice", "-reviews"):
+        assert named(docs, "ClusterRoleBinding", binding)["subjects"] == [sa]
+    # The users' right, aggregated into view and edit; bound to no one by the chart.
+    users = named(docs, "ClusterRole", "-logs-reader")
+    assert users["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert users["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert users["rules"] == [
+        {"apiGroups": ["logs.slurmjob.io"], "resources": ["slurmjobs/log"], "verbs": ["get"]}
+    ]
+    bound = {b["roleRef"]["name"] for b in docs if b["kind"].endswith("RoleBinding")}
+    assert users["metadata"]["name"] not in bound
+    # rbac.create: false makes none of it.
+    none = render(kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "rbac.create=false")
+    assert not [d for d in none if "Role" in d["kind"]]
+
+
+def test_the_certificate_from_cert_manager(kube: KubeTestbed) -> None:
+    docs = render(kube, "-f", str(CHART / "ci/cert-manager-values.yaml"))
+    (api,) = of_kind(docs, "APIService")
+    assert api["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{CI_NAMESPACE}/ci-slurmjob-operator-logs"
+    }
+    assert "caBundle" not in api["spec"]  # the cainjector's
+    (cert,) = of_kind(docs, "Certificate")
+    assert cert["metadata"]["name"] == "ci-slurmjob-operator-logs"
+    assert cert["metadata"]["namespace"] == CI_NAMESPACE
+    assert cert["spec"]["dnsNames"] == SVC_NAMES
+    assert cert["spec"]["secretName"] == "ci-slurmjob-operator-logs-tls"
+    assert cert["spec"]["issuerRef"] == {
+        "name": "site-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert (cert["spec"]["duration"], cert["spec"]["renewBefore"]) == ("720h", "240h")
+    assert not of_kind(docs, "Issuer")  # the site's ClusterIssuer
+    env = env_of(docs)
+    assert env["SLURMJOB_LOGS_PORT"] == "8443"
+    assert env["SLURMJOB_LOGS_TLS_CERT_FILE"] == "/etc/slurmjob/logs-tls/tls.crt"
+    assert env["SLURMJOB_LOGS_TLS_KEY_FILE"] == "/etc/slurmjob/logs-tls/tls.key"
+    assert "SLURMJOB_LOGS_CERT_SECRET" not in env
+    assert "SLURMJOB_LOGS_APISERVICE" not in env
+    assert {"name": "logs", "containerPort": 8443, "protocol": "TCP"} in container(docs)["ports"]
+    assert volumes(docs)["logs-tls"]["secret"]["secretName"] == "ci-slurmjob-operator-logs-tls"
+    mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+    assert mounts["logs-tls"] == {
+        "name": "logs-tls",
+        "mountPath": "/etc/slurmjob/logs-tls",
+        "readOnly": True,
+    }
+    # No Secret or APIService rights: cert-manager writes both.
+    assert _logs_rbac(docs) == {"reviews", "auth-reader", "logs-reader"}
+    # Without an issuer of the site's: a self-signed Issuer of the release's own.
+    own = render(
+        kube, "-f", str(CHART / "ci/cert-manager-values.yaml"),
+        "--set", "certManager.issuerRef.name=",
+    )  # fmt: skip
+    (issuer,) = of_kind(own, "Issuer")
+    assert issuer["spec"] == {"selfSigned": {}}
+    (cert,) = of_kind(own, "Certificate")
+    assert cert["spec"]["issuerRef"] == {
+        "name": issuer["metadata"]["name"],
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+
+
+def test_the_certificate_the_admin_gives(kube: KubeTestbed) -> None:
+    from cryptography import x509
+
+    values = yaml.safe_load((CHART / "ci/admin-tls-values.yaml").read_text())
+    docs = render(kube, "-f", str(CHART / "ci/admin-tls-values.yaml"))
+    (api,) = of_kind(docs, "APIService")
+    bundle = base64.b64decode(api["spec"]["caBundle"])
+    assert bundle.decode() == values["apiService"]["caBundle"]
+    assert x509.load_pem_x509_certificates(bundle)
+    assert "annotations" not in api["metadata"]
+    assert volumes(docs)["logs-tls"]["secret"]["secretName"] == "slurmjob-logs-tls"
+    env = env_of(docs)
+    assert env["SLURMJOB_LOGS_TLS_CERT_FILE"] == "/etc/slurmjob/logs-tls/tls.crt"
+    assert "SLURMJOB_LOGS_CERT_SECRET" not in env
+    assert not of_kind(docs, "Certificate")
+    assert not of_kind(docs, "Secret")
+    assert _logs_rbac(docs) == {"reviews", "auth-reader", "logs-reader"}
+
+
+def test_the_log_api_off_for_a_second_release(kube: KubeTestbed) -> None:
+    docs = render(
+        kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "apiService.enabled=false",
+        release="second",
+    )  # fmt: skip
+    assert not of_kind(docs, "APIService")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-logs")]
+    assert not _logs_rbac(docs)
+    assert not [d for d in docs if d["metadata"].get("namespace") == "kube-system"]
+    env = env_of(docs)
+    assert env["SLURMJOB_LOGS_PORT"] == "0"  # nothing would send it a request
+    assert not [p for p in container(docs)["ports"] if p["name"] == "logs"]
+    (np,) = of_kind(docs, "NetworkPolicy")
+    assert [rule["ports"][0]["port"] for rule in np["spec"]["ingress"]] == [8080, 9090]
+
+
+def test_the_readmes_values_still_install_with_the_log_api(
+    kube: KubeTestbed, tmp_path: Path
+) -> None:
+    """The README's minimal values need nothing for the log API: the operator makes its own
+    certificate, and Helm renders none."""
+    docs = render(kube, "-f", str(_readme_values(tmp_path)))
+    assert of_kind(docs, "APIService")
+    assert env_of(docs)["SLURMJOB_LOGS_CERT_SECRET"]
+    assert not of_kind(docs, "Secret")
+    again = render(kube, "-f", str(_readme_values(tmp_path)))
+    assert again == docs  # nothing random in a render
 
 
 def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -> None:
@@ -448,7 +640,9 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
         "--set",
         "metrics.port=0",
     )
-    assert [d["metadata"]["name"] for d in of_kind(docs, "Service")] == ["slurmjob-operator-logs"]
+    assert [d["metadata"]["name"] for d in of_kind(docs, "Service")] == [
+        "ci-slurmjob-operator-logs"
+    ]
     assert not of_kind(docs, "ServiceMonitor")
     assert not of_kind(docs, "PrometheusRule")
     assert env_of(docs)["SLURMJOB_METRICS_PORT"] == "0"
@@ -494,6 +688,18 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
             ["-f", "ci/default-values.yaml", "--set", "catalogs.tenants[0].name=team-a"],
             "missing properties 'namespaces', 'accounts', 'partitions'",
         ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "apiService.tls.secretName=tls"],
+            "apiService.caBundle is required with apiService.tls.secretName",
+        ),
+        (
+            ["-f", "ci/admin-tls-values.yaml", "--set", "apiService.tls.secretName="],
+            "apiService.caBundle is read only with apiService.tls.secretName",
+        ),
+        (
+            ["-f", "ci/admin-tls-values.yaml", "--set", "certManager.enabled=true"],
+            "certManager.enabled and apiService.tls.secretName: set only one",
+        ),
     ],
     ids=[
         "no-url",
@@ -506,6 +712,9 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
         "bad-namespace",
         "tenants-with-existing-configmap",
         "tenant-without-limits",
+        "tls-secret-without-ca",
+        "ca-without-tls-secret",
+        "cert-manager-and-tls-secret",
     ],
 )
 def test_bad_values_fail_the_render_naming_the_value(
@@ -520,14 +729,15 @@ def test_bad_values_fail_the_render_naming_the_value(
 
 @pytest.fixture(scope="module")
 def ci_cluster(kube: KubeTestbed) -> None:
-    """The namespaces the ci values name, and stand-ins for the Prometheus Operator's CRDs
-    (this API server has none). Both are left in place: other runs may use them at once."""
+    """The namespaces the ci values name, and stand-ins for the Prometheus Operator's and
+    cert-manager's CRDs (this API server has none). Both are left in place: other runs may use
+    them at once."""
     for ns in (CI_NAMESPACE, *CI_WATCHED):
         ensure_namespace(kube, ns)
-    for plural, kind in MONITORING_CRDS:
-        name = f"{plural}.monitoring.coreos.com"
+    for group, plural, kind in MONITORING_CRDS:
+        name = f"{plural}.{group}"
         if kube.kubectl("get", "crd", name, check=False).returncode != 0:
-            kube.apply(yaml.safe_dump(_monitoring_crd(plural, kind)))
+            kube.apply(yaml.safe_dump(_monitoring_crd(group, plural, kind)))
         kube.wait_established(name)
 
 
@@ -564,6 +774,20 @@ def apply_rbac(kube: KubeTestbed, release: str, namespace: str, *values: str) ->
     kube.apply(text)
 
 
+def delete_release_rbac(kube: KubeTestbed, release: str) -> None:
+    """What `apply_rbac` made outside the release namespace: the cluster-scoped objects and
+    the RoleBinding in kube-system (deleting the namespace takes the rest)."""
+    for suffix in ("", "-reviews", "-apiservice", "-kueue"):
+        kube.kubectl(
+            "delete", "clusterrolebinding,clusterrole", f"{release}-slurmjob-operator{suffix}",
+            "--ignore-not-found", check=False,
+        )  # fmt: skip
+    kube.kubectl(
+        "delete", "rolebinding", f"{release}-slurmjob-operator-auth-reader", "-n", "kube-system",
+        "--ignore-not-found", check=False,
+    )  # fmt: skip
+
+
 def sa_kubeconfig(kube: KubeTestbed, namespace: str, sa: str, path: Path) -> Path:
     """A kubeconfig holding a token the API server minted for the ServiceAccount."""
     token = kube.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
@@ -591,6 +815,7 @@ class ChartOperator(Operator):
     subject: str = ""
     op_namespace: str = ""
     health_port: int = 0
+    release: str = ""
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -642,8 +867,19 @@ def sa_operator(
             if e["name"].startswith(("SLURMJOB_LEADER_", "SLURMJOB_LEASE_")) and "value" in e
         },
         "SLURMJOB_LEASE_IDENTITY": f"{release}-pod-0",
+        # The log API as the Deployment sets it (its own certificate in a Secret of the
+        # release namespace, which the downward API would name), on loopback.
+        **{
+            e["name"]: e["value"]
+            for e in container(docs)["env"]
+            if e["name"].startswith("SLURMJOB_LOGS_") and "value" in e
+        },
+        "SLURMJOB_LOGS_PORT": str(free_port()),
+        "SLURMJOB_LOGS_ADDRESS": "127.0.0.1",
+        "SLURMJOB_POD_NAMESPACE": op_ns,
     }
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
+    assert env["SLURMJOB_LOGS_CERT_SECRET"] == f"{release}-slurmjob-operator-logs-serving-cert"
     assert env["SLURMJOB_LEASE_NAMESPACE"] == op_ns
     op = ChartOperator(
         kube,
@@ -655,6 +891,7 @@ def sa_operator(
         subject=f"system:serviceaccount:{op_ns}:{sa}",
         op_namespace=op_ns,
         health_port=health,
+        release=release,
     )
     op.start()
     try:
@@ -664,10 +901,7 @@ def sa_operator(
         print(f"--- operator log ({jobs_ns}) ---\n{op.log_tail(200)}")
         for ns in (op_ns, jobs_ns):
             kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        kube.kubectl(
-            "delete", "clusterrolebinding,clusterrole", f"{release}-slurmjob-operator-reviews",
-            "--ignore-not-found", check=False,
-        )  # fmt: skip
+        delete_release_rbac(kube, release)
 
 
 @pytest.mark.slurm2605
@@ -713,6 +947,15 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
         "-o", "jsonpath={.spec.holderIdentity}",
     ).stdout  # fmt: skip
     assert holder == op.env["SLURMJOB_LEASE_IDENTITY"]
+    # The leader made the log API's certificate Secret with the chart's rights alone.
+    secret = json.loads(
+        op.kube.kubectl(
+            "get", "secret", op.env["SLURMJOB_LOGS_CERT_SECRET"], "-n", op.op_namespace,
+            "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt", "ca.key"}
 
 
 @pytest.mark.slurm2605
@@ -731,10 +974,37 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     for verb in ("get", "update"):
         assert can_i(kube, who, verb, lease, "-n", op.op_namespace), verb
     assert can_i(kube, who, "create", "leases.coordination.k8s.io", "-n", op.op_namespace)
-    # The log endpoint's reviews (cluster-scoped kinds: the one cluster-wide grant).
-    assert can_i(kube, who, "create", "tokenreviews.authentication.k8s.io")
+    # The log API: its reviews, the front proxy's ConfigMap, its own certificate's Secret and
+    # its own APIService's caBundle, each by name where RBAC can name it.
     assert can_i(kube, who, "create", "subjectaccessreviews.authorization.k8s.io")
+    auth = "configmaps/extension-apiserver-authentication"
+    for verb in ("get", "list", "watch"):
+        assert can_i(kube, who, verb, auth, "-n", "kube-system"), verb
+    cert = f"secrets/{op.release}-slurmjob-operator-logs-serving-cert"
+    for verb in ("get", "update"):
+        assert can_i(kube, who, verb, cert, "-n", op.op_namespace), verb
+    assert can_i(kube, who, "create", "secrets", "-n", op.op_namespace)
+    own = "apiservices.apiregistration.k8s.io/v1alpha1.logs.slurmjob.io"
+    for verb in ("get", "patch"):
+        assert can_i(kube, who, verb, own), verb
     denied = [
+        ("create", "tokenreviews.authentication.k8s.io"),  # no token reaches the operator
+        ("update", own),
+        ("delete", own),
+        ("patch", "apiservices.apiregistration.k8s.io/v1beta1.metrics.k8s.io"),
+        ("get", "apiservices.apiregistration.k8s.io/v1.slurmjob.io"),
+        ("list", "apiservices.apiregistration.k8s.io"),
+        ("create", "apiservices.apiregistration.k8s.io"),
+        ("delete", cert, "-n", op.op_namespace),
+        ("patch", cert, "-n", op.op_namespace),
+        ("get", "secrets/other", "-n", op.op_namespace),
+        ("update", "secrets/other", "-n", op.op_namespace),
+        ("list", "secrets", "-n", op.op_namespace),
+        ("create", "secrets", "-n", ns),
+        ("create", "secrets", "-n", "kube-system"),
+        ("get", "configmaps/other", "-n", "kube-system"),
+        ("update", auth, "-n", "kube-system"),
+        ("get", "secrets", "-n", "kube-system"),
         ("get", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
         ("update", "leases.coordination.k8s.io/other", "-n", op.op_namespace),
         ("delete", lease, "-n", op.op_namespace),
@@ -794,11 +1064,7 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
         ]:
             assert not can_i(kube, who, *args), args
     finally:
-        for name in (f"{release}-slurmjob-operator", f"{release}-slurmjob-operator-reviews"):
-            kube.kubectl(
-                "delete", "clusterrolebinding,clusterrole", name,
-                "--ignore-not-found", check=False,
-            )  # fmt: skip
+        delete_release_rbac(kube, release)
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
@@ -864,13 +1130,5 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
             "--ignore-not-found", check=False,
         )  # fmt: skip
         for release in releases:
-            for name in (
-                f"{release}-slurmjob-operator",
-                f"{release}-slurmjob-operator-reviews",
-                f"{release}-slurmjob-operator-kueue",
-            ):
-                kube.kubectl(
-                    "delete", "clusterrolebinding,clusterrole", name,
-                    "--ignore-not-found", check=False,
-                )  # fmt: skip
+            delete_release_rbac(kube, release)
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -145,6 +145,13 @@ def test_the_schema_types_every_value_in_values_yaml() -> None:
             "metrics.prometheusRule.submittingFor",
         ),
         ({"rbac": {"secrets": "yes"}}, "rbac.secrets"),
+        ({"apiService": {"caBundle": "not a PEM"}}, "apiService.caBundle"),
+        ({"apiService": {"tls": {"secretName": "Bad_Name"}}}, "apiService.tls.secretName"),
+        ({"apiService": {"tls": {"name": "typo"}}}, "apiService.tls"),
+        ({"certManager": {"issuerRef": {"kind": "Vault"}}}, "certManager.issuerRef.kind"),
+        ({"certManager": {"duration": "90 days"}}, "certManager.duration"),
+        ({"certManager": {"renewBefore": "30d"}}, "certManager.renewBefore"),
+        ({"logs": {"service": {"port": 0}}}, "logs.service.port"),
         ({"replicaCount": 2}, ""),
     ],
 )
@@ -214,17 +221,37 @@ def test_the_tenants_values_are_the_tenants_file() -> None:
     assert set(node["required"]) == required
 
 
-def test_the_plugins_defaults_find_the_charts_log_service() -> None:
-    """`kubectl slurmjob logs` reaches `<operator ns>/<service>:logs` by default: the chart's
-    Service has that fixed name and port name, in the namespace the README installs into."""
-    from slurmjob_operator.plugin.kubeclient import Operator
-    from slurmjob_operator.plugin.main import DEFAULT_OPERATOR_NAMESPACE, DEFAULT_OPERATOR_SERVICE
+def test_the_charts_apiservice_is_the_log_apis() -> None:
+    """The APIService the chart registers, the one the leader may patch (RBAC) and the one it
+    is told to patch are the log API's group and version, and it points at the Service in
+    front of the log port."""
+    from slurmjob_operator.api.logs import API_GROUP, API_SERVICE_NAME, API_VERSION
 
-    assert VALUES["logs"]["service"]["name"] == DEFAULT_OPERATOR_SERVICE
-    assert f"-n {DEFAULT_OPERATOR_NAMESPACE} " in (REPO / "README.md").read_text()
-    service = (CHART / "templates" / "logs.yaml").read_text()
-    assert f"- name: {Operator('x', 'y').port}\n" in service
-    assert "targetPort: logs" in service
+    logs = (CHART / "templates" / "logs.yaml").read_text()
+    assert f"  name: {API_SERVICE_NAME}\n" in logs
+    assert f"  group: {API_GROUP}\n  version: {API_VERSION}\n" in logs
+    assert "targetPort: logs" in logs
+    assert f"apiGroups: [{API_GROUP}]\n    resources: [slurmjobs/log]\n    verbs: [get]" in logs
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    assert f"resourceNames: [{API_SERVICE_NAME}]\n    verbs: [get, patch]" in rbac
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert f"- name: SLURMJOB_LOGS_APISERVICE\n              value: {API_SERVICE_NAME}\n" in (
+        deployment
+    )
     assert "- name: logs\n              containerPort: {{ .Values.logs.port }}" in deployment
     assert VALUES["logs"]["port"] not in (VALUES["health"]["port"], VALUES["metrics"]["port"])
+
+
+def test_deprecated_keys_still_pass_the_schema() -> None:
+    """Values files written for the service-proxy log endpoint and the pod label still install
+    (the keys do nothing)."""
+    old = {
+        "logs": {
+            "service": {"name": "slurmjob-operator-logs", "port": 8081, "annotations": {"a": "b"}},
+            "proxySubjects": [{"kind": "Group", "name": "system:authenticated"}],
+        },
+        "leaderElection": {"podLabel": True},
+    }
+    assert errors(merged(VALUES, old)) == []
+    assert "service" not in VALUES["logs"]
+    assert "proxySubjects" not in VALUES["logs"]

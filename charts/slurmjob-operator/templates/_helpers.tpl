@@ -68,6 +68,34 @@ true
 {{- if or .Values.templates.existingConfigMap .Values.templates.files }}true{{ end }}
 {{- end }}
 
+{{/* Whether the log API is served ("true" or ""): its APIService on and a port for it. */}}
+{{- define "slurmjob-operator.logsServing" -}}
+{{- if and .Values.apiService.enabled .Values.logs.port }}true{{ end }}
+{{- end }}
+
+{{/* The Service the APIService points at (a DNS-1035 label: 63 characters at most). */}}
+{{- define "slurmjob-operator.logsService" -}}
+{{- printf "%s-logs" (include "slurmjob-operator.fullname" . | trunc 58 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Where the serving certificate comes from: operator (its own Secret, the default),
+certManager, or secret (the admin's). */}}
+{{- define "slurmjob-operator.certMode" -}}
+{{- if .Values.certManager.enabled }}certManager{{ else if .Values.apiService.tls.secretName }}secret{{ else }}operator{{ end }}
+{{- end }}
+
+{{/* The Secret holding the serving certificate in each mode. */}}
+{{- define "slurmjob-operator.certSecret" -}}
+{{- $mode := include "slurmjob-operator.certMode" . }}
+{{- if eq $mode "secret" }}
+{{- .Values.apiService.tls.secretName }}
+{{- else if eq $mode "certManager" }}
+{{- printf "%s-logs-tls" (include "slurmjob-operator.fullname" .) }}
+{{- else }}
+{{- printf "%s-logs-serving-cert" (include "slurmjob-operator.fullname" .) }}
+{{- end }}
+{{- end }}
+
 {{/* The key of the auth Secret. */}}
 {{- define "slurmjob-operator.authKey" -}}
 {{- if .Values.slurm.auth.key }}
@@ -163,6 +191,15 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 {{- if or (eq (int .Values.logs.port) (int .Values.health.port)) (eq (int .Values.logs.port) (int .Values.metrics.port)) }}
 {{- fail "logs.port: the log endpoint needs a port of its own (not health.port or metrics.port)" }}
 {{- end }}
+{{- end }}
+{{- if and .Values.certManager.enabled .Values.apiService.tls.secretName }}
+{{- fail "certManager.enabled and apiService.tls.secretName: set only one (cert-manager makes the Secret itself)" }}
+{{- end }}
+{{- if and .Values.apiService.tls.secretName (not .Values.apiService.caBundle) }}
+{{- fail "apiService.caBundle is required with apiService.tls.secretName (the PEM of the CA that signed that certificate)" }}
+{{- end }}
+{{- if and .Values.apiService.caBundle (not .Values.apiService.tls.secretName) }}
+{{- fail "apiService.caBundle is read only with apiService.tls.secretName (the operator's own CA and cert-manager's are put into the APIService for you)" }}
 {{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when serviceAccount.create is false" }}
