@@ -48,8 +48,10 @@ from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two checks by the leader; after a lost write race, the next one is sooner.
-KEEPER_INTERVAL = 600.0
+#: Seconds between two checks by the leader (two GETs): a caBundle taken away (an upgrade
+#: from the admin's certificate mode) is put back within this. After a lost write race the next
+#: check is sooner; after failures, later each time, up to the interval.
+KEEPER_INTERVAL = 60.0
 KEEPER_RETRY = 5.0
 MANAGED_BY = {"app.kubernetes.io/managed-by": "slurmjob-operator"}
 _USAGES = (
@@ -295,15 +297,18 @@ class CertKeeper:
 
     async def run(self, interval: float = KEEPER_INTERVAL, retry: float = KEEPER_RETRY) -> None:
         """Check every `interval` seconds until cancelled."""
+        failures = 0
         while True:
             try:
                 done = await self.step()
+                failures = 0
             except Exception as exc:  # the apiserver away, a refusal: try again later
                 log.warning(
                     "serving certificate Secret %s/%s: %s", self.namespace, self.secret, exc
                 )
                 done = False
-            await asyncio.sleep(interval if done else retry)
+                failures += 1
+            await asyncio.sleep(interval if done else min(interval, retry * 2 ** min(failures, 8)))
 
 
 def cert_keeper_from_settings(settings: Settings, kube: CertStore) -> CertKeeper | None:

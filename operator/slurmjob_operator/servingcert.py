@@ -203,6 +203,7 @@ class SecretServingCert:
         self._pem: Pem | None = None
         self._generation = 0
         self._version = ""
+        self._missing_told = False
 
     async def refresh(self) -> None:
         """Read the Secret now; keep what was served when it is missing or unusable."""
@@ -213,7 +214,11 @@ class SecretServingCert:
             log.warning("serving certificate Secret %s/%s: %s", self.namespace, self.name, exc)
             return
         if found is None:
-            log.info("serving certificate Secret %s/%s not there yet", self.namespace, self.name)
+            if not self._missing_told:  # the leader makes it: say so once, not every retry
+                log.info(
+                    "serving certificate Secret %s/%s not there yet", self.namespace, self.name
+                )
+                self._missing_told = True
             return
         data, version = found
         self._due = self._clock() + self._reread

@@ -309,21 +309,32 @@ async def test_a_caBundle_changed_by_someone_else_is_put_back() -> None:
     assert store.patched == [OWN, OWN]
 
 
-async def test_run_keeps_checking_after_errors() -> None:
+async def test_run_keeps_checking_after_errors_later_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store, clock = Store(), Clock(START)
-    calls = 0
+    outcomes: list[bool | Exception] = [RuntimeError("apiserver away")] * 4 + [True, False]
+    slept: list[float] = []
 
-    async def broken(namespace: str, name: str) -> None:
-        nonlocal calls
-        calls += 1
-        raise RuntimeError("apiserver away")
+    async def step() -> bool:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
-    store.get_secret = broken  # type: ignore[method-assign]
-    task = asyncio.create_task(keeper(store, clock).run(interval=60, retry=0.01))
-    await asyncio.sleep(0.1)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert calls > 2
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if not outcomes:
+            raise asyncio.CancelledError
+
+    k = keeper(store, clock)
+    monkeypatch.setattr(k, "step", step)
+    monkeypatch.setattr("slurmjob_operator.certkeeper.asyncio.sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await k.run(interval=60, retry=5)
+    # Failures back off up to the interval; a check done waits the interval; a lost race
+    # looks again soon.
+    assert slept == [10, 20, 40, 60, 60, 5]
 
 
 def test_the_keeper_runs_only_with_the_log_api_and_a_secret() -> None:
