@@ -204,6 +204,7 @@ class SecretServingCert:
         self._generation = 0
         self._version = ""
         self._missing_told = False
+        self._poke()  # made in the event loop (serve_logs): the first read starts at once
 
     async def refresh(self) -> None:
         """Read the Secret now; keep what was served when it is missing or unusable."""

@@ -436,6 +436,20 @@ async def test_the_secret_is_read_in_the_background_and_reread_when_due() -> Non
     await source.close()
 
 
+async def test_the_first_read_starts_when_the_source_is_made() -> None:
+    """Made in the event loop (the log server's start), the source reads the Secret at once,
+    so the apiserver's first connection finds a certificate."""
+    store = Store()
+    await keeper(store, Clock(START)).step()
+    reads = store.reads
+    source = SecretServingCert(store, NS, SECRET)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert store.reads == reads + 1
+    assert source.pem() == (store.data()[TLS_CRT], store.data()[TLS_KEY])
+    await source.close()
+
+
 async def test_an_unusable_secret_keeps_what_was_served() -> None:
     store = Store()
     await keeper(store, Clock(START)).step()
