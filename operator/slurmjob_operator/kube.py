@@ -1,5 +1,6 @@
 """The Kubernetes edge: read SlurmJobs and Secrets, patch status, post Events; and for the log
-endpoint, who a token belongs to (TokenReview) and what that user may do
+API, whom the apiserver's front proxy is trusted to name (the ConfigMap
+`kube-system/extension-apiserver-authentication`) and whether a user it names may read a log
 (SubjectAccessReview).
 
 One `kubernetes_asyncio` ApiClient per process, opened at startup and closed at cleanup. kopf
@@ -15,7 +16,6 @@ import binascii
 import itertools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,7 +26,9 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
+from slurmjob_operator.api.logs import API_GROUP, API_RESOURCE, API_SUBRESOURCE, API_VERSION
 from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.core.requestheader import RemoteUser
 from slurmjob_operator.times import rfc3339
 
 COMPONENT = "slurmjob-operator"
@@ -38,7 +40,7 @@ class SecretError(LookupError):
     """A referenced Secret or key is missing: the user must create it; nothing is submitted."""
 
 
-#: TokenReviews and SubjectAccessReviews in flight at once (the log endpoint's).
+#: SubjectAccessReviews in flight at once (the log API's).
 REVIEWS_AT_ONCE = 8
 
 
@@ -89,23 +91,15 @@ class ReviewUnavailable(RuntimeError):
     """The apiserver did not answer a review (or refused the operator the right to ask)."""
 
 
-@dataclass(frozen=True)
-class ReviewedUser:
-    """A user as the apiserver's TokenReview names it: what a SubjectAccessReview asks for."""
-
-    username: str
-    uid: str = ""
-    groups: tuple[str, ...] = ()
-    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+class ConfigMapUnavailable(RuntimeError):
+    """A ConfigMap could not be read (other than its absence)."""
 
 
 class AccessReviewer(Protocol):
-    """Who a bearer token belongs to, and whether that user may read a SlurmJob."""
+    """Whether a user the apiserver named may read a SlurmJob's log."""
 
-    async def review_token(self, token: str) -> ReviewedUser | None: ...
-
-    async def may_get_slurmjob(
-        self, user: ReviewedUser, namespace: str, name: str
+    async def may_read_log(
+        self, user: RemoteUser, namespace: str, name: str
     ) -> tuple[bool, str]: ...
 
 
@@ -133,10 +127,9 @@ class KubeApi:
         self._api = api
         self._custom = k8s.CustomObjectsApi(api)
         self._core = k8s.CoreV1Api(api)
-        self._authn = k8s.AuthenticationV1Api(api)
         self._authz = k8s.AuthorizationV1Api(api)
-        # The log endpoint may be reached by anything that can reach the pod: a flood of
-        # forged tokens costs at most this many reviews at once, never unbounded apiserver load.
+        # Reviews are asked for users the apiserver names, but a flood of them costs at most
+        # this many at once, never unbounded apiserver load.
         self._reviews = asyncio.Semaphore(REVIEWS_AT_ONCE)
 
     @classmethod
@@ -442,52 +435,38 @@ class KubeApi:
         }
         await self._core.create_namespaced_event(ref.namespace, body)
 
-    async def review_token(self, token: str) -> ReviewedUser | None:
-        """The user a bearer token authenticates as, None when the apiserver does not accept
-        it (ReviewUnavailable when it cannot be asked). The token is sent in the body only,
-        and no exception raised here carries it."""
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token},
-        }
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data; None when there is no such ConfigMap (ConfigMapUnavailable when
+        it cannot be read)."""
         try:
-            async with self._reviews:
-                review = await self._authn.create_token_review(body)
+            obj = await self._core.read_namespaced_config_map(name, namespace)
         except ApiException as exc:
-            raise ReviewUnavailable(f"TokenReview: HTTP {exc.status} {exc.reason}") from None
+            if exc.status == 404:
+                return None
+            raise ConfigMapUnavailable(
+                f"ConfigMap {namespace}/{name}: HTTP {exc.status} {exc.reason}"
+            ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ReviewUnavailable(f"TokenReview: {type(exc).__name__}") from None
-        except ValueError:  # the client's models refuse an answer without a required field
-            raise ReviewUnavailable("TokenReview: an answer that is no TokenReview") from None
-        status = review.status
-        if status is None or not status.authenticated or status.user is None:
-            return None
-        user = status.user
-        if not user.username:
-            return None
-        return ReviewedUser(
-            username=str(user.username),
-            uid=str(user.uid or ""),
-            groups=tuple(str(g) for g in user.groups or ()),
-            extra={str(k): tuple(str(v) for v in vs or ()) for k, vs in (user.extra or {}).items()},
-        )
+            raise ConfigMapUnavailable(
+                f"ConfigMap {namespace}/{name}: {type(exc).__name__}"
+            ) from None
+        return {str(k): str(v) for k, v in (obj.data or {}).items()}
 
-    async def may_get_slurmjob(
-        self, user: ReviewedUser, namespace: str, name: str
-    ) -> tuple[bool, str]:
-        """Whether `user` may `get` the SlurmJob `namespace/name` (a SubjectAccessReview, as
-        the apiserver would decide `kubectl get slurmjob`), and the authoriser's reason."""
+    async def may_read_log(self, user: RemoteUser, namespace: str, name: str) -> tuple[bool, str]:
+        """Whether `user` may `get` `slurmjobs/log` of `namespace/name` in the log API's group
+        (a SubjectAccessReview, as the apiserver decides a request to an API it serves itself),
+        and the authoriser's reason."""
         spec: dict[str, Any] = {
             "user": user.username,
             "groups": list(user.groups),
-            "extra": {k: list(v) for k, v in user.extra.items()},
+            "extra": user.extra_map(),
             "resourceAttributes": {
                 "namespace": namespace,
                 "verb": "get",
-                "group": GROUP,
-                "version": VERSION,
-                "resource": PLURAL,
+                "group": API_GROUP,
+                "version": API_VERSION,
+                "resource": API_RESOURCE,
+                "subresource": API_SUBRESOURCE,
                 "name": name,
             },
         }

@@ -1,67 +1,88 @@
-"""The log endpoint: `kubectl slurmjob logs` reads a job's log through the operator
-(`api/logs.py` is the wire format, `controller/logaccess.py` the read).
+"""The log API: `kubectl slurmjob logs` reads a job's log through the kube-apiserver, which
+serves `logs.slurmjob.io/v1alpha1` by proxying to this server (an aggregated API, as
+metrics-server serves metrics). `api/logs.py` is the wire format, `controller/logaccess.py`
+the read, `controller/frontproxy.py` the TLS trust.
 
-Only `GET /v1/namespaces/{namespace}/slurmjobs/{name}/log` is served, on its own port
-(`SLURMJOB_LOGS_PORT`, 0: not at all), by every replica. It is reached through the
-kube-apiserver's service proxy, which authenticates the caller, deletes the Authorization
-header and passes no identity on; so nothing about the connection is trusted, wherever it
-comes from. Each request carries the user's own bearer token in `X-Slurmjob-Token`:
+Every replica listens on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT`, TLS only, under the
+limits every listener of the operator has (`listeners`: the handshake and the request's head
+within one deadline, a short keep-alive, a cap on connections, bounded heads, no body). No
+user credential ever reaches it; who asks is what the apiserver says, and the apiserver is
+recognised by its front-proxy client certificate:
 
-1. no token (or one longer than 16 KiB): 401;
-2. a TokenReview: a token the apiserver does not accept: 401;
-3. a SubjectAccessReview: may that user (name, uid, groups, extra) `get` that SlurmJob, as
-   `kubectl get slurmjob NAME -n NAMESPACE` would be decided? No: 403;
-4. only then is the SlurmJob read, with the operator's credentials, and its log.
+1. the connection's client certificate must chain to the requestheader CA and its common name
+   be one of the allowed names (none listed: any that CA signed), both as the ConfigMap
+   `kube-system/extension-apiserver-authentication` says now; otherwise 401 and the
+   `X-Remote-*` headers are not read;
+2. the user, uid, groups and extra are read from the headers that ConfigMap names, and only
+   from them (`core.requestheader`);
+3. `GET /apis/logs.slurmjob.io/v1alpha1` (discovery: the aggregator's availability check and
+   its discovery ask it) is answered to any request that passed 1; `/openapi/v2` and
+   `/openapi/v3` answer 404, which the aggregator takes as "no OpenAPI document";
+4. for a log: namespace and name are checked to be Kubernetes names, the query parsed, and a
+   namespace this operator does not watch answers 404, all before anything is asked of the
+   apiserver; then a SubjectAccessReview: may that user `get` `slurmjobs/log` in
+   `logs.slurmjob.io` for that namespace and name? No: 403;
+5. only then is the SlurmJob read, with the operator's credentials, and its log.
 
-The port is held to the limits every listener of the operator has (`listeners`: a deadline
-for a request's head, a short keep-alive, a cap on connections, bounded heads and no body),
-with room in one header for the longest token taken.
-
-An allowed decision is kept for `DECISION_TTL` seconds, keyed by a SHA-256 of the token with
-the namespace and name, in a bounded cache (a refusal is never kept: a right granted works at
-once). The token is never logged, never kept, and never part of an answer or an exception.
+An allowed decision is kept for `DECISION_TTL` seconds, keyed by user, uid, groups, extra,
+namespace and name, in a bounded cache; a refusal is never kept (a right granted works at
+once). Whatever comes from a request is escaped before it is logged.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from slurmjob_operator.api.logs import (
-    LOG_PATH,
-    MAX_TOKEN_LENGTH,
-    TOKEN_HEADER,
+    API_GROUP,
+    API_LOG_PATH,
+    API_PATH,
+    API_RESOURCE,
+    API_SUBRESOURCE,
     LogError,
     LogQuery,
     QueryError,
+    api_resource_list,
     dns_name,
 )
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.frontproxy import (
+    FrontProxyTrust,
+    ServingCertSource,
+    TlsContexts,
+)
 from slurmjob_operator.controller.logaccess import CACHE_ENTRIES, LogAccess, LogFailure
+from slurmjob_operator.core.requestheader import RemoteUser, common_name, printable
 from slurmjob_operator.core.ttlcache import TtlCache
-from slurmjob_operator.kube import AccessReviewer, KubeApi, ReviewedUser, ReviewUnavailable
+from slurmjob_operator.kube import AccessReviewer, KubeApi, ReviewUnavailable
 from slurmjob_operator.listeners import Limits, Listener, serve_app
+from slurmjob_operator.servingcert import serving_cert_from_settings
 
 log = logging.getLogger(__name__)
 
 #: Seconds an allowed decision is kept: a follower asks about once a second, and a right
 #: taken away stops working within this.
 DECISION_TTL = 10.0
+#: The apiserver sends one X-Remote-Group header per group of the user and one header per
+#: extra value: room for users in many groups, still a few MiB for a full cap of heads.
+MAX_HEADERS = 256
+HEAD_BYTES = 64 * 1024
 
-#: One header field: the longest token taken, with room for its name.
-FIELD_BYTES = MAX_TOKEN_LENGTH + 1024
-#: A request's whole head: that token and everything the apiserver's proxy adds.
-HEAD_BYTES = FIELD_BYTES + 16 * 1024
+_USER = web.RequestKey("slurmjob_remote_user", RemoteUser)
 
 
 class _NoHeaderValues(logging.Filter):
-    """aiohttp logs a request its parser refuses (a header too long, say) with the start of
-    the bytes it choked on, which may be a token: such a record keeps its kind only."""
+    """aiohttp logs a request its parser refuses with the start of the bytes it choked on,
+    which are anyone's (and may hold what looks like a log line): such a record keeps its
+    kind only."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -78,7 +99,7 @@ _protocol_log.addFilter(_NoHeaderValues())
 
 
 class Authoriser:
-    """Who sends a request, and whether they may read that SlurmJob's logs."""
+    """Whether a user the apiserver named may read that SlurmJob's logs."""
 
     def __init__(
         self,
@@ -90,84 +111,117 @@ class Authoriser:
     ) -> None:
         self.reviewer = reviewer
         self._clock = clock
-        self._allowed: TtlCache[tuple[str, str, str], str] = TtlCache(ttl, max_entries)
+        self._allowed: TtlCache[tuple[RemoteUser, str, str], bool] = TtlCache(ttl, max_entries)
 
-    async def check(self, token: str | None, namespace: str, name: str) -> str:
-        """The user's name when allowed; LogFailure 401 or 403 when not, 503 when the
-        apiserver cannot be asked."""
-        token = (token or "").strip()
-        if not token:
-            raise LogFailure(
-                401,
-                "TokenMissing",
-                f"no bearer token in {TOKEN_HEADER}: the operator cannot tell who asks",
-            )
-        if len(token) > MAX_TOKEN_LENGTH:
-            raise LogFailure(401, "TokenRefused", "the token is too long")
-        digest = hashlib.sha256(token.encode("utf-8", errors="replace")).hexdigest()
-        key = (digest, namespace, name)
-        known = self._allowed.get(key, self._clock())
-        if known is not None:
-            return known
+    async def check(self, user: RemoteUser, namespace: str, name: str) -> None:
+        """Nothing when allowed; LogFailure 403 when not, 503 when the apiserver cannot be
+        asked."""
+        key = (user, namespace, name)
+        if self._allowed.get(key, self._clock()):
+            return
         try:
-            user = await self.reviewer.review_token(token)
-            if user is None:
-                raise LogFailure(401, "TokenRefused", "the apiserver does not accept the token")
-            allowed, why = await self.reviewer.may_get_slurmjob(user, namespace, name)
+            allowed, why = await self.reviewer.may_read_log(user, namespace, name)
         except ReviewUnavailable as exc:
             log.warning("cannot review a log request: %s", exc)
             raise LogFailure(
-                503, "ReviewUnavailable", "the operator cannot check the token now"
+                503, "ReviewUnavailable", "the operator cannot ask the apiserver now"
             ) from None
         if not allowed:
-            log.info("refused %s the logs of %s/%s: %s", user.username, namespace, name, why)
+            log.info(
+                "refused %s the logs of %s/%s: %s",
+                printable(user.username),
+                namespace,
+                name,
+                printable(why),
+            )
             raise LogFailure(403, "Forbidden", _forbidden(user, namespace, name))
-        self._allowed.put(key, user.username, self._clock())
-        return user.username
+        self._allowed.put(key, True, self._clock())
 
 
-def _forbidden(user: ReviewedUser, namespace: str, name: str) -> str:
+def _forbidden(user: RemoteUser, namespace: str, name: str) -> str:
     return (
-        f'user "{user.username}" may not get slurmjobs.slurmjob.io "{name}" in namespace '
-        f'"{namespace}", so it may not read its logs'
+        f'{API_RESOURCE}.{API_GROUP} "{name}" is forbidden: User "{user.username}" cannot get '
+        f'resource "{API_RESOURCE}/{API_SUBRESOURCE}" in API group "{API_GROUP}" in the '
+        f'namespace "{namespace}"'
     )
 
 
-def _error(code: int, reason: str, message: str) -> web.Response:
+class FrontProxyGate:
+    """Whether a request comes from the apiserver's front proxy, and whom it names."""
+
+    def __init__(self, trust: FrontProxyTrust, contexts: TlsContexts) -> None:
+        self.trust = trust
+        self.contexts = contexts
+
+    def user(self, request: web.BaseRequest) -> RemoteUser | None:
+        """The user the headers name (None when none is); LogFailure 401 when the
+        connection's client certificate does not pass, whatever the headers say."""
+        transport = request.transport
+        trust = self.trust.current
+        peer = transport.get_extra_info("peercert") if transport is not None else None
+        if transport is None or trust is None or not peer:
+            raise LogFailure(401, "Unauthorized", "no client certificate of the front proxy")
+        if not self.contexts.trusts(transport.get_extra_info("sslcontext"), trust):
+            # Verified against a CA the apiserver no longer names: a new connection is.
+            raise LogFailure(401, "Unauthorized", "the client certificate's CA is not trusted")
+        subject = peer.get("subject") if isinstance(peer, dict) else None
+        if not trust.name_allowed(common_name(subject)):
+            raise LogFailure(401, "Unauthorized", "the client certificate's name is not allowed")
+        return trust.user(request.headers.items())
+
+
+def _error(code: int, reason: str, message: str, *, close: bool = False) -> web.Response:
     body = LogError(code=code, reason=reason, message=message)
-    return web.json_response(
+    response = web.json_response(
         body.model_dump(mode="json", by_alias=True),
         status=code,
         headers={"Cache-Control": "no-store"},
     )
+    if close:
+        response.force_close()
+    return response
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own refusals (no such path, another method) in the endpoint's JSON too."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _error(exc.status, exc.reason.replace(" ", ""), exc.reason)
+def make_app(access: LogAccess, authoriser: Authoriser, gate: FrontProxyGate) -> web.Application:
+    @web.middleware
+    async def front_proxy_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The certificate first, for every path; aiohttp's own refusals (no such path,
+        another method) in the API's JSON too."""
+        try:
+            user = gate.user(request)
+        except LogFailure as failure:
+            return _error(failure.code, failure.reason, failure.message, close=True)
+        if user is not None:
+            request[_USER] = user
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(exc.status, exc.reason.replace(" ", ""), exc.reason)
 
+    async def discovery(_: web.Request) -> web.StreamResponse:
+        return web.json_response(api_resource_list())
 
-def make_app(access: LogAccess, authoriser: Authoriser) -> web.Application:
     async def get_log(request: web.Request) -> web.StreamResponse:
+        user = request.get(_USER)
         namespace = request.match_info["namespace"]
         name = request.match_info["name"]
         try:
-            await authoriser.check(request.headers.get(TOKEN_HEADER), namespace, name)
+            if user is None:
+                raise LogFailure(401, "Unauthorized", "the front proxy named no user")
             if not dns_name(namespace, 63, dots=False) or not dns_name(name, 253, dots=True):
                 raise LogFailure(400, "BadName", "not a namespace and SlurmJob name")
             try:
                 query = LogQuery.parse(request.query.items())
             except QueryError as exc:
                 raise LogFailure(400, "BadQuery", str(exc)) from None
+            if access.namespaces and namespace not in access.namespaces:
+                raise LogFailure(404, "NotWatched", f"namespace {namespace} is not watched here")
+            await authoriser.check(user, namespace, name)
             answer = await access.read(namespace, name, query)
         except LogFailure as failure:
             return _error(failure.code, failure.reason, failure.message)
@@ -175,24 +229,75 @@ def make_app(access: LogAccess, authoriser: Authoriser) -> web.Application:
             answer.model_dump(mode="json", by_alias=True), headers={"Cache-Control": "no-store"}
         )
 
-    # Room in a header for the longest token taken (aiohttp's default is 8 KiB), and the
-    # parser's complaints without the bytes they hold.
-    handler = {"max_field_size": FIELD_BYTES, "logger": _protocol_log}
-    app = web.Application(middlewares=[_json_errors], handler_args=handler)
-    app.router.add_get(LOG_PATH, get_log, allow_head=False)
+    app = web.Application(middlewares=[front_proxy_only], handler_args={"logger": _protocol_log})
+    app.router.add_get(API_PATH, discovery, allow_head=False)
+    app.router.add_get(API_LOG_PATH, get_log, allow_head=False)
     return app
 
 
+def log_limits(settings: Settings) -> Limits:
+    """The listener limits, with room for the headers of a user in many groups."""
+    return replace(
+        Limits.from_settings(settings), max_headers=MAX_HEADERS, max_head_bytes=HEAD_BYTES
+    )
+
+
+async def start_log_api(
+    access: LogAccess,
+    authoriser: Authoriser,
+    trust: FrontProxyTrust,
+    cert: ServingCertSource,
+    host: str,
+    port: int,
+    limits: Limits,
+) -> Listener:
+    """Serve the log API on host:port (TLS, see the module's docstring): the trust is read
+    before the first connection is taken and again every `trust.interval` seconds until the
+    listener is closed."""
+    contexts = TlsContexts(cert, trust)
+    app = make_app(access, authoriser, FrontProxyGate(trust, contexts))
+
+    async def keep_trust(_: web.Application) -> AsyncIterator[None]:
+        contexts.context()  # a certificate read in the background starts now
+        await trust.refresh()
+        task = asyncio.create_task(trust.run(), name="slurmjob-front-proxy-trust")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        close = getattr(cert, "close", None)
+        if close is not None:
+            await close()
+
+    app.cleanup_ctx.append(keep_trust)
+    return await serve_app(app, host, port, limits, name="logs", tls=contexts.context)
+
+
 async def serve_logs(
-    settings: Settings, kube: KubeApi, namespaces: Sequence[str] = ()
+    settings: Settings,
+    kube: KubeApi,
+    namespaces: Sequence[str] = (),
+    *,
+    cert: ServingCertSource | None = None,
 ) -> Listener | None:
-    """Start the endpoint on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT` under the listener
-    limits (`listeners`); None when the port is 0. The caller closes it."""
+    """Start the log API on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT`; None when the port is
+    0 or there is no serving certificate source. The caller closes it."""
     if not settings.logs_port:
         return None
+    if cert is None:
+        cert = serving_cert_from_settings(settings, kube)
+        if cert is None:
+            log.warning("no serving certificate for the log API: it is not served")
+            return None
     access = LogAccess.from_settings(settings, kube, namespaces)
-    app = make_app(access, Authoriser(kube))
-    limits = Limits.from_settings(settings).with_fields(FIELD_BYTES, HEAD_BYTES)
-    listener = await serve_app(app, settings.logs_address, settings.logs_port, limits, name="logs")
-    log.info("serving logs on %s:%s", settings.logs_address, settings.logs_port)
+    listener = await start_log_api(
+        access,
+        Authoriser(kube),
+        FrontProxyTrust(kube),
+        cert,
+        settings.logs_address,
+        settings.logs_port,
+        log_limits(settings),
+    )
+    log.info("serving the log API on %s:%s (TLS)", settings.logs_address, settings.logs_port)
     return listener

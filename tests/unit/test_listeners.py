@@ -1,6 +1,6 @@
-"""The listener limits (issue 21, section 2) on real sockets on 127.0.0.1: the log endpoint
-(`serve_logs`), the standby's health probe (`serve_health`) and /metrics (`serve_metrics`),
-each under a short configured deadline.
+"""The listener limits (issue 21, section 2) on real sockets on 127.0.0.1: the log API
+(`serve_logs`, over TLS with the front proxy's client certificate), the standby's health probe
+(`serve_health`) and /metrics (`serve_metrics`), each under a short configured deadline.
 
 A slow partial request is cut at the header deadline, a connection that sends nothing too, an
 idle one after the keep-alive, one that leaves its answer unread after the write deadline;
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,13 +24,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmjob_operator.api.logs import LOG_PATH
+from slurmjob_operator.api.logs import API_LOG_PATH
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.requestheader import RemoteUser
 from slurmjob_operator.election import serve_health
-from slurmjob_operator.kube import ReviewedUser
 from slurmjob_operator.listeners import Limits, Listener, serve_handler, serve_metrics
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
+
+from .tlscerts import CA, FakeServingCert, client_context
 
 DEADLINE = 0.4  # the configured header deadline, keep-alive and write deadline of these tests
 CAP = 4
@@ -59,18 +62,24 @@ def settings(tmp_path: Path, **more: Any) -> Settings:
     return Settings(**(given | more))
 
 
+PROXY_CA, SERVING_CA = CA("front-proxy-ca"), CA("serving-ca")
+#: The front proxy's client context: the log API's connections are made with it.
+PROXY_CLIENT = client_context(SERVING_CA, PROXY_CA.issue("front-proxy-client"))
+
+
 class FakeKube:
-    """What the log endpoint asks the apiserver: nobody's token is accepted."""
+    """What the log API asks the apiserver: the front proxy's CA; nobody may read a log."""
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
-    async def review_token(self, token: str) -> ReviewedUser | None:
-        return None
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        return {
+            "requestheader-client-ca-file": PROXY_CA.pem,
+            "requestheader-username-headers": '["X-Remote-User"]',
+        }
 
-    async def may_get_slurmjob(
-        self, user: ReviewedUser, namespace: str, name: str
-    ) -> tuple[bool, str]:
+    async def may_read_log(self, user: RemoteUser, namespace: str, name: str) -> tuple[bool, str]:
         return False, "no"
 
 
@@ -82,7 +91,8 @@ def _metrics(s: Settings) -> Awaitable[Listener | None]:
 
 
 def _logs(s: Settings) -> Awaitable[Listener | None]:
-    return serve_logs(s, FakeKube())  # type: ignore[arg-type]
+    cert = FakeServingCert(SERVING_CA.issue("logs", server=True))
+    return serve_logs(s, FakeKube(), cert=cert)  # type: ignore[arg-type]
 
 
 async def _health(s: Settings) -> Listener | None:
@@ -90,33 +100,39 @@ async def _health(s: Settings) -> Listener | None:
     return await serve_health(url, lambda: True, Limits.from_settings(s))
 
 
-# Each listener with one request it answers 200 (health), 401 (logs: no token) or 200.
-LISTENERS: dict[str, tuple[Opener, str]] = {
-    "metrics": (_metrics, "/metrics"),
-    "health": (_health, "/healthz"),
-    "logs": (_logs, LOG_PATH.format(namespace="ns", name="job")),
+# Each listener with one request it answers 200 (health), 401 (logs: no user named) or 200,
+# and the TLS client its connections are made with (None: plain HTTP).
+LISTENERS: dict[str, tuple[Opener, str, ssl.SSLContext | None]] = {
+    "metrics": (_metrics, "/metrics", None),
+    "health": (_health, "/healthz", None),
+    "logs": (_logs, API_LOG_PATH.format(namespace="ns", name="job"), PROXY_CLIENT),
 }
 
 
 @dataclass
 class Served:
-    """One of the operator's listeners and a path it answers."""
+    """One of the operator's listeners, a path it answers and how a client connects."""
 
     listener: Listener
     path: str
+    tls: ssl.SSLContext | None
 
     @property
     def port(self) -> int:
         return self.listener.port
 
+    async def connect(self) -> Streams:
+        """A connection ready for a request: TLS handshaken on the log API's port."""
+        return await asyncio.open_connection("127.0.0.1", self.port, ssl=self.tls)
+
 
 @pytest.fixture(params=sorted(LISTENERS))
 async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
-    opener, path = LISTENERS[request.param]
+    opener, path, tls = LISTENERS[request.param]
     port = free_port()
     listener = await opener(settings(tmp_path, metrics_port=port, logs_port=port))
     assert listener is not None
-    yield Served(listener, path)
+    yield Served(listener, path, tls)
     await listener.close()
 
 
@@ -168,7 +184,7 @@ def close(writer: asyncio.StreamWriter) -> None:
 
 
 async def test_a_slow_partial_request_is_cut_at_the_header_deadline(served: Served) -> None:
-    reader, writer = await connect(served.port)
+    reader, writer = await served.connect()
     writer.write(b"GET " + served.path.encode() + b" HTTP/1.1\r\nHost: x\r\n")
 
     async def trickle() -> None:
@@ -198,7 +214,7 @@ async def test_a_connection_that_sends_nothing_is_cut_at_the_deadline(served: Se
 async def test_an_idle_keep_alive_connection_is_closed_after_the_short_keep_alive(
     served: Served,
 ) -> None:
-    reader, writer = await connect(served.port)
+    reader, writer = await served.connect()
     for _ in range(2):  # the connection is kept between requests...
         writer.write(request(served.path))
         assert await status_of(reader) in (200, 401)
@@ -245,14 +261,15 @@ async def test_an_answer_left_unread_is_cut_at_the_write_deadline(tmp_path: Path
 async def test_connections_over_the_cap_are_answered_503_and_closed_at_once(
     served: Served,
 ) -> None:
-    held = [await connect(served.port) for _ in range(CAP)]
+    held = [await served.connect() for _ in range(CAP)]
     await asyncio.sleep(0.05)
     assert served.listener.connections == CAP
     for _ in range(3):
         reader, writer = await connect(served.port)
         took, got = await closed_after(reader, DEADLINE / 2)  # long before any deadline
         close(writer)
-        assert got.startswith(b"HTTP/1.1 503 ")
+        # TLS: no handshake is spent on it, so no answer either.
+        assert got.startswith(b"HTTP/1.1 503 ") if served.tls is None else got == b""
         assert took < DEADLINE / 2
     assert served.listener.refused == 3
     assert served.listener.connections == CAP
@@ -261,7 +278,7 @@ async def test_connections_over_the_cap_are_answered_503_and_closed_at_once(
         close(writer)
     await asyncio.sleep(0.05)
     assert served.listener.connections == 0
-    reader, writer = await connect(served.port)  # ...which frees their slots
+    reader, writer = await served.connect()  # ...which frees their slots
     writer.write(request(served.path, close=True))
     assert await status_of(reader) in (200, 401)
     close(writer)
@@ -271,7 +288,7 @@ async def test_connections_over_the_cap_are_answered_503_and_closed_at_once(
 
 
 async def test_a_64_kib_header_is_refused(served: Served) -> None:
-    reader, writer = await connect(served.port)
+    reader, writer = await served.connect()
     writer.write(request(served.path, "X-Big: " + "a" * (64 * 1024)))
     took, got = await closed_after(reader, SLACK)
     close(writer)
@@ -283,8 +300,10 @@ async def test_60_kib_of_small_headers_is_refused_before_the_parser_holds_them(
     served: Served,
 ) -> None:
     # Each field and their number within aiohttp's own bounds: only the head's total stops it.
-    reader, writer = await connect(served.port)
-    headers = [f"X-H{i}: {'b' * 1500}" for i in range(40)]
+    reader, writer = await served.connect()
+    count = served.listener.limits.max_head_bytes // 1500 + 4
+    assert count < served.listener.limits.max_headers
+    headers = [f"X-H{i}: {'b' * 1500}" for i in range(count)]
     with contextlib.suppress(OSError):
         writer.write(request(served.path, *headers))
     _, got = await closed_after(reader, SLACK)
@@ -294,7 +313,7 @@ async def test_60_kib_of_small_headers_is_refused_before_the_parser_holds_them(
 
 
 async def test_a_request_body_is_refused_and_the_connection_closed(served: Served) -> None:
-    reader, writer = await connect(served.port)
+    reader, writer = await served.connect()
     writer.write(request(served.path, "Content-Length: 1000000")[:-2] + b"\r\n" + b"z" * 1000)
     assert await status_of(reader) == 413
     await closed_after(reader, SLACK)

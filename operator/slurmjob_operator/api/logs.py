@@ -1,16 +1,19 @@
-"""The operator's log endpoint on the wire: what `kubectl slurmjob logs` asks and what the
-operator answers (`logserver.py` serves it, `plugin/` reads it).
+"""The log API on the wire: what `kubectl slurmjob logs` asks and what the operator answers
+(`logserver.py` serves it, `plugin/` reads it).
 
-    GET /v1/namespaces/{namespace}/slurmjobs/{name}/log
+The operator serves an aggregated API, `logs.slurmjob.io/v1alpha1`, whose one resource is the
+subresource `slurmjobs/log`; the plugin asks the kube-apiserver, which authenticates the user
+and proxies the request over TLS with its front-proxy client certificate, naming the user in
+`X-Remote-*` headers (docs/security.md, "The log endpoint"). No user credential reaches the
+operator.
+
+    GET /apis/logs.slurmjob.io/v1alpha1/namespaces/{namespace}/slurmjobs/{name}/log
         ?stream=stdout|stderr&attempt=N&index=I&offset=B
-    X-Slurmjob-Token: <the user's bearer token>
 
 Without `offset` the answer is the log's tail (at most 64 KiB and 2,000 lines, whole lines);
 with it, the bytes from `offset` on (at most 64 KiB, up to the last line break read), so a
-follower asks again from `nextOffset`. The plugin reaches it through the kube-apiserver's
-service proxy, which authenticates the user but passes no identity on and drops the
-`Authorization` header: hence the token in a header of its own, which the operator checks
-with a TokenReview and a SubjectAccessReview (docs/security.md).
+follower asks again from `nextOffset`. `GET /apis/logs.slurmjob.io/v1alpha1` is the API's
+discovery (an APIResourceList).
 
 The query is parsed strictly: only the four parameters, each at most once, numbers as plain
 decimal digits (`int()` would take "+1", " 1" and "1_000"), so what reaches a path is
@@ -28,13 +31,16 @@ from pydantic import ConfigDict, Field
 
 from slurmjob_operator.api.model import Model
 
-#: Where the endpoint is, below the operator's logs port (the service proxy's path after
-#: `/proxy`).
-LOG_PATH = "/v1/namespaces/{namespace}/slurmjobs/{name}/log"
-#: The header the user's bearer token travels in (the apiserver's proxy drops Authorization).
-TOKEN_HEADER = "X-Slurmjob-Token"  # noqa: S105 (a header name, not a secret)
-#: A longer header is refused unread: Kubernetes tokens are a few KiB at most.
-MAX_TOKEN_LENGTH = 16 * 1024
+#: The aggregated API: its group, version and the APIService that registers it.
+API_GROUP = "logs.slurmjob.io"
+API_VERSION = "v1alpha1"
+API_SERVICE_NAME = f"{API_VERSION}.{API_GROUP}"
+#: The API's discovery path, and the log's (a `str.format` template).
+API_PATH = f"/apis/{API_GROUP}/{API_VERSION}"
+API_LOG_PATH = API_PATH + "/namespaces/{namespace}/slurmjobs/{name}/log"
+#: The resource and subresource a SubjectAccessReview asks about.
+API_RESOURCE = "slurmjobs"
+API_SUBRESOURCE = "log"
 #: What one answer holds at most: the log reader's caps (storage/logs.py).
 READ_BYTES = 64 * 1024
 READ_LINES = 2000
@@ -159,3 +165,26 @@ class LogError(_Answer):
     code: int
     reason: str
     message: str
+
+
+#: The kind the discovery names for the log subresource (its answer is a LogAnswer).
+LOG_KIND = "SlurmJobLog"
+
+
+def api_resource_list() -> dict[str, object]:
+    """The API's discovery document (a v1 APIResourceList): the one subresource, namespaced,
+    `get` only. The aggregator's availability check and its discovery read this."""
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{API_GROUP}/{API_VERSION}",
+        "resources": [
+            {
+                "name": f"{API_RESOURCE}/{API_SUBRESOURCE}",
+                "singularName": "",
+                "namespaced": True,
+                "kind": LOG_KIND,
+                "verbs": ["get"],
+            }
+        ],
+    }

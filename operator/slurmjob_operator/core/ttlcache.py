@@ -1,11 +1,11 @@
 """A small cache whose entries expire, bounded in size whatever its callers put in.
 
-The log endpoint keeps three things a short while (`logserver.py`): who a token belongs to
-and whether that user may read a SlurmJob (seconds: a revoked right must stop working
-soon), the SlurmJob itself (a second: several followers of one job share one read), and the
-secret values to hide in its logs. The keys come from requests, which anyone can send, so
-the size is capped: the oldest entry goes first when it is full. `now` is passed in (a
-monotonic clock), so the rules are tested without waiting.
+The log API keeps three things a short while (`logserver.py`): whether a user the apiserver
+named may read a SlurmJob's log (seconds: a revoked right must stop working soon), the
+SlurmJob itself (a second: several followers of one job share one read), and the secret
+values to hide in its logs. The keys come from requests, so the size is capped: the oldest
+entry goes first when it is full. `now` is passed in (a monotonic clock), so the rules are
+tested without waiting.
 """
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ connection may cost only what these limits allow.
 * **Keep-alive**: an idle connection is closed `keepalive` seconds after its last answer.
 * **Answers left unread**: a connection whose answer the peer has not taken (writing paused)
   for `write_timeout` seconds is cut.
+* **TLS** (a listener given a `tls` source: the log API): each accepted connection is
+  handshaken with the context the source gives at that moment (a new certificate or CA takes
+  effect for the next connection), inside the same deadline as the head (the handshake
+  counts from the accept, its own timeout is `header_timeout` too); a connection over the cap
+  is closed before any handshake, and a closing one waits for the peer's close_notify at most
+  `write_timeout` seconds.
 
 No thread serves any connection: /metrics is an asyncio handler over the operator's
 registry like the others (`metrics_handler`).
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -33,6 +40,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.listeners.connection import Guard, Refused
 
 __all__ = [
     "HEAD_BYTES",
@@ -55,16 +63,9 @@ MAX_HEADERS: Final = 64
 #: The largest chunk aiohttp buffers of a body before it stops reading the socket.
 READ_BUFFER: Final = 16 * 1024
 
-_REFUSED: Final = (
-    b"HTTP/1.1 503 Service Unavailable\r\n"
-    b"Connection: close\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
-)
-_HEAD_TOO_LARGE: Final = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"Connection: close\r\nContent-Length: 0\r\n\r\n"
-)
-
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+#: The TLS context for the next connection; None when there is none (the connection is cut).
+TlsSource = Callable[[], "ssl.SSLContext | None"]
 
 
 @dataclass(frozen=True)
@@ -105,144 +106,20 @@ class Limits:
         }
 
 
-class _Refused(asyncio.Protocol):
-    """A connection over the cap: a 503, then closed before anything of it is read."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_REFUSED)
-        # abort, not close: a peer that never reads must not keep the socket alive.
-        transport.abort()
-
-
-class _Guard(asyncio.Protocol):
-    """One accepted connection: aiohttp's protocol inside, the limits around it. It sees every
-    byte before aiohttp does and is told by the listener when a request starts and ends."""
-
-    def __init__(self, listener: Listener, inner: asyncio.Protocol) -> None:
-        self._listener = listener
-        self.inner = inner
-        self._inner_connected = False
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
-        self._waiting = True  # for a request head (not handling a request)
-        self._head_bytes = 0
-        self._released = False
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._write_timer: asyncio.TimerHandle | None = None
-        # From the accept: a connection that never sends a byte is cut at the same deadline.
-        self._arm_head()
-
-    # -- timers ---------------------------------------------------------------------------
-
-    def _arm_head(self) -> None:
-        self._head_timer = self._loop.call_later(
-            self._listener.limits.header_timeout, self.cut, "header"
-        )
-
-    def _cancel(self, *timers: asyncio.TimerHandle | None) -> None:
-        for timer in timers:
-            if timer is not None:
-                timer.cancel()
-
-    def cut(self, why: str) -> None:
-        self._listener.count_cut(why)
-        self.abort()
-
-    def abort(self) -> None:
-        if self._transport is None:
-            # Never connected (the transport failed while being made): free the slot only.
-            self._release()
-            return
-        self._transport.abort()
-
-    def _release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._cancel(self._head_timer, self._idle_timer, self._write_timer)
-            self._listener.release(self)
-
-    # -- what the listener tells it ---------------------------------------------------------
-
-    def request_started(self) -> None:
-        self._waiting = False
-        self._head_bytes = 0
-        self._cancel(self._head_timer, self._idle_timer)
-        self._head_timer = self._idle_timer = None
-
-    def request_ended(self) -> None:
-        self._waiting = True
-        if self._transport is not None and not self._released:
-            self._idle_timer = self._loop.call_later(
-                self._listener.limits.keepalive, self._idle_expired
-            )
-
-    def _idle_expired(self) -> None:
-        # The answer may still be going out; the write deadline watches that.
-        if self._waiting and self._head_timer is None and self._write_timer is None:
-            self.cut("keepalive")
-
-    # -- asyncio.Protocol ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        if self._released:  # the deadline passed before the connection was made
-            transport.abort()
-            return
-        self._inner_connected = True
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._released:
-            return
-        if self._waiting and self._head_timer is None:  # the first byte of the next request
-            self._cancel(self._idle_timer)
-            self._idle_timer = None
-            self._arm_head()
-        # Counted while a request is handled too: no endpoint takes a body, so whatever comes
-        # then is the next (pipelined) head, which aiohttp's parser would otherwise hold.
-        self._head_bytes += len(data)
-        if self._head_bytes > self._listener.limits.max_head_bytes:
-            self._listener.count_cut("head-bytes")
-            assert self._transport is not None
-            self._transport.write(_HEAD_TOO_LARGE)
-            self._transport.abort()
-            return
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        if self._write_timer is None:
-            self._write_timer = self._loop.call_later(
-                self._listener.limits.write_timeout, self.cut, "write"
-            )
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._cancel(self._write_timer)
-        self._write_timer = None
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._release()
-        if self._inner_connected:
-            self.inner.connection_lost(exc)
-
-
 class Listener:
     """One listening socket under `Limits`, serving an aiohttp `web.Server` (an application's
     or a bare handler's). Made by `serve_app` and `serve_handler`; `close` ends it."""
 
-    def __init__(self, name: str, limits: Limits, server: web.Server) -> None:
+    def __init__(
+        self, name: str, limits: Limits, server: web.Server, tls: TlsSource | None = None
+    ) -> None:
         self.name = name
         self.limits = limits
+        self.tls = tls
+        self.handshakes: set[asyncio.Task[None]] = set()
         self._server = server
-        self._guards: dict[object, _Guard] = {}  # by aiohttp's protocol of the connection
-        self._open: set[_Guard] = set()
+        self._guards: dict[object, Guard] = {}  # by aiohttp's protocol of the connection
+        self._open: set[Guard] = set()
         self._socket_server: asyncio.Server | None = None
         self._port = 0
         self._cleanup: Callable[[], Awaitable[None]] | None = None
@@ -284,14 +161,14 @@ class Listener:
         if len(self._open) >= self.limits.max_connections:
             self.refused += 1
             self._warn("refused a connection over the cap of %d", self.limits.max_connections)
-            return _Refused()
+            return Refused(answer=self.tls is None)
         inner = self._server()
-        guard = _Guard(self, inner)
+        guard = Guard(self, inner)
         self._open.add(guard)
         self._guards[inner] = guard
         return guard
 
-    def release(self, guard: _Guard) -> None:
+    def release(self, guard: Guard) -> None:
         self._open.discard(guard)
         self._guards.pop(guard.inner, None)
 
@@ -326,6 +203,8 @@ class Listener:
             self._socket_server.close()
         for guard in list(self._open):
             guard.abort()
+        for task in list(self.handshakes):
+            task.cancel()
         if self._socket_server is not None:
             await self._socket_server.wait_closed()
         if self._cleanup is not None:
@@ -334,13 +213,20 @@ class Listener:
 
 
 async def serve_app(
-    app: web.Application, host: str, port: int, limits: Limits, *, name: str
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: Limits,
+    *,
+    name: str,
+    tls: TlsSource | None = None,
 ) -> Listener:
-    """Serve an aiohttp application on host:port under `limits`."""
+    """Serve an aiohttp application on host:port under `limits` (over TLS with the context
+    `tls` gives for each connection, when given)."""
     runner = web.AppRunner(app, access_log=None, **limits.handler_args())
     await runner.setup()
     assert runner.server is not None
-    listener = Listener(name, limits, runner.server)
+    listener = Listener(name, limits, runner.server, tls)
     try:
         await listener.start(host, port, runner.cleanup)
     except BaseException:
