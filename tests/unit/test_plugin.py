@@ -1,7 +1,7 @@
 """`kubectl slurmjob` (issue 13, part 4) without a cluster: argument parsing, the tables of
 `get` and `describe`, `logs` and `logs -f` against a scripted cluster (the operator's answers,
-its refusals, its absence, a kubeconfig without a token), `cancel` and what the proxy's
-answers mean."""
+its refusals, the apiserver's, a cluster without the log API), `cancel` and what the
+apiserver's answers for the aggregated log API mean (issue 21, section 3)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,14 @@ import pytest
 from slurmjob_operator.api.logs import LogAnswer, LogError, LogQuery, LogStream
 from slurmjob_operator.plugin import kubeclient
 from slurmjob_operator.plugin.kubeclient import (
-    Operator,
+    ApiserverRefused,
+    LogsApiAbsent,
     OperatorRefused,
     OperatorUnavailable,
     PluginError,
-    TokenRejected,
+    Unauthorized,
 )
 from slurmjob_operator.plugin.main import (
-    DEFAULT_OPERATOR_NAMESPACE,
-    DEFAULT_OPERATOR_SERVICE,
     EXIT_ERROR,
     EXIT_OK,
     build_parser,
@@ -116,10 +115,10 @@ def answer(text: str, **extra: Any) -> LogAnswer:
 
 
 class FakeCluster:
-    def __init__(self, objects: dict[str, dict[str, Any]], token: str | None = "tok") -> None:
+    def __init__(self, objects: dict[str, dict[str, Any]], exec_plugin: bool = True) -> None:
         self.namespace = "team-a"
         self.objects = objects
-        self.token = token
+        self.exec_plugin = exec_plugin
         self.script: list[LogAnswer | Exception] = []
         self.queries: list[LogQuery] = []
         self.calls: list[tuple[str, Any]] = []
@@ -127,12 +126,9 @@ class FakeCluster:
         self.closed = False
         self.gone_after = 0
 
-    async def bearer_token(self) -> str | None:
-        return self.token
-
-    async def refresh_token(self) -> None:
+    async def refresh_credentials(self) -> bool:
         self.refreshed += 1
-        self.token = "fresh-tok"
+        return self.exec_plugin
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         if name not in self.objects:
@@ -154,12 +150,9 @@ class FakeCluster:
         self.calls.append(("patch", patch))
         return self.objects[name]
 
-    async def read_log(
-        self, operator: Operator, namespace: str, name: str, query: LogQuery, token: str
-    ) -> LogAnswer:
-        assert operator == Operator(DEFAULT_OPERATOR_NAMESPACE, DEFAULT_OPERATOR_SERVICE)
+    async def read_log(self, namespace: str, name: str, query: LogQuery) -> LogAnswer:
         self.queries.append(query)
-        self.calls.append(("token", token))
+        self.calls.append(("read", (namespace, name)))
         step = self.script.pop(0)
         if isinstance(step, Exception):
             raise step
@@ -204,21 +197,23 @@ def test_logs_arguments_and_their_defaults() -> None:
         2,
         None,
     )
-    assert (args.operator_namespace, args.operator_service) == (
-        "slurmjob-system",
-        "slurmjob-operator-logs",
-    )
-    env = {
-        "KUBECTL_SLURMJOB_OPERATOR_NAMESPACE": "ops",
-        "KUBECTL_SLURMJOB_OPERATOR_SERVICE": "sj-logs",
-    }
-    args = build_parser(env).parse_args(["logs", "train", "--index", "3", "-n", "team-b"])
-    assert (args.operator_namespace, args.operator_service, args.index, args.namespace) == (
-        "ops",
-        "sj-logs",
-        3,
-        "team-b",
-    )
+    args = build_parser({}).parse_args(["logs", "train", "--index", "3", "-n", "team-b"])
+    assert (args.index, args.namespace, args.ignored) == (3, "team-b", None)
+
+
+async def test_logs_names_no_operator_namespace_or_service() -> None:
+    """The log is asked of the apiserver: no Service name or namespace is guessed, and the
+    old flags pointing at one are taken and ignored (with a note) for one release."""
+    cluster = FakeCluster({"train": slurmjob()})
+    cluster.script = [answer("ok\n")]
+    argv = ["logs", "train", "--operator-namespace", "ops", "--operator-service", "sj-logs"]
+    code, out, err = await run_plugin(cluster, *argv)
+    assert (code, out) == (EXIT_OK, "ok\n")
+    assert cluster.calls == [("read", ("team-a", "train"))]
+    assert err.count("\n") == 1
+    assert "are ignored: logs come through the apiserver" in err
+    env = {"KUBECTL_SLURMJOB_OPERATOR_SERVICE": "sj-logs"}
+    assert "operator_service" not in vars(build_parser(env).parse_args(["logs", "train"]))
 
 
 @pytest.mark.parametrize(
@@ -384,7 +379,7 @@ async def test_follow_waits_out_an_operator_restart_and_sees_a_replaced_file() -
     cluster = FakeCluster({"train": slurmjob()})
     cluster.script = [
         answer("a\n"),
-        OperatorUnavailable("HTTP 503 from the apiserver's proxy: no endpoints available"),
+        OperatorUnavailable("HTTP 503 from the apiserver: service unavailable"),
         answer("fresh\n", offset=0, nextOffset=6, size=6, ended=True),
     ]
     code, out, err = await run_plugin(cluster, "logs", "train", "-f")
@@ -419,35 +414,44 @@ async def test_follow_waits_for_the_first_attempt() -> None:
         await run_plugin(failed, "logs", "train", "-f")
 
 
-async def test_a_refusal_is_an_error_and_no_fallback() -> None:
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        OperatorRefused(LogError(code=403, reason="Forbidden", message='user "bob" may not get')),
+        ApiserverRefused('HTTP 403 from the apiserver: User "bob" may not get slurmjobs/log'),
+    ],
+)
+async def test_a_refusal_is_an_error_and_no_fallback(refusal: Exception) -> None:
     cluster = FakeCluster({"train": slurmjob(logs={"stdout": {"tail": "secret tail\n"}})})
-    refused = LogError(code=403, reason="Forbidden", message='user "bob" may not get ...')
-    cluster.script = [OperatorRefused(refused)]
-    with pytest.raises(PluginError, match='user "bob" may not get'):
+    cluster.script = [refusal]
+    with pytest.raises(PluginError, match='"bob" may not get') as raised:
         await run_plugin(cluster, "logs", "train")
+    assert "secret tail" not in str(raised.value)
 
 
-async def test_no_bearer_token_falls_back_to_the_status_tail() -> None:
+async def test_a_cluster_without_the_log_api_gets_the_status_tail_with_a_one_line_note() -> None:
     logs = {"stdout": {"tail": "kept\n", "truncated": True}, "stderr": {"tail": "oops\n"}}
-    cluster = FakeCluster({"train": slurmjob(logs=logs)}, token=None)
+    cluster = FakeCluster({"train": slurmjob(logs=logs)})
+    absent = LogsApiAbsent("the apiserver serves no logs.slurmjob.io/v1alpha1: 404 page not found")
+    cluster.script = [absent]
     code, out, err = await run_plugin(cluster, "logs", "train", "-f")
     assert (code, out) == (EXIT_OK, "kept\n")
     assert err.count("\n") == 1
-    assert "no bearer token (a client certificate?)" in err
+    assert "no log API here (the apiserver serves no logs.slurmjob.io/v1alpha1" in err
     assert "earlier lines left out" in err
     assert "not following" in err
-    assert cluster.queries == []
+    cluster.script = [absent]
     code, out, _ = await run_plugin(cluster, "logs", "train", "--stderr")
     assert out == "oops\n"
 
 
-async def test_an_unreachable_operator_falls_back_with_a_one_line_note() -> None:
+async def test_an_operator_that_does_not_answer_falls_back_with_a_one_line_note() -> None:
     cluster = FakeCluster({"train": slurmjob(logs={"stdout": {"tail": "kept\n"}})})
-    cluster.script = [OperatorUnavailable("HTTP 404 from the apiserver's proxy: no Service")]
+    cluster.script = [OperatorUnavailable("HTTP 503 from the apiserver: service unavailable")]
     code, out, err = await run_plugin(cluster, "logs", "train")
     assert (code, out) == (EXIT_OK, "kept\n")
     assert err.count("\n") == 1
-    assert "does not answer (HTTP 404 from the apiserver's proxy: no Service)" in err
+    assert "the operator's log API does not answer (HTTP 503 from the apiserver" in err
 
 
 @pytest.mark.parametrize(
@@ -461,20 +465,27 @@ async def test_the_fallback_cannot_show_what_the_status_does_not_keep(
     argv: list[str], message: str
 ) -> None:
     attempts = [{"number": 1, "jobName": "a1"}, {"number": 2, "jobName": "a2"}]
-    cluster = FakeCluster({"train": slurmjob(attempts=attempts)}, token=None)
+    cluster = FakeCluster({"train": slurmjob(attempts=attempts)})
+    cluster.script = [LogsApiAbsent("404")]
     with pytest.raises(PluginError, match=message):
         await run_plugin(cluster, "logs", "train", *argv)
 
 
-async def test_a_rejected_token_is_fetched_again_once() -> None:
+async def test_credentials_the_apiserver_refuses_are_fetched_again_once() -> None:
     cluster = FakeCluster({"train": slurmjob()})
-    cluster.script = [TokenRejected("expired"), answer("ok\n")]
+    cluster.script = [Unauthorized("expired"), answer("ok\n")]
     code, out, _ = await run_plugin(cluster, "logs", "train")
     assert (code, out, cluster.refreshed) == (EXIT_OK, "ok\n", 1)
-    assert [c for c in cluster.calls if c[0] == "token"] == [
-        ("token", "tok"),
-        ("token", "fresh-tok"),
-    ]
+    assert len(cluster.queries) == 2
+    # Refused again, or nothing to fetch again with: an error, no fallback.
+    cluster.script = [Unauthorized("expired"), Unauthorized("still")]
+    with pytest.raises(Unauthorized, match="still"):
+        await run_plugin(cluster, "logs", "train")
+    plain = FakeCluster({"train": slurmjob()}, exec_plugin=False)
+    plain.script = [Unauthorized("no")]
+    with pytest.raises(Unauthorized, match="no"):
+        await run_plugin(plain, "logs", "train")
+    assert len(plain.queries) == 1
 
 
 async def test_control_characters_reach_a_terminal_escaped_and_a_pipe_raw() -> None:
@@ -534,7 +545,7 @@ def test_what_suspend_does(body: dict[str, Any], effect: str) -> None:
     assert effect in suspend_effect(Job.of(body))
 
 
-# -- what the proxy's answers mean ----------------------------------------------------------
+# -- what the apiserver's answers mean ------------------------------------------------------
 
 
 def _raises(status: int, body: object) -> Callable[[], object]:
@@ -542,29 +553,48 @@ def _raises(status: int, body: object) -> Callable[[], object]:
     return lambda: kubeclient._answer(status, raw)
 
 
-def test_the_proxys_answers() -> None:
+def test_the_apiservers_answers() -> None:
     ok = answer("x\n").model_dump(mode="json", by_alias=True)
     assert kubeclient._answer(200, json.dumps({**ok, "newerField": 1}).encode()).text == "x\n"
     refusal = {"kind": "SlurmJobLogError", "code": 403, "reason": "Forbidden", "message": "no"}
-    with pytest.raises(OperatorRefused, match="no"):
-        _raises(403, refusal)()
+    gone = {**refusal, "code": 404, "reason": "NotFound", "message": "SlurmJob a/b not found"}
+    forbidden = {
+        "kind": "Status",
+        "code": 403,
+        "reason": "Forbidden",
+        "message": 'slurmjobs.logs.slurmjob.io "b" is forbidden: User "bob" cannot get '
+        'resource "slurmjobs/log"',
+    }
     for status, body, kind in [
-        (401, {"kind": "Status", "message": "Unauthorized"}, TokenRejected),
-        (401, {**refusal, "code": 401, "reason": "TokenRefused"}, TokenRejected),
-        (503, {"kind": "Status", "message": "no endpoints available"}, OperatorUnavailable),
-        (403, {"kind": "Status", "message": 'cannot get resource "services/proxy"'}, None),
-        (404, {"kind": "Status", "message": 'services "x" not found'}, OperatorUnavailable),
+        (403, refusal, OperatorRefused),
+        (404, gone, OperatorRefused),  # the operator's: the SlurmJob, not the API, is gone
+        # A release that serves the API for other namespaces: this one's has it off.
+        (404, {**gone, "reason": "NotWatched", "message": "not watched here"}, LogsApiAbsent),
+        (401, {"kind": "Status", "message": "Unauthorized"}, Unauthorized),
+        (403, forbidden, ApiserverRefused),
+        # No APIService: the apiserver's own 404, a Status or plain text.
+        (
+            404,
+            {"kind": "Status", "reason": "NotFound", "message": "the server could not find"},
+            LogsApiAbsent,
+        ),
+        (404, b"404 page not found\n", LogsApiAbsent),
+        (503, {"kind": "Status", "message": "service unavailable"}, OperatorUnavailable),
+        (429, {"kind": "Status", "message": "too many requests"}, OperatorUnavailable),
         (503, {**refusal, "code": 503, "reason": "SecretsUnknown"}, OperatorUnavailable),
         (200, b"<html>not json</html>", OperatorUnavailable),
     ]:
-        with pytest.raises(kind or OperatorUnavailable):
+        with pytest.raises(kind) as raised:
             _raises(status, body)()
+        assert type(raised.value) is kind, (status, body)
+    # Neither refusal falls back: they are errors, not an absent API.
+    assert not issubclass(ApiserverRefused, OperatorUnavailable)
+    assert not issubclass(OperatorRefused, OperatorUnavailable)
 
 
-def test_the_proxy_path() -> None:
-    assert Operator("slurmjob-system", "slurmjob-operator-logs").proxy_path("team-a", "train") == (
-        "/api/v1/namespaces/slurmjob-system/services/slurmjob-operator-logs:logs/proxy"
-        "/v1/namespaces/team-a/slurmjobs/train/log"
+def test_the_log_path() -> None:
+    assert kubeclient.log_path("team-a", "train") == (
+        "/apis/logs.slurmjob.io/v1alpha1/namespaces/team-a/slurmjobs/train/log"
     )
 
 

@@ -1,12 +1,19 @@
-"""The plugin's `Session` on real kubeconfig files against an in-process stand-in apiserver:
-the token of a `token:` user and of an exec credential plugin, the context's namespace, the
-request the log read makes through the service proxy (its path, the user's token both as
-the apiserver's Authorization and in X-Slurmjob-Token, the query), and the kubeconfig never
-written back."""
+"""The plugin's `Session` on real kubeconfig files against an in-process stand-in apiserver
+that serves the aggregated log API (issue 21, section 3): the request the log read makes (its
+path below `/apis/logs.slurmjob.io/v1alpha1`, the query, the kubeconfig's own credentials and
+no token in a header of the plugin's own) for a `token:` user, a client-certificate user over
+TLS and an exec credential plugin (run again once when the apiserver refuses its token); the
+context's namespace; and the kubeconfig never written back."""
 
 from __future__ import annotations
 
-import json
+import asyncio
+import base64
+import datetime
+import ipaddress
+import os
+import signal
+import ssl
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,44 +23,76 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from slurmjob_operator.api.logs import LogQuery, LogStream
-from slurmjob_operator.plugin.kubeclient import Operator, PluginError, Session, TokenRejected
+from slurmjob_operator.plugin.kubeclient import (
+    LogsApiAbsent,
+    PluginError,
+    Session,
+    Unauthorized,
+)
+
+LOG_ROUTE = "/apis/logs.slurmjob.io/v1alpha1/namespaces/{ns}/slurmjobs/{name}/log"
 
 
 class Apiserver:
+    """Answers the log path only (any other path is the 404 of an apiserver without the
+    APIService); records each request with the client certificate's CN, if any."""
+
     def __init__(self) -> None:
-        self.requests: list[tuple[str, Any, dict[str, str]]] = []
+        self.requests: list[tuple[str, Any, dict[str, str], str | None]] = []
         self.status = 200
         self.body: dict[str, Any] = {}
+        self.tokens: set[str] | None = None  # accepted bearer tokens (None: any)
+        self.absent = False  # answer as an apiserver without the APIService
 
     def app(self) -> web.Application:
-        async def proxy(request: web.Request) -> web.Response:
-            self.requests.append((request.path, request.headers.copy(), dict(request.query)))
+        async def log(request: web.Request) -> web.Response:
+            cn = None
+            transport = request.transport
+            peer = transport.get_extra_info("peercert") if transport else None
+            if peer:
+                cn = dict(part[0] for part in peer["subject"]).get("commonName")
+            self.requests.append((request.path, request.headers.copy(), dict(request.query), cn))
+            if self.absent:
+                return web.Response(status=404, text="404 page not found\n")
+            bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if self.tokens is not None and bearer not in self.tokens:
+                return web.json_response({"kind": "Status", "message": "Unauthorized"}, status=401)
             return web.json_response(self.body, status=self.status)
 
         app = web.Application()
-        app.router.add_get("/api/v1/namespaces/{ns}/services/{svc}/proxy/{path:.*}", proxy)
+        app.router.add_get(LOG_ROUTE, log)
         return app
 
 
 @pytest.fixture
 async def apiserver() -> AsyncIterator[tuple[Apiserver, str]]:
     fake = Apiserver()
-    server = TestServer(fake.app())
+    server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     yield fake, str(server.make_url("")).rstrip("/")
     await server.close()
 
 
-def kubeconfig(path: Path, server: str, user: dict[str, Any], namespace: str | None) -> Path:
+def kubeconfig(
+    path: Path,
+    server: str,
+    user: dict[str, Any],
+    namespace: str | None,
+    cluster: dict[str, Any] | None = None,
+) -> Path:
     context: dict[str, Any] = {"cluster": "c", "user": "u"}
     if namespace:
         context["namespace"] = namespace
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "clusters": [{"name": "c", "cluster": {"server": server, **(cluster or {})}}],
         "users": [{"name": "u", "user": user}],
         "contexts": [{"name": "ctx", "context": context}],
         "current-context": "ctx",
@@ -76,7 +115,14 @@ ANSWER = {
 }
 
 
-async def test_a_token_user_reads_through_the_service_proxy(
+def _no_token_elsewhere(headers: Any, token: str) -> None:
+    """The token travels as the apiserver's Authorization and in no other header."""
+    for name, value in headers.items():
+        if name.lower() != "authorization":
+            assert token not in value, name
+
+
+async def test_a_token_user_asks_the_apiserver_for_the_aggregated_log(
     apiserver: tuple[Apiserver, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake, url = apiserver
@@ -86,71 +132,174 @@ async def test_a_token_user_reads_through_the_service_proxy(
     session = await Session.open()
     try:
         assert session.namespace == "team-a"
-        token = await session.bearer_token()
-        assert token == "sa-token-123"
         fake.body = ANSWER
         query = LogQuery(stream=LogStream.STDERR, index=3, offset=10)
-        got = await session.read_log(
-            Operator("slurmjob-system", "slurmjob-operator-logs"), "team-a", "train", query, token
-        )
+        got = await session.read_log("team-a", "train", query)
         assert got.text == "hello\n"
-        path_seen, headers, params = fake.requests[0]
-        assert path_seen == (
-            "/api/v1/namespaces/slurmjob-system/services/slurmjob-operator-logs:logs/proxy"
-            "/v1/namespaces/team-a/slurmjobs/train/log"
-        )
-        assert headers["authorization"] == "Bearer sa-token-123"
-        assert headers["X-Slurmjob-Token"] == "sa-token-123"
+        path_seen, headers, params, _ = fake.requests[0]
+        assert path_seen == "/apis/logs.slurmjob.io/v1alpha1/namespaces/team-a/slurmjobs/train/log"
+        assert headers["Authorization"] == "Bearer sa-token-123"
+        assert "X-Slurmjob-Token" not in headers
+        _no_token_elsewhere(headers, "sa-token-123")
         assert params == {"stream": "stderr", "index": "3", "offset": "10"}
         fake.status, fake.body = 401, {"kind": "Status", "message": "Unauthorized"}
-        with pytest.raises(TokenRejected):
-            await session.read_log(
-                Operator("slurmjob-system", "x"), "team-a", "train", LogQuery(), token
-            )
+        with pytest.raises(Unauthorized):
+            await session.read_log("team-a", "train", LogQuery())
+        assert not await session.refresh_credentials()  # a plain token: nothing to fetch
+        # An apiserver without the APIService.
+        fake.absent = True
+        with pytest.raises(LogsApiAbsent, match="404 page not found"):
+            await session.read_log("team-a", "train", LogQuery())
     finally:
         await session.close()
     assert path.read_text() == before
 
 
-async def test_an_exec_plugin_that_gives_a_token_works(
-    apiserver: tuple[Apiserver, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# -- a client-certificate user, over TLS ----------------------------------------------------
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _cert(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[str, ec.EllipticCurvePrivateKey] | None,
+    *,
+    ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (subject, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    elif not ca:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def test_a_client_certificate_user_reads_the_log_with_no_token_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, url = apiserver
-    credential = {
-        "apiVersion": "client.authentication.k8s.io/v1",
-        "kind": "ExecCredential",
-        "status": {"token": "exec-token-456"},
-    }
-    user = {
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("test-ca", ca_key, None, ca=True)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = _cert("apiserver", server_key, ("test-ca", ca_key), server=True)
+    user_key = ec.generate_private_key(ec.SECP256R1())
+    user_cert = _cert("alice", user_key, ("test-ca", ca_key))
+    (tmp_path / "ca.crt").write_bytes(_pem(ca))
+    (tmp_path / "server.crt").write_bytes(_pem(server_cert))
+    (tmp_path / "server.key").write_bytes(_key_pem(server_key))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tmp_path / "ca.crt")
+    context.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    context.verify_mode = ssl.CERT_REQUIRED  # as an apiserver with --client-ca-file
+    fake = Apiserver()
+    fake.body = ANSWER
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server(ssl=context)
+    try:
+        url = f"https://127.0.0.1:{server.port}"
+        user = {
+            "client-certificate-data": _b64(_pem(user_cert)),
+            "client-key-data": _b64(_key_pem(user_key)),
+        }
+        cluster = {"certificate-authority-data": _b64(_pem(ca))}
+        path = kubeconfig(tmp_path / "config", url, user, "team-a", cluster)
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        session = await Session.open()
+        try:
+            got = await session.read_log("team-a", "train", LogQuery())
+        finally:
+            await session.close()
+    finally:
+        await server.close()
+    assert got.text == "hello\n"
+    (path_seen, headers, _, cn) = fake.requests[0]
+    assert path_seen.endswith("/namespaces/team-a/slurmjobs/train/log")
+    assert cn == "alice"  # the apiserver knows the user by the certificate
+    assert "Authorization" not in headers
+    assert not any(h.lower().startswith("x-slurmjob") for h in headers)
+
+
+# -- an exec credential plugin --------------------------------------------------------------
+
+
+def _exec_user(counter: Path) -> dict[str, Any]:
+    """An exec plugin that gives `exec-token-<n>`, n counting its runs (in `counter`)."""
+    script = (
+        "import json, pathlib, sys; p = pathlib.Path(sys.argv[1]); "
+        "n = int(p.read_text() or 0) + 1 if p.exists() else 1; p.write_text(str(n)); "
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', "
+        "'kind': 'ExecCredential', 'status': {'token': f'exec-token-{n}', "
+        "'expirationTimestamp': '2999-01-01T00:00:00Z'}}))"
+    )
+    return {
         "exec": {
             "apiVersion": "client.authentication.k8s.io/v1",
             "command": sys.executable,
-            "args": ["-c", f"print({json.dumps(json.dumps(credential))})"],
+            "args": ["-c", script, str(counter)],
             "interactiveMode": "Never",
         }
     }
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", url, user, None)))
+
+
+async def test_an_exec_plugins_token_is_fetched_again_when_the_apiserver_refuses_it(
+    apiserver: tuple[Apiserver, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, url = apiserver
+    fake.body = ANSWER
+    counter = tmp_path / "runs"
+    path = kubeconfig(tmp_path / "config", url, _exec_user(counter), None)
+    monkeypatch.setenv("KUBECONFIG", str(path))
     session = await Session.open()
     try:
         assert session.namespace == "default"
-        assert await session.bearer_token() == "exec-token-456"
-        await session.refresh_token()
-        assert await session.bearer_token() == "exec-token-456"
+        await session.read_log("team-a", "train", LogQuery())
+        assert fake.requests[-1][1]["Authorization"] == "Bearer exec-token-1"
+        # The apiserver stops taking it before the expiry the plugin gave (revoked, or a
+        # clock apart): one more run of the plugin, its new token.
+        fake.tokens = {"exec-token-2"}
+        with pytest.raises(Unauthorized):
+            await session.read_log("team-a", "train", LogQuery())
+        assert await session.refresh_credentials()
+        await session.read_log("team-a", "train", LogQuery())
+        assert fake.requests[-1][1]["Authorization"] == "Bearer exec-token-2"
+        _no_token_elsewhere(fake.requests[-1][1], "exec-token-2")
     finally:
         await session.close()
-
-
-async def test_basic_auth_is_no_bearer_token(
-    apiserver: tuple[Apiserver, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, url = apiserver
-    user = {"username": "u", "password": "p"}
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", url, user, None)))
-    session = await Session.open()
-    try:
-        assert await session.bearer_token() is None
-    finally:
-        await session.close()
+    assert counter.read_text() == "2"
 
 
 async def test_no_kubeconfig_and_no_pod_is_an_error(
@@ -167,10 +316,6 @@ async def test_no_kubeconfig_and_no_pod_is_an_error(
 async def test_ctrl_c_ends_a_follower_quietly(
     apiserver: tuple[Apiserver, str], tmp_path: Path
 ) -> None:
-    import asyncio
-    import os
-    import signal
-
     fake, url = apiserver
     fake.body = {**ANSWER, "stream": "stdout", "ended": False}  # never ends by itself
     path = kubeconfig(tmp_path / "config", url, {"token": "sa-token-123"}, "team-a")

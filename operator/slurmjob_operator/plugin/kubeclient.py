@@ -1,13 +1,14 @@
 """The plugin's way to the cluster: the user's kubeconfig (as kubectl reads it: `KUBECONFIG`,
 else `~/.kube/config`; `--context`), or a pod's ServiceAccount, and nothing else.
 
-Every call goes to the kube-apiserver as the user. The log endpoint is reached through the
-apiserver's service proxy (`/api/v1/namespaces/<operator ns>/services/<service>:logs/proxy/
-...`), which needs `get` on `services/proxy` for that Service (the chart grants it, see
-docs/security.md). The proxy authenticates the user but tells the operator nothing about
-them and drops the Authorization header, so the user's bearer token goes along in
-`X-Slurmjob-Token`; a kubeconfig without one (client certificates) cannot prove the user to
-the operator, and the caller falls back to the status.
+Every call goes to the kube-apiserver as the user, with whatever credentials the kubeconfig
+holds (a token, a client certificate, an exec plugin's either), the log read too: the
+operator serves it as an aggregated API (`GET /apis/logs.slurmjob.io/v1alpha1/namespaces/
+{ns}/slurmjobs/{name}/log`, asked as `kubectl get --raw` asks). The apiserver authenticates
+and authorises the user (`get` on `slurmjobs/log` in `logs.slurmjob.io`) and proxies to the
+operator as its front proxy, naming the user in headers the operator takes from it alone:
+no credential of the user's goes past the apiserver, and nothing here names the operator's
+namespace or Service (the APIService says where it is).
 
 The kubeconfig is never written back (a refreshed OIDC token stays in memory).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,10 @@ from pydantic import ValidationError
 
 from slurmjob_operator import GROUP, PLURAL, VERSION
 from slurmjob_operator.api.logs import (
+    API_GROUP,
+    API_LOG_PATH,
+    API_VERSION,
     ERROR_KIND,
-    LOG_PATH,
-    TOKEN_HEADER,
     LogAnswer,
     LogError,
     LogQuery,
@@ -50,13 +51,24 @@ class PluginError(Exception):
 
 
 class OperatorUnavailable(Exception):
-    """The log endpoint cannot answer (not installed, unreachable, not allowed through the
-    proxy, failing): the caller falls back to the status tail, saying why."""
+    """The log API cannot answer (the operator down or failing, the apiserver unreachable):
+    the caller falls back to the status tail, or keeps asking while following."""
 
 
-class TokenRejected(OperatorUnavailable):
-    """HTTP 401: the apiserver or the operator does not accept the token (it may have
-    expired: an exec plugin's is fetched again once)."""
+class LogsApiAbsent(OperatorUnavailable):
+    """No log API for this namespace: the apiserver serves no `logs.slurmjob.io/v1alpha1`
+    (its own 404: no APIService), or the release behind it does not watch this namespace
+    (the operator's 404 NotWatched)."""
+
+
+class Unauthorized(PluginError):
+    """HTTP 401 from the apiserver: it does not accept the kubeconfig's credentials (an exec
+    plugin's token may have expired: it is fetched again once)."""
+
+
+class ApiserverRefused(PluginError):
+    """The apiserver's own refusal (403: the user may not `get slurmjobs/log` there; 400 and
+    the like): shown as it is, and no fallback."""
 
 
 class OperatorRefused(PluginError):
@@ -68,20 +80,9 @@ class OperatorRefused(PluginError):
         self.error = error
 
 
-@dataclass(frozen=True)
-class Operator:
-    """Where the log endpoint is: the Service (and its named port) in the operator's
-    namespace."""
-
-    namespace: str
-    service: str
-    port: str = "logs"
-
-    def proxy_path(self, namespace: str, name: str) -> str:
-        return (
-            f"/api/v1/namespaces/{self.namespace}/services/{self.service}:{self.port}/proxy"
-            + LOG_PATH.format(namespace=namespace, name=name)
-        )
+def log_path(namespace: str, name: str) -> str:
+    """The log's path in the aggregated API, below the apiserver's root."""
+    return API_LOG_PATH.format(namespace=namespace, name=name)
 
 
 class Session:
@@ -121,25 +122,19 @@ class Session:
     async def close(self) -> None:
         await self.api.close()
 
-    async def bearer_token(self) -> str | None:
-        """The user's bearer token, None when the credentials are no token (client
-        certificates, basic auth, an exec plugin that gives certificates)."""
-        value = await self.api.configuration.get_api_key_with_prefix("BearerToken")
-        if not isinstance(value, str) or not value.startswith("Bearer "):
-            return None
-        token = value[len("Bearer ") :].strip()
-        return token or None
-
-    async def refresh_token(self) -> None:
-        """Run the kubeconfig's exec plugin again when its token has expired (and keep it in
-        memory only)."""
+    async def refresh_credentials(self) -> bool:
+        """Run the kubeconfig's exec plugin again (its token may have expired before the time
+        it gave) and keep what it gives in memory only; False when there is none to run."""
         loader = self._loader
         if loader is None or "exec" not in (getattr(loader, "_user", None) or {}):
-            return
+            return False
+        if hasattr(loader, "exec_plugin_expiry"):
+            del loader.exec_plugin_expiry  # else it answers with the token it has
         await loader.load_from_exec_plugin()
         token = getattr(loader, "token", None)
         if token:
             self.api.configuration.api_key["BearerToken"] = token
+        return True
 
     # -- SlurmJobs, as the user -----------------------------------------------------------
 
@@ -225,18 +220,17 @@ class Session:
         bodies = [self.api.sanitize_for_serialization(lease) for lease in found]
         return sorted(bodies, key=lambda body: str(body.get("metadata", {}).get("name")))
 
-    # -- the log endpoint -----------------------------------------------------------------
+    # -- the log API ----------------------------------------------------------------------
 
-    async def read_log(
-        self, operator: Operator, namespace: str, name: str, query: LogQuery, token: str
-    ) -> LogAnswer:
-        """One read of the log endpoint through the service proxy."""
+    async def read_log(self, namespace: str, name: str, query: LogQuery) -> LogAnswer:
+        """One read of the aggregated log API, as the user (their credentials only, as the
+        kubeconfig gives them to every other call)."""
         try:
             response = await self.api.call_api(
-                operator.proxy_path(namespace, name),
+                log_path(namespace, name),
                 "GET",
                 query_params=query.items(),
-                header_params={TOKEN_HEADER: token, "Accept": "application/json"},
+                header_params={"Accept": "application/json"},
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT,
@@ -268,15 +262,20 @@ async def _read_capped(stream: aiohttp.StreamReader, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+#: The operator's reason for a namespace it does not watch: the release that serves the API
+#: is not this namespace's (whose own may keep its APIService off), so there is no log API
+#: for it, rather than a refusal.
+NOT_WATCHED = "NotWatched"
+
+
 def _answer(status: int, body: bytes) -> LogAnswer:
-    """The operator's answer, or the exception that says what the proxy or operator said."""
+    """The operator's answer, or the exception that says who refused or failed: the
+    operator (its errors are of kind SlurmJobLogError) or the apiserver (a Status, or
+    text)."""
     try:
         data = json.loads(body)
     except ValueError:
         data = None
-    if status == 401:
-        message = data.get("message") if isinstance(data, dict) else None
-        raise TokenRejected(f"your token is not accepted: {message or 'HTTP 401'}")
     if status == 200:
         try:
             return LogAnswer.model_validate(data)
@@ -289,10 +288,18 @@ def _answer(status: int, body: bytes) -> LogAnswer:
             raise OperatorUnavailable(f"HTTP {status} from the operator") from None
         if error.code >= 500:
             raise OperatorUnavailable(f"the operator failed: {error.message}")
+        if error.code == 404 and error.reason == NOT_WATCHED:
+            raise LogsApiAbsent(f"the operator serving it does not watch it: {error.message}")
         raise OperatorRefused(error)
-    # The apiserver's own Status: the Service, its endpoints or the proxy right are missing.
     message = data.get("message") if isinstance(data, dict) else None
-    raise OperatorUnavailable(f"HTTP {status} from the apiserver's proxy: {message or 'no detail'}")
+    detail = message or body[:200].decode("utf-8", "replace").strip() or "no detail"
+    if status == 401:
+        raise Unauthorized(f"the apiserver does not accept your credentials: {detail}")
+    if status == 404:
+        raise LogsApiAbsent(f"the apiserver serves no {API_GROUP}/{API_VERSION}: {detail}")
+    if status == 429 or status >= 500:
+        raise OperatorUnavailable(f"HTTP {status} from the apiserver: {detail}")
+    raise ApiserverRefused(f"HTTP {status} from the apiserver: {detail}")
 
 
 def _api_error(exc: ApiException, what: str) -> str:

@@ -9,11 +9,13 @@
 (each with `-n NAMESPACE` and `--context CONTEXT`). kubectl finds the console script
 `kubectl-slurmjob` on the PATH and runs it with the words after `slurmjob`.
 
-`logs` reads through the operator's log endpoint (`api/logs.py`): up to 64 KiB / 2,000 lines
-of the file, where the status keeps a few KiB; `-f` asks again from where it stopped about
-once a second until the attempt has ended and its file is read to the end. When the endpoint
-cannot be reached, or the kubeconfig holds no bearer token to prove the user with, it prints
-the tail the status keeps, with a note on stderr saying why.
+`logs` asks the apiserver for the operator's aggregated log API (`api/logs.py`,
+`logs.slurmjob.io/v1alpha1`, as `kubectl get --raw` would, with the kubeconfig's own
+credentials): up to 64 KiB / 2,000 lines of the file, where the status keeps a few KiB; `-f`
+asks again from where it stopped about once a second until the attempt has ended and its file
+is read to the end. Where the cluster serves no such API (the apiserver's 404), or the
+operator behind it does not answer, it prints the tail the status keeps, with a one-line
+note on stderr saying why; a refusal (the apiserver's or the operator's) is an error.
 
 Exit status: 0 done, 1 an error (on stderr), 2 bad usage, 130 interrupted (Ctrl-C).
 """
@@ -32,12 +34,12 @@ from typing import Any, Protocol, TextIO
 from slurmjob_operator.api.logs import LogAnswer, LogQuery, LogStream, dns_name
 from slurmjob_operator.core.logview import pick_attempt
 from slurmjob_operator.plugin.kubeclient import (
-    Operator,
+    LogsApiAbsent,
     OperatorRefused,
     OperatorUnavailable,
     PluginError,
     Session,
-    TokenRejected,
+    Unauthorized,
 )
 from slurmjob_operator.plugin.leader import leader_table
 from slurmjob_operator.plugin.render import (
@@ -55,12 +57,10 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-#: Where the chart puts the log endpoint: its Service (a fixed name, whatever the release is
-#: called) in the namespace the README installs the operator into.
+#: Where `leader` looks for the operator's Lease by default: the namespace the README installs
+#: the operator into (`logs` needs no such guess: the apiserver knows its APIService).
 DEFAULT_OPERATOR_NAMESPACE = "slurmjob-system"
-DEFAULT_OPERATOR_SERVICE = "slurmjob-operator-logs"
 OPERATOR_NAMESPACE_ENV = "KUBECTL_SLURMJOB_OPERATOR_NAMESPACE"
-OPERATOR_SERVICE_ENV = "KUBECTL_SLURMJOB_OPERATOR_SERVICE"
 #: Seconds between two reads of a followed log.
 FOLLOW_INTERVAL = 1.0
 #: Seconds a follower keeps asking an operator that stopped answering (a replica restarting).
@@ -74,16 +74,13 @@ class Cluster(Protocol):
 
     namespace: str
 
-    async def bearer_token(self) -> str | None: ...
-    async def refresh_token(self) -> None: ...
+    async def refresh_credentials(self) -> bool: ...
     async def get(self, namespace: str, name: str) -> dict[str, Any]: ...
     async def exists(self, namespace: str, name: str) -> bool: ...
     async def list(self, namespace: str | None) -> list[dict[str, Any]]: ...
     async def delete(self, namespace: str, name: str) -> None: ...
     async def patch(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
-    async def read_log(
-        self, operator: Operator, namespace: str, name: str, query: LogQuery, token: str
-    ) -> LogAnswer: ...
+    async def read_log(self, namespace: str, name: str, query: LogQuery) -> LogAnswer: ...
     async def leases(self, namespace: str, name: str | None) -> Sequence[dict[str, Any]]: ...
     async def close(self) -> None: ...
 
@@ -143,20 +140,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
         action="store_true",
         help="write control characters as they are, also to a terminal",
     )
-    logs.add_argument(
-        "--operator-namespace",
-        type=_namespace,
-        default=env.get(OPERATOR_NAMESPACE_ENV) or DEFAULT_OPERATOR_NAMESPACE,
-        help=f"the operator's namespace (${OPERATOR_NAMESPACE_ENV}, "
-        f"default {DEFAULT_OPERATOR_NAMESPACE})",
-    )
-    logs.add_argument(
-        "--operator-service",
-        type=_namespace,  # a Service name is an RFC 1123 label too
-        default=env.get(OPERATOR_SERVICE_ENV) or DEFAULT_OPERATOR_SERVICE,
-        help=f"the Service of its log endpoint (${OPERATOR_SERVICE_ENV}, "
-        f"default {DEFAULT_OPERATOR_SERVICE})",
-    )
+    # Deprecated: the log went through the operator's Service; taken and ignored (a note
+    # says so) for one release, so that scripts passing them still run.
+    for flag in ("--operator-namespace", "--operator-service"):
+        logs.add_argument(flag, dest="ignored", action="append", help=argparse.SUPPRESS)
 
     get = commands.add_parser(
         "get", parents=[common], help="attempts, Slurm ids, SLUIDs, arrays and reasons"
@@ -219,30 +206,20 @@ class Writer:
 
 
 def _note(err: TextIO, text: str) -> None:
-    # Notes carry what others wrote (a status message, an operator's or proxy's answer).
+    # Notes carry what others wrote (a status message, the operator's or apiserver's answer).
     err.write(f"note: {printable(text)}\n")
     err.flush()
 
 
-async def _read(
-    cluster: Cluster, operator: Operator, namespace: str, name: str, query: LogQuery
-) -> LogAnswer:
-    """One read; a refused token is fetched again once (an exec plugin's may have expired)."""
-    token = await cluster.bearer_token()
-    if token is None:
-        raise NoToken()
+async def _read(cluster: Cluster, namespace: str, name: str, query: LogQuery) -> LogAnswer:
+    """One read; credentials the apiserver refuses are fetched again once (an exec plugin's
+    token may have expired)."""
     try:
-        return await cluster.read_log(operator, namespace, name, query, token)
-    except TokenRejected:
-        await cluster.refresh_token()
-        token = await cluster.bearer_token()
-        if token is None:
-            raise NoToken() from None
-        return await cluster.read_log(operator, namespace, name, query, token)
-
-
-class NoToken(Exception):
-    """The kubeconfig's credentials carry no bearer token."""
+        return await cluster.read_log(namespace, name, query)
+    except Unauthorized:
+        if not await cluster.refresh_credentials():
+            raise
+        return await cluster.read_log(namespace, name, query)
 
 
 async def cmd_logs(
@@ -250,20 +227,21 @@ async def cmd_logs(
 ) -> int:
     namespace = args.namespace or cluster.namespace
     name: str = args.name
-    operator = Operator(args.operator_namespace, args.operator_service)
+    if args.ignored:
+        _note(
+            err,
+            "--operator-namespace/--operator-service are ignored: logs come through the apiserver",
+        )
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
     query = LogQuery(stream=stream, attempt=args.attempt, index=args.index)
     writer = Writer(out, raw=args.raw or not _isatty(out))
     try:
-        answer = await _first_read(cluster, operator, namespace, name, query, args, err, sleep)
-    except NoToken:
-        why = (
-            "your kubeconfig's credentials are no bearer token (a client certificate?), so the "
-            "operator cannot tell who you are"
-        )
+        answer = await _first_read(cluster, namespace, name, query, args, err, sleep)
+    except LogsApiAbsent as exc:
+        why = f"no log API here ({exc})"
         return await _fallback(cluster, namespace, name, query, writer, err, why, args.follow)
     except OperatorUnavailable as exc:
-        why = f"the operator's log endpoint does not answer ({exc})"
+        why = f"the operator's log API does not answer ({exc})"
         return await _fallback(cluster, namespace, name, query, writer, err, why, args.follow)
     except OperatorRefused as exc:
         raise PluginError(exc.error.message) from None
@@ -281,9 +259,9 @@ async def cmd_logs(
         await sleep(FOLLOW_INTERVAL)
         try:
             current = await _read(
-                cluster, operator, namespace, name, pinned.model_copy(update={"offset": offset})
+                cluster, namespace, name, pinned.model_copy(update={"offset": offset})
             )
-        except (OperatorUnavailable, NoToken) as exc:
+        except OperatorUnavailable as exc:
             if waited == 0:
                 _note(err, f"the operator does not answer ({exc}); asking again")
             waited += FOLLOW_INTERVAL
@@ -313,7 +291,6 @@ async def cmd_logs(
 
 async def _first_read(
     cluster: Cluster,
-    operator: Operator,
     namespace: str,
     name: str,
     query: LogQuery,
@@ -326,7 +303,7 @@ async def _first_read(
     told = False
     while True:
         try:
-            return await _read(cluster, operator, namespace, name, query)
+            return await _read(cluster, namespace, name, query)
         except OperatorRefused as exc:
             if exc.error.reason != "NoAttempt" or not args.follow or query.attempt is not None:
                 raise
