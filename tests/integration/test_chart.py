@@ -748,7 +748,8 @@ def test_rendered_manifests_pass_server_dry_run(
     text = kube.helm("template", "ci", str(CHART), "-n", CI_NAMESPACE, "-f", str(values)).stdout
     docs = [d for d in yaml.safe_load_all(text) if d]
     # Every namespaced object names its namespace, so no `-n` here.
-    assert all(d["metadata"].get("namespace") for d in docs if not d["kind"].startswith("Cluster"))
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "APIService")
+    assert all(d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped)
     proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
