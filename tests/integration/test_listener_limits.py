@@ -8,6 +8,8 @@ long as the attack lasts.
 Per port: the operator's peak RSS grows by less than 30 MB, every connection is closed within
 the configured header deadline (1 s, plus scheduling slack), the ones over the cap are
 answered 503 at once, and a SlurmJob applied during the attack is run to Succeeded meanwhile.
+The log API is TLS only: its slow clients finish a handshake (with no certificate of their
+own) before their slow head, and the ones over the cap are closed before the handshake ends.
 The figures are printed (`-s`) for docs/security.md.
 
 Also section 4 on the same operator: the leader is shown from its Lease, not a pod label.
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import ssl
 import statistics
 import subprocess
 import sys
@@ -36,8 +39,9 @@ from tests.integration.sitefiles import site_env
 from tests.integration.test_operator_e2e import Operator
 from tests.k8s.kube import KubeTestbed
 from tests.testbed.slurm import SlurmTestbed
+from tests.unit.tlscerts import CA
 
-from slurmjob_operator.api.logs import LOG_PATH
+from slurmjob_operator.api.logs import API_LOG_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -113,6 +117,7 @@ class Attack:
 
     port: int
     path: str
+    tls: ssl.SSLContext | None = None  # the log API: a handshake first, then the slow head
     connections: list[Connection] = field(default_factory=list)
     connect_errors: int = 0
     connected_clients: int = 0  # clients whose first connection was accepted
@@ -150,6 +155,17 @@ class Attack:
                 self.connected_clients += 1
                 first = False
             got = b""
+            if self.tls is not None:
+                try:
+                    await asyncio.wait_for(writer.start_tls(self.tls), 30 * DEADLINE)
+                except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
+                    # Closed before the handshake ended: over the cap (a TLS port writes no
+                    # 503 a client could read before its handshake).
+                    with contextlib.suppress(OSError):
+                        writer.close()
+                    self.connections.append(Connection(opened, time.monotonic(), True))
+                    await asyncio.sleep(DEADLINE)
+                    continue
             try:
                 writer.write(head_bytes)
                 # Never longer than 30 deadlines: a connection still open then is a failure.
@@ -251,6 +267,8 @@ def operator(
         "SLURMJOB_METRICS_ADDRESS": "127.0.0.1",
         "SLURMJOB_LOGS_PORT": str(ports["logs"]),
         "SLURMJOB_LOGS_ADDRESS": "127.0.0.1",
+        # The log API is TLS only: a serving certificate of the test's own.
+        **_serving_files(tmp),
         "SLURMJOB_LISTENER_HEADER_TIMEOUT": str(DEADLINE),
         "SLURMJOB_LISTENER_KEEPALIVE": str(DEADLINE),
         "SLURMJOB_LISTENER_WRITE_TIMEOUT": str(DEADLINE),
@@ -276,8 +294,25 @@ def operator(
 PATHS = {
     "metrics": "/metrics",
     "health": "/healthz",
-    "logs": LOG_PATH.format(namespace="default", name="anything"),
+    "logs": API_LOG_PATH.format(namespace="default", name="anything"),
 }
+
+
+def _serving_files(tmp: Path) -> dict[str, str]:
+    issued = CA("listener-test-ca").issue("127.0.0.1", server=True)
+    cert, key = tmp / "logs.crt", tmp / "logs.key"
+    cert.write_bytes(issued.cert_pem)
+    key.write_bytes(issued.key_pem)
+    key.chmod(0o600)
+    return {"SLURMJOB_LOGS_TLS_CERT_FILE": str(cert), "SLURMJOB_LOGS_TLS_KEY_FILE": str(key)}
+
+
+def _untrusting() -> ssl.SSLContext:
+    """A client that takes any server certificate and shows none of its own: an attacker."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _wait_serving(port: int, within: float = 60) -> None:
@@ -293,7 +328,7 @@ def _wait_serving(port: int, within: float = 60) -> None:
 
 def _attack(op: ListenerOperator, name: str) -> Figures:
     assert op.proc is not None
-    attack = Attack(op.ports[name], PATHS[name])
+    attack = Attack(op.ports[name], PATHS[name], _untrusting() if name == "logs" else None)
     watch = PeakWatch(op.proc.pid)
     started = time.monotonic()
     attack.start()

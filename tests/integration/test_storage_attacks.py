@@ -54,6 +54,11 @@ def _staging(obj: dict[str, Any]) -> Path:
     return Path(obj["status"]["attempts"][-1]["stagingDir"])
 
 
+def _tail(obj: dict[str, Any]) -> str:
+    logs = (obj.get("status") or {}).get("logs") or {}
+    return str((logs.get("stdout") or {}).get("tail") or "")
+
+
 def _watch_without(op: Operator, name: str, marker: str, within: float = 90) -> dict[str, Any]:
     """Poll the resource until its phase is final; the marker must never show on the way."""
     deadline = time.monotonic() + within
@@ -72,11 +77,20 @@ def test_a_symlinked_log_never_reaches_the_status(
     op: Operator, marker_file: tuple[Path, str]
 ) -> None:
     path, marker = marker_file
+    # The job swaps its log only once the test has seen the first tail in the status (a file
+    # `go` in its directory; at most a minute), whatever the machine's speed.
     script = (
-        ENTER + "echo before-the-swap; sleep 5; "
-        f"rm -f stdout.log && ln -s {path} stdout.log && echo planted >&2; sleep 12"
+        ENTER + "echo before-the-swap; for i in $(seq 600); do [ -e go ] && break; sleep 0.1; "
+        f"done; rm -f stdout.log && ln -s {path} stdout.log && echo planted >&2; sleep 12"
     )
     op.apply("symlink", cpu_spec(["bash", "-c", script]))
+    seen = op.wait_for(
+        "symlink",
+        lambda o: "before-the-swap" in _tail(o) and marker not in json.dumps(o),
+        within=90,
+        what="the first tail in the status",
+    )
+    (_staging(seen) / "go").touch()
     obj = _watch_without(op, "symlink", marker)
     assert obj["status"]["phase"] == "Succeeded", obj["status"]
     staging = _staging(obj)
