@@ -19,6 +19,7 @@ CLI (used by ``make dev-up``)::
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.k8s import pki
 from tests.testbed import procs
 
 HERE = Path(__file__).resolve().parent
@@ -40,6 +42,7 @@ GOMOD_DIR = HERE / "gomod"
 CACHE_DIR = Path(os.environ.get("SLURMJOB_TESTBED_K8S_CACHE", "/var/cache/slurmjob-testbed/k8s"))
 BASE = Path("/srv/slurmjob-testbed/k8s")
 PKI_DIR = BASE / "pki"
+PKI = pki.Pki(PKI_DIR)
 RUN_DIR = BASE / "run"
 LOG_DIR = BASE / "log"
 ETCD_DATA = BASE / "etcd-data"
@@ -56,7 +59,6 @@ SERVER = f"https://{HOST}:{APISERVER_PORT}"
 SERVICE_CIDR = "10.0.0.0/24"
 ADMIN_USER = "testbed-admin"
 ADMIN_GROUP = "system:masters"
-CERT_DAYS = 3650
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Daemons do not fork; keep their Popen so they are reaped after stop (no zombies, no
@@ -238,98 +240,6 @@ def _daemons() -> list[tuple[str, Path]]:
     ]
 
 
-_CLIENT_EXT = (
-    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-    "extendedKeyUsage=clientAuth\n"
-)
-
-
-def _openssl(*args: str) -> None:
-    proc = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise TestbedError(
-            f"openssl {' '.join(args)} failed (rc {proc.returncode}):\n{proc.stderr}"
-        )
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o600)
-    tmp.replace(path)
-
-
-def _sign_cert(name: str, subject: str, extensions: str) -> None:
-    """PKI_DIR/<name>.key + <name>.crt signed by the test-bed CA (written atomically)."""
-    key, csr, crt = (PKI_DIR / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
-    ext_file = PKI_DIR / f"{name}.ext"
-    ext_file.write_text(extensions)
-    tmp_key = PKI_DIR / f"{name}.key.tmp"
-    tmp_crt = PKI_DIR / f"{name}.crt.tmp"
-    _openssl(
-        "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(tmp_key)
-    )
-    _openssl("req", "-new", "-key", str(tmp_key), "-subj", subject, "-out", str(csr))
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(PKI_DIR / "ca.crt"),
-        "-CAkey", str(PKI_DIR / "ca.key"), "-set_serial", str(int.from_bytes(os.urandom(8), "big")),
-        "-days", str(CERT_DAYS), "-sha256", "-extfile", str(ext_file), "-out", str(tmp_crt),
-    )  # fmt: skip
-    tmp_key.chmod(0o600)
-    tmp_key.replace(key)
-    tmp_crt.replace(crt)
-    csr.unlink(missing_ok=True)
-    ext_file.unlink(missing_ok=True)
-
-
-def _ensure_pki() -> None:
-    """CA, apiserver serving cert, admin client cert and SA key pair (made once, then kept)."""
-    PKI_DIR.mkdir(parents=True, exist_ok=True)
-    PKI_DIR.chmod(0o700)
-    ca_key, ca_crt = PKI_DIR / "ca.key", PKI_DIR / "ca.crt"
-    if not (ca_key.is_file() and ca_crt.is_file()):
-        _log("generating the test-bed CA")
-        for f in PKI_DIR.iterdir():  # everything else was signed by the old CA
-            f.unlink()
-        tmp_key = PKI_DIR / "ca.key.tmp"
-        _openssl(
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_key),
-            "-out", str(ca_crt), "-days", str(CERT_DAYS), "-sha256",
-            "-subj", "/CN=slurmjob-testbed-ca",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-        )  # fmt: skip
-        tmp_key.chmod(0o600)
-        tmp_key.replace(ca_key)
-    if not (PKI_DIR / "apiserver.crt").is_file() or not (PKI_DIR / "apiserver.key").is_file():
-        service_ip = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
-        sans = [
-            f"IP:{HOST}",
-            f"IP:{service_ip}",
-            "DNS:localhost",
-            "DNS:kubernetes",
-            "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc",
-            "DNS:kubernetes.default.svc.cluster.local",
-        ]
-        _sign_cert(
-            "apiserver",
-            "/CN=kube-apiserver",
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-            f"extendedKeyUsage=serverAuth\nsubjectAltName={','.join(sans)}\n",
-        )
-    if not (PKI_DIR / "admin.crt").is_file() or not (PKI_DIR / "admin.key").is_file():
-        _sign_cert("admin", f"/O={ADMIN_GROUP}/CN={ADMIN_USER}", _CLIENT_EXT)
-    if not (PKI_DIR / "sa.key").is_file() or not (PKI_DIR / "sa.pub").is_file():
-        tmp = PKI_DIR / "sa.key.tmp"
-        _openssl(
-            "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(tmp)
-        )
-        _openssl("pkey", "-in", str(tmp), "-pubout", "-out", str(PKI_DIR / "sa.pub"))
-        tmp.chmod(0o600)
-        tmp.replace(PKI_DIR / "sa.key")
-
-
 def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode("ascii")
 
@@ -371,7 +281,7 @@ def _kubeconfig_text(user: str, cert: Path, key: Path) -> str:
 
 def _write_if_changed(path: Path, text: str) -> None:
     if not path.exists() or path.read_text() != text:
-        _write_private(path, text)
+        pki.write_private(path, text)
 
 
 def _user_kubeconfig(user: str, groups: tuple[str, ...]) -> Path:
@@ -384,8 +294,11 @@ def _user_kubeconfig(user: str, groups: tuple[str, ...]) -> Path:
     USERS_DIR.mkdir(parents=True, exist_ok=True)
     name = f"user-{tag}"
     subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
-    _sign_cert(name, subject, _CLIENT_EXT)
-    _write_private(path, _kubeconfig_text(user, PKI_DIR / f"{name}.crt", PKI_DIR / f"{name}.key"))
+    try:
+        PKI.sign(name, subject, pki.CLIENT_EXT)
+    except pki.PkiError as exc:
+        raise TestbedError(str(exc)) from None
+    pki.write_private(path, _kubeconfig_text(user, PKI.crt(name), PKI.key(name)))
     return path
 
 
@@ -459,6 +372,75 @@ def _alive_check(
     return check, lambda: last[0]
 
 
+def _apiserver_argv(binary: Path) -> list[str]:
+    """kube-apiserver's command line; a kept apiserver started with another is restarted."""
+    d = PKI_DIR
+    front_proxy = pki.FRONT_PROXY_CLIENT
+    return [
+        str(binary),
+        f"--etcd-servers=http://{HOST}:{ETCD_PORT}",
+        f"--bind-address={HOST}",
+        f"--advertise-address={HOST}",  # no default route here: do not guess an address
+        f"--secure-port={APISERVER_PORT}",
+        f"--cert-dir={d}",
+        f"--tls-cert-file={d / 'apiserver.crt'}",
+        f"--tls-private-key-file={d / 'apiserver.key'}",
+        f"--client-ca-file={d / 'ca.crt'}",
+        f"--service-account-issuer={SERVER}",
+        f"--service-account-key-file={d / 'sa.pub'}",
+        f"--service-account-signing-key-file={d / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        # No controller-manager creates the `default` ServiceAccount in namespaces.
+        "--disable-admission-plugins=ServiceAccount",
+        # The `kubernetes` Service would get a loopback endpoint, which validation rejects.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        # The aggregator (APIServices): to an EndpointSlice's address, not a ClusterIP (no
+        # kube-proxy here), as the front proxy whose X-Remote-* headers name the user.
+        "--enable-aggregator-routing=true",
+        f"--requestheader-client-ca-file={PKI.crt(pki.FRONT_PROXY_CA)}",
+        f"--requestheader-allowed-names={front_proxy}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={PKI.crt(front_proxy)}",
+        f"--proxy-client-key-file={PKI.key(front_proxy)}",
+    ]
+
+
+def _running_argv() -> list[str] | None:
+    """The running kube-apiserver's command line, None when it does not run."""
+    pid = procs.read_pid(RUN_DIR / "kube-apiserver.pid")
+    if pid is None or not procs.pid_alive(pid, "kube-apiserver"):
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _requestheader_published() -> tuple[bool, str]:
+    """The apiserver publishes its front-proxy CA and names for aggregated API servers in
+    kube-system/extension-apiserver-authentication (once kube-system exists)."""
+    try:
+        ctx = _ssl_context()
+    except (OSError, ssl.SSLError) as exc:
+        return False, str(exc)
+    path = "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication"
+    status, body = _get(SERVER + path, ctx)
+    data: dict[str, Any] = {}
+    if status == 200:
+        with contextlib.suppress(ValueError, AttributeError):
+            data = json.loads(body).get("data") or {}
+    ca = PKI.crt(pki.FRONT_PROXY_CA).read_text().strip()
+    published = ca in str(data.get("requestheader-client-ca-file", ""))
+    names = data.get("requestheader-allowed-names", "")
+    return published and pki.FRONT_PROXY_CLIENT in names, f"HTTP {status}: {body[:300]}"
+
+
 def _start_daemons(bins: dict[str, Path]) -> None:
     t0 = time.monotonic()
     etcd_log = LOG_DIR / "etcd.log"
@@ -484,33 +466,7 @@ def _start_daemons(bins: dict[str, Path]) -> None:
     t_etcd = time.monotonic() - t0
 
     api_log = LOG_DIR / "kube-apiserver.log"
-    pki = PKI_DIR
-    api = _spawn(
-        "kube-apiserver",
-        [
-            str(bins["kube-apiserver"]),
-            f"--etcd-servers=http://{HOST}:{ETCD_PORT}",
-            f"--bind-address={HOST}",
-            f"--advertise-address={HOST}",  # no default route here: do not guess an address
-            f"--secure-port={APISERVER_PORT}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--service-account-issuer={SERVER}",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
-            "--allow-privileged=true",
-            # No controller-manager creates the `default` ServiceAccount in namespaces.
-            "--disable-admission-plugins=ServiceAccount",
-            # The `kubernetes` Service would get a loopback endpoint, which validation rejects.
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-        ],
-        api_log,
-    )
+    api = _spawn("kube-apiserver", _apiserver_argv(bins["kube-apiserver"]), api_log)
     check, detail = _alive_check("kube-apiserver", api, api_log, _apiserver_ok)
     procs.wait(
         "kube-apiserver /readyz",
@@ -525,6 +481,16 @@ def _start_daemons(bins: dict[str, Path]) -> None:
         "kube-apiserver", api, api_log, lambda: _apiserver_ok("/api/v1/namespaces/default")
     )
     procs.wait("namespace default", check, 15, [api_log], error=TestbedError, detail=detail)
+    check, detail = _alive_check("kube-apiserver", api, api_log, _requestheader_published)
+    procs.wait(
+        "kube-system/extension-apiserver-authentication",
+        check,
+        15,
+        [api_log],
+        error=TestbedError,
+        interval=0.2,
+        detail=detail,
+    )
     total = time.monotonic() - t0
     _log(f"etcd + kube-apiserver up in {total:.2f} s (etcd {t_etcd:.2f} s)")
 
@@ -565,13 +531,20 @@ def start_testbed(reuse: bool | None = None) -> KubeTestbed:
         reuse = keep_requested()
     for d in (BASE, RUN_DIR, LOG_DIR, HOME_DIR):
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
-    _ensure_pki()
-    _write_if_changed(
-        KUBECONFIG, _kubeconfig_text(ADMIN_USER, PKI_DIR / "admin.crt", PKI_DIR / "admin.key")
-    )
+    service_ip = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+    sans = [f"IP:{HOST}", f"IP:{service_ip}", "DNS:localhost", "DNS:kubernetes"]
+    sans += [f"DNS:kubernetes.default{tail}" for tail in ("", ".svc", ".svc.cluster.local")]
+    try:
+        made = PKI.ensure(sans, f"/O={ADMIN_GROUP}/CN={ADMIN_USER}")
+    except pki.PkiError as exc:
+        raise TestbedError(str(exc)) from None
+    _write_if_changed(KUBECONFIG, _kubeconfig_text(ADMIN_USER, PKI.crt("admin"), PKI.key("admin")))
     if reuse and _healthy():
-        _log("re-using the running kube-apiserver")
-        return _testbed()
+        if made or _running_argv() != _apiserver_argv(bins["kube-apiserver"]):
+            _log("the running kube-apiserver has other flags or certificates: restarting it")
+        else:
+            _log("re-using the running kube-apiserver")
+            return _testbed()
     stop_testbed()
     busy = [p for p in (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT) if not procs.port_free(HOST, p)]
     if busy:
