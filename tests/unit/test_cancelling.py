@@ -5,11 +5,13 @@ controller tests)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import pytest
 
 from slurmjob_operator.controller.cancelling import Canceller
+from slurmjob_operator.core import verified
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.errors import (
     SlurmNotFound,
@@ -245,3 +247,33 @@ async def test_an_array_is_final_only_once_every_task_is() -> None:
     slurm.set_state(task_id, "RUNNING")
     assert await c.until_final(100, 1.0)
     assert not await c.until_final(111, 0.1)
+
+
+async def test_a_step_that_ends_mid_batch_fails_only_its_own_cancel() -> None:
+    """One finalizer cancelled while its cancel waits in a batch (its step ends) must not fail
+    the others that share the Slurm user (every tenant without a slurmUser shares one)."""
+    slurm = slurm_with(2)
+    preparing = asyncio.Event()
+
+    async def slow_client_for(user: str | None) -> Any:
+        preparing.set()
+        await asyncio.sleep(0.05)  # a first token minted for the user, say
+        return await slurm.client_for(user)
+
+    c = Canceller(slurm.client, slow_client_for, tick=0.01)
+
+    async def deletion(job_id: int) -> None:
+        with verified.step():
+            await c.cancel(handle(job_id))
+
+    # Each finalizer in a context of its own (outside this module's step): its step ends
+    # when its task is cancelled.
+    loop = asyncio.get_running_loop()
+    gone = loop.create_task(deletion(100), context=contextvars.Context())
+    kept = loop.create_task(deletion(101), context=contextvars.Context())
+    await preparing.wait()
+    gone.cancel()
+    results = await asyncio.gather(gone, kept, return_exceptions=True)
+    assert results[1] is None, results[1]
+    assert slurm.jobs[101].base_state is BaseState.CANCELLED
+    assert slurm.jobs[100].base_state is BaseState.PENDING

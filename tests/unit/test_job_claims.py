@@ -17,7 +17,8 @@ import yaml
 
 from slurmjob_operator.api.status import Phase
 from slurmjob_operator.controller import Controller, RetryLater
-from slurmjob_operator.core.jobview import BaseState
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.metrics import Metrics
 
@@ -251,3 +252,33 @@ async def test_a_status_naming_a_cluster_the_tenant_may_not_use_changes_nothing_
     assert "JobChangeRefused" in bed.store.reasons()
     assert refusals(bed, "cluster") >= 1
     assert not [c for c, who in bed.slurm.acted if who is None and c.split()[0] in CHANGES]
+
+
+async def test_a_copied_identity_run_by_another_slurm_user_is_never_adopted(
+    tmp_path: Path,
+) -> None:
+    """A Slurm user (another tenant's) submits a job carrying a resource's next name and
+    comment (both can be predicted); the resource's submit answer is then lost. Adoption keeps
+    the resource's own job and leaves the impostor alone (it was kept, and the real job
+    cancelled as its duplicate, before)."""
+    bed = make_bed(tmp_path)
+    victim = bed.store.create("train", cpu_spec(), namespace="team-b")
+    bed.slurm.jobs[42] = SlurmJobView(
+        job_id=42,
+        sluid="s00000042",
+        name=naming.job_name(victim.namespace, victim.name, victim.uid, 1),
+        comment=naming.comment(victim.namespace, victim.name, victim.uid, 1),
+        user="mallory",
+        raw_state=("PENDING",),
+        base_state=BaseState.PENDING,
+    )
+    bed.slurm.faults = ["lost"]
+    await reconcile(bed, victim)
+    real = max(bed.slurm.jobs)
+    await reconcile(bed, victim)
+    assert bed.store.status(victim).attempts[-1].job_id == real
+    assert changed(bed.slurm, real) == []
+    assert changed(bed.slurm, 42) == []
+    assert "JobIdentityMismatch" in bed.store.reasons()
+    assert "DuplicateCancelled" not in bed.store.reasons()
+    assert refusals(bed, "owner") >= 1

@@ -118,6 +118,14 @@ def test_a_copied_replaced_or_forged_handle_is_refused(step: verified.Step) -> N
             vouch(fake, "team-a")
 
 
+def test_a_handle_changed_in_place_is_refused(step: verified.Step) -> None:
+    job = made([view()])
+    assert isinstance(job, VerifiedJob)
+    object.__setattr__(job, "job_id", 999)  # `frozen` is no lock against this
+    with pytest.raises(NotVerified, match="changed after it was verified"):
+        vouch(job, "team-a")
+
+
 def test_a_handle_dies_with_its_step() -> None:
     with verified.step():
         job = made([view()])

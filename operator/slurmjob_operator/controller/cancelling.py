@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmjob_operator.core.jobview import group_states
-from slurmjob_operator.core.verified import VerifiedJob
+from slurmjob_operator.core.verified import NotVerified, VerifiedJob, vouch
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.dialects import BulkCancelResult
 from slurmjob_operator.slurm.errors import (
@@ -113,10 +113,16 @@ class Canceller:
     async def _flush_asks(self, user: str, asks: list[_Ask]) -> None:
         client = await self._slurm_as(user)
         valid: list[_Ask] = []
+        acting = client.user
         for ask in asks:
+            if ask.future.done():  # its caller gave up while the client was awaited
+                continue
             try:
+                # Each handle on its own: one whose step ended meanwhile fails its own
+                # caller, never the batch it would have gone out in.
+                vouch(ask.job, acting)
                 ask.sent = client.bulk_ref(ask.job)
-            except (SlurmError, ValueError) as exc:  # no job can have it: one, not the batch
+            except (SlurmError, ValueError, NotVerified) as exc:  # one, not the batch
                 _settle(ask.future, exc)
                 continue
             valid.append(ask)

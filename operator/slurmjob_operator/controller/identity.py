@@ -188,18 +188,31 @@ class JobIdentity:
         if made.why is Why.IDENTITY:
             await refuse_stranger(self.edge, ref, attempt, made.view, refused)
             return
+        await self._foreign_owner(ref, attempt, made.view, refused)
+
+    async def refused_owner(
+        self, ref: ObjectRef, attempt: Attempt, job: SlurmJobView, refused: str
+    ) -> None:
+        """Say that a job carrying the attempt's identity is run by a Slurm user the resource
+        may not own (a copied name and comment), and count it."""
+        self.metrics.job_changes_refused_total.labels(Why.OWNER.value).inc()
+        await self._foreign_owner(ref, attempt, job, refused)
+
+    async def _foreign_owner(
+        self, ref: ObjectRef, attempt: Attempt, job: SlurmJobView, refused: str
+    ) -> None:
         log.warning(
             "%s/%s attempt %s: Slurm job %s belongs to Slurm user %r, not one this resource "
             "may own: %s",
             ref.namespace,
             ref.name,
             attempt.number,
-            made.view.job_id,
-            made.view.user,
+            job.job_id,
+            job.user,
             refused,
         )
         text = (
-            f"Slurm job {made.view.job_id} carries attempt {attempt.number}'s identity but "
-            f"belongs to a Slurm user this resource's jobs are never submitted as; {refused}"
+            f"Slurm job {job.job_id} carries attempt {attempt.number}'s identity but belongs "
+            f"to a Slurm user this resource's jobs are never submitted as; {refused}"
         )
         await self.edge.event(ref, "Warning", IDENTITY_MISMATCH, text)

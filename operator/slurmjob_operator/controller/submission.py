@@ -566,7 +566,12 @@ class Submission:
         staged = not attempt.staging_dir or await asyncio.to_thread(
             is_staged, self.settings, staging
         )
-        decision = adoption(found, view.ref.uid, attempt, staged=staged)
+        owners = await self.identity.owners(view)
+        if owners is None:
+            raise RetryLater("not this cluster's to adopt", self.settings.poll_interval)
+        decision = adoption(found, view.ref.uid, attempt, staged=staged, owners=owners)
+        for impostor in decision.impostors:
+            await self.identity.refused_owner(view.ref, attempt, impostor, "it is not adopted")
         if decision.action is AdoptAction.RESTART:
             # The operator stopped before the attempt's files were complete, and they are
             # always complete before the POST: this attempt was never sent. Start it over.

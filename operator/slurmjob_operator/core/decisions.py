@@ -227,6 +227,9 @@ class Adoption:
     action: AdoptAction
     keep: SlurmJobView | None = None
     duplicates: tuple[SlurmJobView, ...] = ()
+    #: Jobs carrying the attempt's name and comment but run by a Slurm user the resource may
+    #: not own: never adopted, never cancelled (told as a mismatch).
+    impostors: tuple[SlurmJobView, ...] = ()
 
 
 def declared_lost_now(attempt: Attempt, annotations: Mapping[str, str]) -> bool:
@@ -293,12 +296,29 @@ def mismatch_text(job: SlurmJobView, uid: str, attempt: Attempt, refused: str) -
     )
 
 
+def owned(job: SlurmJobView, owners: frozenset[str]) -> bool:
+    """Whether the job's Slurm user is one the resource may own. An accounting record that
+    shows no user is taken on its identity alone (nothing can be changed through it)."""
+    if job.user is None:
+        return job.source is JobSource.ACCOUNTING
+    return job.user in owners
+
+
 def adoption(
-    found: Sequence[SlurmJobView], uid: str, attempt: Attempt, *, staged: bool
+    found: Sequence[SlurmJobView],
+    uid: str,
+    attempt: Attempt,
+    *,
+    staged: bool,
+    owners: frozenset[str] | None = None,
 ) -> Adoption:
     """Which of the jobs found by the attempt's name to keep. `staged`: the attempt's script
-    is on the storage (it is written last, before the POST: without it nothing was sent)."""
-    mine = [job for job in found if belongs(job, uid, attempt)]
+    is on the storage (it is written last, before the POST: without it nothing was sent).
+    `owners`: the Slurm users the resource may own (None: any); a job of another user is an
+    impostor whatever it carries (job names and comments can be predicted and copied)."""
+    carrying = [job for job in found if belongs(job, uid, attempt)]
+    mine = [job for job in carrying if owners is None or owned(job, owners)]
+    impostors = tuple(job for job in carrying if job not in mine)
     # One entry per job, as its leader component (a het job's components share a name);
     # the oldest is kept.
     leaders = sorted(
@@ -306,7 +326,7 @@ def adoption(
         key=lambda j: (j.sluid or "", j.job_id),
     )
     if leaders:
-        return Adoption(AdoptAction.ADOPT, leaders[0], tuple(leaders[1:]))
+        return Adoption(AdoptAction.ADOPT, leaders[0], tuple(leaders[1:]), impostors)
     if attempt.staging_dir and not staged:
-        return Adoption(AdoptAction.RESTART)
-    return Adoption(AdoptAction.WAIT)
+        return Adoption(AdoptAction.RESTART, impostors=impostors)
+    return Adoption(AdoptAction.WAIT, impostors=impostors)

@@ -94,6 +94,13 @@ class VerifiedJob:
 
 # id -> handle, for the handles minted here and still alive; a copy has another id.
 _MINTED: weakref.WeakValueDictionary[int, VerifiedJob] = weakref.WeakValueDictionary()
+# id -> the fields as verified: a handle changed in place (`object.__setattr__` gets past
+# `frozen`) no longer matches them.
+_FIELDS: dict[int, tuple[object, ...]] = {}
+
+
+def _fields(job: VerifiedJob) -> tuple[object, ...]:
+    return (job.job_id, job.sluid, job.components, job.tasks, job.owner, job.cluster, job.step)
 
 
 class Why(StrEnum):
@@ -125,6 +132,8 @@ def _mint(views: Sequence[SlurmJobView], owner: str, cluster: str) -> VerifiedJo
     sluid = head.sluid if head.array_job_id is None else None
     handle = VerifiedJob(job_id, sluid, components, tasks, owner, cluster, current)
     _MINTED[id(handle)] = handle
+    _FIELDS[id(handle)] = _fields(handle)
+    weakref.finalize(handle, _FIELDS.pop, id(handle), None)
     return handle
 
 
@@ -189,6 +198,8 @@ def vouch(job: object, acting: str | None) -> VerifiedJob:
     raises `NotVerified` otherwise. Every mutating call makes this check."""
     if not isinstance(job, VerifiedJob) or _MINTED.get(id(job)) is not job:
         raise NotVerified(f"not a verified job: {type(job).__name__}")
+    if _FIELDS.get(id(job)) != _fields(job):
+        raise NotVerified(f"Slurm job {job.job_id}'s handle was changed after it was verified")
     if not job.step.open:
         raise NotVerified(f"Slurm job {job.job_id} was verified in a step that has ended")
     if acting is None or acting != job.owner:
