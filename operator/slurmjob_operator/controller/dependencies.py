@@ -16,6 +16,14 @@ once, 64 more per waiting interval): a tenant's dependents naming SlurmJobs that
 spend their own namespace's reads, not the operator's share of the apiserver. A name found
 missing is not read again for an interval unless the watch delivers it. Always in the
 dependent's namespace: a name never reaches another namespace.
+
+Wakes are bounded per namespace too (`core.wakes`: 64 at once, 64 more per waiting interval):
+whoever writes an upstream's status chooses how often it changes, and each wake costs the
+dependent's own read. A wake refused waits, once per dependent however many changes ask for it,
+and is made when the namespace has one again: never dropped. So is the Slurm work a change
+asks for (a repoint, a cancel: `core.dependencies.repoint`), 32 at once and 32 more per
+interval; a dependent whose change must wait sees its upstreams as not read for now (nothing
+is changed) and is woken again an interval later.
 """
 
 from __future__ import annotations
@@ -31,19 +39,22 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.resource import RetryLater
-from slurmjob_operator.core.budget import Bucket, is_full, take
+from slurmjob_operator.core.budget import Budgets
 from slurmjob_operator.core.decisions import awaits_upstream
 from slurmjob_operator.core.dependencies import (
     MAX_VISITED,
+    Action,
     Kind,
     Resolution,
     Upstream,
     find_cycle,
+    repoint,
     resolve,
     upstream_of,
 )
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.ttlcache import TtlCache
+from slurmjob_operator.core.wakes import WakeQueue
 from slurmjob_operator.kube import ResourceStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +65,15 @@ RETRY_AFTER_ERROR = 30.0
 #: Reads from the apiserver per namespace: a resolution's worth at once, as many again per
 #: waiting interval (the watch delivers everything else).
 READS_PER_INTERVAL = MAX_VISITED
+
+#: Dependents woken per namespace: as many at once, as many again per waiting interval.
+WAKES_PER_INTERVAL = 64
+
+#: Slurm dependencies changed (a repoint, a cancel) per namespace, likewise.
+CHANGES_PER_INTERVAL = 32
+
+#: The shortest pause between two looks at the wakes that wait (seconds).
+MIN_TICK = 0.5
 
 #: Names found missing, kept for an interval (the bound only caps memory).
 MAX_ABSENT = 16384
@@ -105,7 +125,11 @@ class Dependencies:
         # Every SlurmJob the watch delivered, as the rules read it.
         self._known: dict[Key, Upstream] = {}
         self._absent: TtlCache[Key, bool] = TtlCache(interval, MAX_ABSENT)
-        self._buckets: dict[str, Bucket] = {}
+        self._reads = Budgets(READS_PER_INTERVAL, interval)
+        self._wakes: WakeQueue[ObjectRef] = WakeQueue(WAKES_PER_INTERVAL, interval)
+        self._changes = Budgets(CHANGES_PER_INTERVAL, interval)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         # (namespace, upstream name) -> the dependents' refs, by uid
         self._dependents: dict[tuple[str, str], dict[str, ObjectRef]] = {}
         self._upstreams_of: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -175,9 +199,43 @@ class Dependencies:
     def dependents_of(self, namespace: str, name: str) -> list[ObjectRef]:
         return list(self._dependents.get((namespace, name), {}).values())
 
-    def _wake(self, ref: ObjectRef) -> None:
+    def _wake(self, ref: ObjectRef, *, not_before: float | None = None) -> None:
+        """Reconcile `ref` soon: now when its namespace has a wake left, else once it has
+        one again (and no sooner than `not_before`); once however often it is asked for."""
         if ref.uid in self._scheduled:
             return
+        now = self.clock()
+        if not self._wakes.ask(ref.namespace, ref.uid, ref, now, not_before=not_before):
+            self._arm(self._wakes.due_at(ref.namespace, now, not_before))
+            return
+        self._start(ref)
+
+    def _wanted(self, uid: str) -> bool:
+        return uid in self._upstreams_of or uid in self._own
+
+    def release(self) -> None:
+        """Wake the dependents that waited and may be woken now (the timer's; tests call it
+        after moving the clock on)."""
+        self._timer, self._timer_at = None, None
+        now = self.clock()
+        for ref in self._wakes.due(now, self._wanted):
+            if ref.uid not in self._scheduled:
+                self._start(ref)
+        later = self._wakes.next_at(now)
+        if later is not None:
+            self._arm(later)
+
+    def _arm(self, at: float) -> None:
+        """Look at the waiting wakes again at `at` (the clock's), unless already sooner."""
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(MIN_TICK, at - self.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self.release)
+        self._timer_at = at
+
+    def _start(self, ref: ObjectRef) -> None:
         self._scheduled.add(ref.uid)
 
         async def run() -> None:
@@ -223,12 +281,7 @@ class Dependencies:
             self._absent.put(key, True, self.clock())
 
     def _spend(self, namespace: str, now: float) -> bool:
-        allowed, bucket = take(self._buckets.get(namespace), now, READS_PER_INTERVAL, self.interval)
-        self._buckets[namespace] = bucket
-        if len(self._buckets) > 1024:
-            for name, kept in list(self._buckets.items()):
-                if is_full(kept, now, READS_PER_INTERVAL, self.interval):
-                    del self._buckets[name]
+        allowed = self._reads.take(namespace, now)
         if not allowed:
             log.debug("reads of SlurmJobs in namespace %s are spent for now", namespace)
         return allowed
@@ -315,9 +368,27 @@ class Dependencies:
     ) -> Mapping[str, Upstream | None]:
         """The upstreams named, and nothing further (no cycle search: the job is queued). One
         not read now is as one gone: nothing is changed for it (`core.dependencies.repoint`),
-        and its watch event wakes the dependent."""
+        and its watch event wakes the dependent. When they ask for a change of the job in
+        Slurm and the namespace's changes are spent, every one is as not read: nothing is
+        changed now, and the dependent is woken again an interval later."""
+        ref = view.ref
         found: dict[str, Upstream | None] = {}
         for name in dict.fromkeys(names):
-            upstream = await self._look(view.ref.namespace, name)
+            upstream = await self._look(ref.namespace, name)
             found[name] = None if upstream is Unread.UNREAD else upstream
-        return found
+        attempt = view.status.current_attempt
+        records = attempt.dependencies if attempt is not None else None
+        if not records or repoint(records, found).action is Action.NOTHING:
+            return found
+        now = self.clock()
+        if self._changes.take(ref.namespace, now):
+            return found
+        log.info(
+            "%s/%s: Slurm dependencies changed in namespace %s are spent for now; its change "
+            "waits for the next interval",
+            ref.namespace,
+            ref.name,
+            ref.namespace,
+        )
+        self._wake(ref, not_before=now + self.interval)
+        return dict.fromkeys(found)
