@@ -65,6 +65,7 @@ from slurmjob_operator.slurm.errors import (
     SlurmTransient,
     SlurmUnsupported,
 )
+from slurmjob_operator.slurm.joblists import JobListResult
 from slurmjob_operator.slurm.nodes import ConfFacts, NodeInfo, PartitionInfo
 
 SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
@@ -305,6 +306,11 @@ class MemorySlurm:
 
     async def find_by_name(self, name: str) -> list[SlurmJobView]:
         return await self.do_find_by_name(name, None)
+
+    async def list_jobs(self) -> JobListResult:
+        """`GET /jobs`: every job the controller holds (purged ones are in accounting only)."""
+        self._record("list_jobs", None)
+        return JobListResult(jobs=tuple(sorted(self.jobs.values(), key=lambda j: j.job_id)))
 
     async def get_job_accounting(self, ref: int | str) -> list[SlurmJobView]:
         return await self.do_get_job_accounting(ref, None)

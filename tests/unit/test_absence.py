@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.status import Phase
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.errors import SlurmTransient
@@ -225,3 +226,92 @@ def test_late_jobs_are_looked_for_for_a_while_after_the_proof() -> None:
     assert [a.number for a in late_candidates(attempts, now, WINDOW)] == [2]
     tiny = Window(0.01, 0.01, 0)  # the floor: at least 10 minutes
     assert [a.number for a in late_candidates(attempts, now, tiny)] == [2]
+
+
+def test_late_jobs_are_looked_for_only_just_before_the_current_attempt() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from slurmjob_operator.api.status import Attempt
+    from slurmjob_operator.core.absence import MAX_LATE_CANDIDATES, late_candidates
+    from slurmjob_operator.times import rfc3339
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    at = rfc3339(now - timedelta(seconds=5))
+    # Whatever a status says: 300 attempts all "proven absent" a moment ago.
+    attempts = [Attempt(number=n, job_name=f"a{n}", proven_absent_at=at) for n in range(1, 302)]
+    chosen = late_candidates(attempts, now, WINDOW)
+    assert MAX_LATE_CANDIDATES == 2
+    assert [a.number for a in chosen] == [299, 300]
+
+
+def _fakes(count: int, proven_at: str) -> list[dict[str, Any]]:
+    return [
+        {"number": 1000 + n, "jobName": f"sj-x-{n}", "provenAbsentAt": proven_at}
+        for n in range(count)
+    ]
+
+
+async def test_a_fold_lists_the_controllers_jobs_once_whatever_the_status_says(
+    tmp_path: Path,
+) -> None:
+    from datetime import UTC, datetime
+
+    from slurmjob_operator.api import patch
+
+    from .test_controller import refresh
+
+    bed = make_bed(tmp_path)
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)  # job 100, followed
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = bed.store.body(ref)
+    real = body["status"]["attempts"][-1]
+    # The status writer's 300 "older attempts proven absent", the real one kept last.
+    body["status"] = patch.apply(body["status"], {"attempts": [*_fakes(300, now), real]})
+    calls0 = len(bed.slurm.calls)
+    bed.slurm.set_state(100, "RUNNING")
+    await refresh(bed, ref)  # one fold, as the poller makes on a state change
+    made = bed.slurm.calls[calls0:]
+    # Before: 300 find_by_name, each a full GET /jobs and a slurmdb query.
+    assert not [c for c in made if c.startswith("find_by_name")]
+    assert made.count("list_jobs") == 1
+    assert bed.store.status(ref).phase is Phase.RUNNING
+
+
+async def test_late_jobs_of_the_two_attempts_before_share_one_listing(tmp_path: Path) -> None:
+    bed = short(tmp_path)
+    bed.slurm.faults = ["unsent", "unsent"]  # two submits lost in a row
+    ref = bed.store.create("train", cpu_spec())
+    for _ in range(2):
+        await reconcile(bed, ref)
+        assert await reconcile(bed, ref) is not None  # found nowhere: the clock starts
+        await asyncio.sleep(0.05)
+    assert await reconcile(bed, ref) is None  # attempt 2 proven absent, attempt 3 out
+    first, second, third = bed.store.status(ref).attempts
+    assert first.proven_absent_at is not None
+    assert second.proven_absent_at is not None
+    assert third.job_id is not None
+
+    def late(job_id: int, attempt: int, name: str) -> SlurmJobView:
+        return SlurmJobView(
+            job_id=job_id,
+            name=name,
+            comment=f"slurmjob.io ns={ref.namespace} name={ref.name} uid={ref.uid} "
+            f"attempt={attempt}",
+            user=OPERATOR_USER,
+            raw_state=("PENDING",),
+            base_state=BaseState.PENDING,
+        )
+
+    # Both held requests reach slurmctld after all: one listing finds both.
+    bed.slurm.jobs[555] = late(555, 1, first.job_name)
+    bed.slurm.jobs[556] = late(556, 2, second.job_name)
+    [item] = [t for t in bed.controller.followed() if t.ref == ref]
+    calls0 = len(bed.slurm.calls)
+    await bed.controller.refresh(item, await bed.slurm.get_job(third.job_id))
+    made = bed.slurm.calls[calls0:]
+    assert made.count("list_jobs") == 1
+    assert not [c for c in made if c.startswith("find_by_name")]
+    assert bed.slurm.jobs[555].base_state is BaseState.CANCELLED
+    assert bed.slurm.jobs[556].base_state is BaseState.CANCELLED
+    assert bed.store.reasons().count("LateSubmitCancelled") == 2

@@ -16,7 +16,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.identity import JobIdentity, refuse_stranger
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
-from slurmjob_operator.core.absence import Window, late_candidates
+from slurmjob_operator.core.absence import Window, late_candidates, late_jobs
 from slurmjob_operator.core.arrays import (
     ArrayObservation,
     array_total,
@@ -39,7 +39,7 @@ from slurmjob_operator.core.following import (
     retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import ACTIVE_STATES, JobSource, SlurmJobView, by_leader, leader
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, leader
 from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.retries import decide
@@ -222,22 +222,19 @@ class Following:
     async def _cancel_late(self, view: ResourceView, status: SlurmJobStatus) -> None:
         """A job of an attempt proven absent that shows up after all (its request held in a
         proxy longer than the fencing window) duplicates the newer attempt: cancel it and say
-        that the window was too short. Looked for at each fold, for a while after the proof."""
+        that the window was too short. Looked for at each fold, for a while after the proof,
+        of the attempts just before the current one (`core.absence.late_candidates`), in one
+        listing of the controller's jobs: one `GET /jobs` a fold, whatever the status says."""
         now = utc_now()
-        if self.identity is None:
+        candidates = late_candidates(status.attempts, now, self._window)
+        if self.identity is None or not candidates:
             return
-        for attempt in late_candidates(status.attempts, now, self._window):
-            try:
-                client = await self.slurm()
-                found = await client.find_by_name(attempt.job_name)
-            except SlurmError as exc:
-                log.info("looking for late jobs of %s: %s", attempt.job_name, exc)
-                continue
-            late = [
-                job
-                for job in found
-                if belongs(job, view.ref.uid, attempt) and job.base_state in ACTIVE_STATES
-            ]
+        try:
+            listing = await (await self.slurm()).list_jobs()
+        except SlurmError as exc:
+            log.info("looking for late jobs of %s: %s", view.ref.name, exc)
+            return
+        for attempt, late in late_jobs(candidates, listing.jobs, view.ref.uid):
             for views in by_leader(late).values():
                 job = await self.identity.check(view, attempt, views, "it is not cancelled")
                 if job is None:

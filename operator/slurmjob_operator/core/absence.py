@@ -19,12 +19,14 @@ Anything else leaves the attempt unconfirmed, searched for every poll interval, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.core.decisions import belongs
+from slurmjob_operator.core.jobview import ACTIVE_STATES, SlurmJobView
 from slurmjob_operator.times import parse_rfc3339
 
 
@@ -88,14 +90,39 @@ def verdict(queue_before: int | None, found: bool, queue_after: int | None) -> V
 LATE_HORIZON_WINDOWS = 20
 LATE_HORIZON_FLOOR = timedelta(minutes=10)
 
+#: The attempts before the current one a late job is looked for: a proof lets the next
+#: attempt go out, so a late job duplicating the current attempt is of the one just before
+#: it, or (two submits lost in a row within the horizon) of the one before that. Older ones
+#: in a status are not looked at, however many it says (anyone who writes the status can
+#: write attempts).
+MAX_LATE_CANDIDATES = 2
+
 
 def late_candidates(attempts: Sequence[Attempt], now: datetime, window: Window) -> list[Attempt]:
     """The attempts proven absent recently enough that a late job of theirs is looked for
-    (and cancelled as a duplicate of the newer attempt, which is not among them)."""
+    (and cancelled as a duplicate of the newer attempt, which is not among them): of the
+    `MAX_LATE_CANDIDATES` just before the current one only."""
     horizon = max(timedelta(seconds=window.seconds * LATE_HORIZON_WINDOWS), LATE_HORIZON_FLOOR)
     out: list[Attempt] = []
-    for attempt in attempts[:-1]:
+    for attempt in attempts[-1 - MAX_LATE_CANDIDATES : -1]:
         proven = parse_rfc3339(attempt.proven_absent_at)
         if proven is not None and now - proven <= horizon:
             out.append(attempt)
+    return out
+
+
+def late_jobs(
+    candidates: Sequence[Attempt], jobs: Iterable[SlurmJobView], uid: str
+) -> list[tuple[Attempt, list[SlurmJobView]]]:
+    """From one listing of the controller's jobs, each candidate's late jobs: the attempt's
+    (`core.decisions.belongs`) and still queued or running (only those are cancelled, and the
+    controller lists every one of them: accounting, which keeps the ended ones, adds none)."""
+    listed = list(jobs)
+    out: list[tuple[Attempt, list[SlurmJobView]]] = []
+    for attempt in candidates:
+        late = [
+            job for job in listed if job.base_state in ACTIVE_STATES and belongs(job, uid, attempt)
+        ]
+        if late:
+            out.append((attempt, late))
     return out
