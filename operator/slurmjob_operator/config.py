@@ -352,7 +352,19 @@ class Settings(BaseSettings):
         ge=1,
         le=65535,
         description=(
-            "Connections each listener holds at once; one more is answered 503 and closed at once."
+            "Connections each listener holds at once. One more closes the oldest unproven "
+            "connection (of the address holding the most) in its place; when every held one is "
+            "proven (the log API's front proxy), it is answered 503 and closed at once."
+        ),
+    )
+    listener_max_per_source: int = Field(
+        default=8,
+        ge=1,
+        le=65535,
+        description=(
+            "Unproven connections each listener holds at once from one address (the log API: "
+            "before a handshake with the front proxy's certificate; the health probe and "
+            "/metrics: every connection); one more from it is answered 503 and closed at once."
         ),
     )
     kueue: bool = Field(

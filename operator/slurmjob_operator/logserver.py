@@ -5,7 +5,9 @@ the read, `controller/frontproxy.py` the TLS trust.
 
 Every replica listens on `SLURMJOB_LOGS_ADDRESS:SLURMJOB_LOGS_PORT`, TLS only, under the
 limits every listener of the operator has (`listeners`: the handshake and the request's head
-within one deadline, a short keep-alive, a cap on connections, bounded heads, no body). No
+within one deadline, a short keep-alive, a cap on connections, bounded heads, no body). A
+connection whose certificate passes 1 below is proven to the listener: never closed to make
+room for one that has not (silent connections or stalled handshakes of anyone else). No
 user credential ever reaches it; who asks is what the apiserver says, and the apiserver is
 recognised by its front-proxy client certificate:
 
@@ -60,7 +62,12 @@ from slurmjob_operator.controller.frontproxy import (
     TlsContexts,
 )
 from slurmjob_operator.controller.logaccess import CACHE_ENTRIES, LogAccess, LogFailure
-from slurmjob_operator.core.requestheader import RemoteUser, common_name, printable
+from slurmjob_operator.core.requestheader import (
+    RemoteUser,
+    RequestHeaderTrust,
+    common_name,
+    printable,
+)
 from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import AccessReviewer, KubeApi, ReviewUnavailable
 from slurmjob_operator.listeners import Limits, Listener, serve_app
@@ -156,7 +163,19 @@ class FrontProxyGate:
     def user(self, request: web.BaseRequest) -> RemoteUser | None:
         """The user the headers name (None when none is); LogFailure 401 when the
         connection's client certificate does not pass, whatever the headers say."""
-        transport = request.transport
+        return self._passed(request.transport).user(request.headers.items())
+
+    def proven(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether a handshaken connection's client certificate passes now: the listener
+        never closes such a connection to take an unproven one (`listeners.admission`)."""
+        try:
+            self._passed(transport)
+        except LogFailure:
+            return False
+        return True
+
+    def _passed(self, transport: asyncio.BaseTransport | None) -> RequestHeaderTrust:
+        """The trust the connection's client certificate passes; LogFailure 401 when none."""
         trust = self.trust.current
         peer = transport.get_extra_info("peercert") if transport is not None else None
         if transport is None or trust is None or not peer:
@@ -167,7 +186,7 @@ class FrontProxyGate:
         subject = peer.get("subject") if isinstance(peer, dict) else None
         if not trust.name_allowed(common_name(subject)):
             raise LogFailure(401, "Unauthorized", "the client certificate's name is not allowed")
-        return trust.user(request.headers.items())
+        return trust
 
 
 def _error(code: int, reason: str, message: str, *, close: bool = False) -> web.Response:
@@ -255,7 +274,8 @@ async def start_log_api(
     before the first connection is taken and again every `trust.interval` seconds until the
     listener is closed."""
     contexts = TlsContexts(cert, trust)
-    app = make_app(access, authoriser, FrontProxyGate(trust, contexts))
+    gate = FrontProxyGate(trust, contexts)
+    app = make_app(access, authoriser, gate)
 
     async def keep_trust(_: web.Application) -> AsyncIterator[None]:
         contexts.context()  # a certificate read in the background starts now
@@ -270,7 +290,9 @@ async def start_log_api(
             await close()
 
     app.cleanup_ctx.append(keep_trust)
-    return await serve_app(app, host, port, limits, name="logs", tls=contexts.context)
+    return await serve_app(
+        app, host, port, limits, name="logs", tls=contexts.context, prove=gate.proven
+    )
 
 
 async def serve_logs(

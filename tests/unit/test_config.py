@@ -80,6 +80,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LISTENER_KEEPALIVE", "2", "listener_keepalive", 2.0),
     ("SLURMJOB_LISTENER_WRITE_TIMEOUT", "3", "listener_write_timeout", 3.0),
     ("SLURMJOB_LISTENER_MAX_CONNECTIONS", "16", "listener_max_connections", 16),
+    ("SLURMJOB_LISTENER_MAX_PER_SOURCE", "4", "listener_max_per_source", 4),
 ]
 
 

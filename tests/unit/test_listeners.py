@@ -4,7 +4,9 @@
 
 A slow partial request is cut at the header deadline, a connection that sends nothing too, an
 idle one after the keep-alive, one that leaves its answer unread after the write deadline;
-connections over the cap get a 503 and are closed at once; a 64 KiB head or a body is refused;
+over the cap the oldest unproven connection (of the address holding the most) gives way to a
+new one, a proven one (the log API's front proxy) never does, one address holds at most its
+own cap of unproven ones; a 64 KiB head or a body is refused;
 /metrics still serves the registry's exposition text, and no thread serves any connection."""
 
 from __future__ import annotations
@@ -258,30 +260,204 @@ async def test_an_answer_left_unread_is_cut_at_the_write_deadline(tmp_path: Path
 # -- the cap ---------------------------------------------------------------------------------
 
 
-async def test_connections_over_the_cap_are_answered_503_and_closed_at_once(
-    served: Served,
-) -> None:
-    held = [await served.connect() for _ in range(CAP)]
-    await asyncio.sleep(0.05)
-    assert served.listener.connections == CAP
-    for _ in range(3):
-        reader, writer = await connect(served.port)
-        took, got = await closed_after(reader, DEADLINE / 2)  # long before any deadline
-        close(writer)
-        # TLS: no handshake is spent on it, so no answer either.
-        assert got.startswith(b"HTTP/1.1 503 ") if served.tls is None else got == b""
-        assert took < DEADLINE / 2
-    assert served.listener.refused == 3
-    assert served.listener.connections == CAP
-    for reader, writer in held:  # they are still cut at their own deadline...
-        await closed_after(reader, DEADLINE + SLACK)
-        close(writer)
-    await asyncio.sleep(0.05)
-    assert served.listener.connections == 0
-    reader, writer = await served.connect()  # ...which frees their slots
+@pytest.fixture(params=sorted(LISTENERS))
+async def patient(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+    """A listener whose deadlines are long (10 s): a test of the cap closes its connections
+    itself, and a closed one is closed by the cap, not by a deadline."""
+    opener, path, tls = LISTENERS[request.param]
+    port = free_port()
+    long = {f"listener_{k}": 10.0 for k in ("header_timeout", "keepalive", "write_timeout")}
+    listener = await opener(settings(tmp_path, metrics_port=port, logs_port=port, **long))
+    assert listener is not None
+    yield Served(listener, path, tls)
+    await listener.close()
+
+
+async def connect_from(port: int, source: str, tls: ssl.SSLContext | None = None) -> Streams:
+    """A connection from `source` (an address of 127.0.0.0/8: all loopback on Linux)."""
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0), ssl=tls)
+
+
+async def still_open(reader: asyncio.StreamReader) -> bool:
+    """Whether the server keeps the connection open (whatever it sent before closing it)."""
+    while True:
+        try:
+            got = await asyncio.wait_for(reader.read(65536), 0.1)
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
+        if not got:
+            return False
+
+
+async def until(condition: Callable[[], bool], within: float = 2.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.01)
+
+
+async def answers(served: Served, *, source: str = "127.0.0.1") -> int:
+    """The status a new connection from `source` gets for the listener's path."""
+    reader, writer = await connect_from(served.port, source, served.tls)
     writer.write(request(served.path, close=True))
-    assert await status_of(reader) in (200, 401)
-    close(writer)
+    try:
+        return await status_of(reader)
+    finally:
+        close(writer)
+
+
+async def test_over_the_cap_the_oldest_unproven_connection_gives_way(patient: Served) -> None:
+    """Silent connections (on the log API: handshakes not begun) hold the whole cap, yet a new
+    connection is taken, in the place of the oldest of them; its slot then serves."""
+    listener = patient.listener
+    held = [await connect_from(patient.port, "127.0.0.2") for _ in range(CAP)]
+    await until(lambda: listener.connections == CAP)
+    assert listener.unproven == CAP
+    newest = await connect_from(patient.port, "127.0.0.2")
+    took, got = await closed_after(held[0][0], DEADLINE)  # the oldest, at once
+    assert took < DEADLINE
+    # Plain HTTP: told to come back (TLS: no handshake was spent on it).
+    assert got.startswith(b"HTTP/1.1 503 ") if patient.tls is None else got == b""
+    assert [await still_open(r) for r, _ in held[1:]] == [True] * (CAP - 1)
+    assert await still_open(newest[0])
+    assert listener.cuts == {"evicted": 1}
+    assert listener.refused == 0
+    assert await answers(patient) in (200, 401)  # and a client with a request is served
+    assert listener.cuts == {"evicted": 2}
+    assert await still_open(newest[0])  # the second oldest gave way for it, not the newest
+    assert not await still_open(held[1][0])
+    for _, writer in [*held, newest]:
+        close(writer)
+
+
+async def test_the_address_holding_the_most_gives_way_first(patient: Served) -> None:
+    """The oldest unproven connection overall is not closed when another address holds more:
+    the kubelet's or the scraper's one connection outlasts a pod's many."""
+    listener = patient.listener
+    lone = await connect_from(patient.port, "127.0.0.2")
+    await until(lambda: listener.connections == 1)
+    many = [await connect_from(patient.port, "127.0.0.3") for _ in range(CAP - 1)]
+    await until(lambda: listener.connections == CAP)
+    newcomer = await connect_from(patient.port, "127.0.0.4")
+    await closed_after(many[0][0], DEADLINE)  # the oldest of the address holding three
+    assert await still_open(lone[0])  # older, but its address holds only it
+    assert [await still_open(r) for r, _ in many[1:]] == [True] * (CAP - 2)
+    assert await still_open(newcomer[0])
+    for _, writer in [lone, *many, newcomer]:
+        close(writer)
+
+
+async def test_one_address_holds_at_most_its_own_cap(tmp_path: Path) -> None:
+    """SLURMJOB_LISTENER_MAX_PER_SOURCE: one more from an address at its cap is refused at
+    once (503) and takes no other's place; another address is still taken."""
+    s = settings(
+        tmp_path, metrics_port=free_port(), listener_max_per_source=2, listener_header_timeout=10
+    )
+    listener = await serve_metrics(s, Metrics().registry, Limits.from_settings(s))
+    assert listener is not None
+    try:
+        held = [await connect_from(listener.port, "127.0.0.2") for _ in range(2)]
+        await until(lambda: listener.connections == 2)
+        reader, writer = await connect_from(listener.port, "127.0.0.2")
+        took, got = await closed_after(reader, DEADLINE)
+        close(writer)
+        assert got.startswith(b"HTTP/1.1 503 ")
+        assert took < DEADLINE
+        assert (listener.refusals, listener.cuts) == ({"source": 1}, {})
+        assert [await still_open(r) for r, _ in held] == [True, True]
+        other = await connect_from(listener.port, "127.0.0.3")
+        await until(lambda: listener.connections == 3)
+        assert await still_open(other[0])
+        for _, w in [*held, other]:
+            close(w)
+    finally:
+        await listener.close()
+
+
+async def test_stalled_handshakes_count_against_their_address(tmp_path: Path) -> None:
+    """The log API: connections in their TLS handshake are unproven and held to the address's
+    cap; the front proxy's connections, once handshaken, are not counted."""
+    port = free_port()
+    s = settings(
+        tmp_path,
+        logs_port=port,
+        listener_max_per_source=2,
+        listener_max_connections=8,
+        listener_header_timeout=10,
+    )
+    listener = await _logs(s)
+    assert listener is not None
+    try:
+        proven = [await connect_from(port, "127.0.0.1", PROXY_CLIENT) for _ in range(3)]
+        await until(lambda: listener.connections == 3 and listener.unproven == 0)
+        stalled = [await connect_from(port, "127.0.0.1") for _ in range(2)]
+        await until(lambda: listener.connections == 5)
+        reader, writer = await connect_from(port, "127.0.0.1")
+        _, got = await closed_after(reader, DEADLINE)  # closed before any handshake
+        close(writer)
+        assert got == b""
+        assert listener.refusals == {"source": 1}
+        assert [await still_open(r) for r, _ in stalled] == [True, True]
+        for reader, writer in proven:  # each still serves
+            writer.write(request(LISTENERS["logs"][1]))
+            assert await status_of(reader) == 401  # no user named: the certificate passed
+        for _, w in [*proven, *stalled]:
+            close(w)
+    finally:
+        await listener.close()
+
+
+async def test_a_proven_connection_is_never_closed_for_an_unproven_one(tmp_path: Path) -> None:
+    """The log API's cap full of the front proxy's connections: a new one is closed at once,
+    before any handshake; the proven ones serve on, and their slots come back when cut."""
+    port = free_port()
+    listener = await _logs(settings(tmp_path, logs_port=port))
+    assert listener is not None
+    try:
+        held = [await connect_from(port, "127.0.0.1", PROXY_CLIENT) for _ in range(CAP)]
+        await until(lambda: listener.connections == CAP and listener.unproven == 0)
+        for _ in range(3):
+            reader, writer = await connect_from(port, "127.0.0.2")
+            took, got = await closed_after(reader, DEADLINE / 2)  # long before any deadline
+            close(writer)
+            assert (got, took < DEADLINE / 2) == (b"", True)
+        assert listener.refusals == {"cap": 3}
+        assert "evicted" not in listener.cuts
+        for reader, writer in held:  # they are still cut at their own deadline...
+            await closed_after(reader, DEADLINE + SLACK)
+            close(writer)
+        await until(lambda: listener.connections == 0)
+        reader, writer = await connect_from(port, "127.0.0.2", PROXY_CLIENT)  # ...slots back
+        writer.write(request(LISTENERS["logs"][1], close=True))
+        assert await status_of(reader) == 401
+        close(writer)
+    finally:
+        await listener.close()
+
+
+async def test_a_proven_connection_outlasts_a_flood_of_unproven_ones(tmp_path: Path) -> None:
+    """One front-proxy connection and a cap otherwise full of silent ones: the silent ones
+    give way to each other, oldest first, and the proven one is never closed for them."""
+    port = free_port()
+    s = settings(tmp_path, logs_port=port, listener_header_timeout=10)
+    listener = await _logs(s)
+    assert listener is not None
+    try:
+        reader, writer = await connect_from(port, "127.0.0.1", PROXY_CLIENT)
+        await until(lambda: listener.connections == 1 and listener.unproven == 0)
+        silent = [await connect_from(port, "127.0.0.2") for _ in range(CAP * 3)]
+        await until(lambda: listener.cuts.get("evicted") == 2 * CAP + 1)
+        assert listener.connections == CAP
+        states = [await still_open(r) for r, _ in silent]
+        assert states == [False] * (2 * CAP + 1) + [True] * (CAP - 1)  # the newest stay
+        writer.write(request(LISTENERS["logs"][1]))
+        assert await status_of(reader) == 401  # no user named: it was never closed
+        for _, w in [*silent, (reader, writer)]:
+            close(w)
+    finally:
+        await listener.close()
 
 
 # -- bytes per connection ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ tasks, redaction and hostile files, as before (the read itself is `controller/lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -632,6 +633,64 @@ async def test_a_stalled_handshake_is_closed_within_the_deadline(bed: Bed) -> No
         writer.close()
     await asyncio.sleep(0.05)
     assert bed.listener.connections == 0
+
+
+async def _hold_silently(port: int, source: str, stop: asyncio.Event) -> None:
+    """One attacker's slot: connect from `source`, send nothing (no certificate, not even a
+    ClientHello), and connect again the moment the connection is closed."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
+        except OSError:
+            await asyncio.sleep(0.001)
+            continue
+        try:
+            with contextlib.suppress(Exception):
+                await reader.read()
+        finally:
+            writer.close()
+
+
+async def test_silent_connections_never_lock_the_front_proxy_out(bed: Bed) -> None:
+    """Pods of four addresses hold every slot of the cap (16) with silent TCP connections,
+    renewed the moment they are closed, for six head deadlines; the front proxy's new
+    connections (a valid client certificate, from an address of its own) are all served.
+    Before, one over the cap was closed before its handshake whoever it was: the aggregator's
+    availability check failed, the APIService went Available=False and discovery of the
+    group (and every namespace deletion in the cluster) failed with it."""
+    port = bed.listener.port
+    assert (await bed.get(path=API_PATH))[0] == 200
+    stop = asyncio.Event()
+    attackers = [f"127.0.0.{n}" for n in (2, 3, 4, 5)]
+    holders = [
+        asyncio.create_task(_hold_silently(port, source, stop))
+        for source in attackers
+        for _ in range(10)  # 40 wanted, 16 slots, 8 at most from each address
+    ]
+    try:
+        await asyncio.sleep(0.2)
+        assert bed.listener.connections == 16
+        served = failed = 0
+        for _ in range(30):  # 3 s
+            session = bed.session()  # a new connection each time, as the proxy makes when cut
+            try:
+                async with asyncio.timeout(2):
+                    status, _ = await bed.get(path=API_PATH, session=session)
+                served += status == 200
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                failed += 1
+            await session.close()
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        for task in holders:
+            task.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+    assert (served, failed) == (30, 0)
+    assert bed.listener.cuts.get("evicted", 0) >= 30  # each took the place of a silent one
+    assert bed.listener.refusals.get("source", 0) > 0  # and no address held more than 8
 
 
 async def test_a_head_the_parser_refuses_is_not_logged_with_its_bytes(

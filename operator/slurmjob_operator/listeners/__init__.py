@@ -2,8 +2,15 @@
 to the same limits here, whoever connects: no credential is needed to open a connection, so a
 connection may cost only what these limits allow.
 
-* **Connections**: at most `max_connections` at once per listener. One over that is accepted
-  and closed at once (a 503 written first), so none waits in the kernel's backlog.
+* **Connections** (`admission`): at most `max_connections` at once per listener, and at most
+  `max_per_source` unproven ones from one address. A connection is proven once it has shown
+  a proof (the log API: a handshake with a client certificate that passes the front proxy's
+  checks, told by the listener's `prove`); on the plain-HTTP listeners none is. One more
+  from an address at its own cap is accepted and closed at once (a 503 written first), so
+  none waits in the kernel's backlog. One more over the listener's cap closes the oldest
+  unproven connection of the address holding the most unproven ones in its place (a 503
+  written to it first on plain HTTP); only when every held connection is proven is the new
+  one refused like the first. Connections still in their TLS handshake are unproven.
 * **Request head**: the head of each request (its line and headers) must be complete within
   `header_timeout` seconds of its first byte (of the accept, for the first) and within
   `max_head_bytes`; a field is at most `max_field_size` bytes and a head has at most
@@ -17,8 +24,8 @@ connection may cost only what these limits allow.
 * **TLS** (a listener given a `tls` source: the log API): each accepted connection is
   handshaken with the context the source gives at that moment (a new certificate or CA takes
   effect for the next connection), inside the same deadline as the head (the handshake
-  counts from the accept, its own timeout is `header_timeout` too); a connection over the cap
-  is closed before any handshake, and a closing one waits for the peer's close_notify at most
+  counts from the accept, its own timeout is `header_timeout` too); a connection refused is
+  closed before any handshake, and a closing one waits for the peer's close_notify at most
   `write_timeout` seconds.
 
 No thread serves any connection: /metrics is an asyncio handler over the operator's
@@ -40,12 +47,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.listeners.connection import Guard, Refused
+from slurmjob_operator.listeners.admission import Admission
+from slurmjob_operator.listeners.connection import Guard
 
 __all__ = [
     "HEAD_BYTES",
     "Limits",
     "Listener",
+    "Prover",
     "metrics_handler",
     "serve_app",
     "serve_handler",
@@ -66,6 +75,8 @@ READ_BUFFER: Final = 16 * 1024
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 #: The TLS context for the next connection; None when there is none (the connection is cut).
 TlsSource = Callable[[], "ssl.SSLContext | None"]
+#: Whether a handshaken connection proved itself (the log API: the front proxy's certificate).
+Prover = Callable[[asyncio.BaseTransport], bool]
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,8 @@ class Limits:
     keepalive: float
     write_timeout: float
     max_connections: int
+    #: Unproven connections from one address (`admission`); the setting's default.
+    max_per_source: int = 8
     max_head_bytes: int = HEAD_BYTES
     max_field_size: int = FIELD_BYTES
     max_headers: int = MAX_HEADERS
@@ -87,6 +100,7 @@ class Limits:
             keepalive=settings.listener_keepalive,
             write_timeout=settings.listener_write_timeout,
             max_connections=settings.listener_max_connections,
+            max_per_source=settings.listener_max_per_source,
         )
 
     def with_fields(self, field_size: int, head_bytes: int) -> Limits:
@@ -108,22 +122,30 @@ class Limits:
 
 class Listener:
     """One listening socket under `Limits`, serving an aiohttp `web.Server` (an application's
-    or a bare handler's). Made by `serve_app` and `serve_handler`; `close` ends it."""
+    or a bare handler's). Made by `serve_app` and `serve_handler`; `close` ends it. `prove`
+    (TLS only) tells whether a handshaken connection proved itself."""
 
     def __init__(
-        self, name: str, limits: Limits, server: web.Server, tls: TlsSource | None = None
+        self,
+        name: str,
+        limits: Limits,
+        server: web.Server,
+        tls: TlsSource | None = None,
+        prove: Prover | None = None,
     ) -> None:
         self.name = name
         self.limits = limits
         self.tls = tls
+        self.prove = prove
         self.handshakes: set[asyncio.Task[None]] = set()
         self._server = server
         self._guards: dict[object, Guard] = {}  # by aiohttp's protocol of the connection
-        self._open: set[Guard] = set()
+        self._open: Admission[Guard] = Admission(limits.max_connections, limits.max_per_source)
         self._socket_server: asyncio.Server | None = None
         self._port = 0
         self._cleanup: Callable[[], Awaitable[None]] | None = None
         self.refused = 0
+        self.refusals: dict[str, int] = {}  # by why: "cap" or "source"
         self.cuts: dict[str, int] = {}
         self._last_warning = 0.0
         handler = server.request_handler
@@ -133,6 +155,13 @@ class Listener:
     @property
     def connections(self) -> int:
         return len(self._open)
+
+    @property
+    def unproven(self) -> int:
+        return self._open.unproven
+
+    def is_proven(self, guard: Guard) -> bool:
+        return self._open.is_proven(guard)
 
     @property
     def port(self) -> int:
@@ -158,19 +187,45 @@ class Listener:
         return guarded
 
     def _protocol(self) -> asyncio.Protocol:
-        if len(self._open) >= self.limits.max_connections:
+        return Guard(self)
+
+    def admit(self, guard: Guard, source: str) -> bool:
+        """Whether `guard`'s connection from `source` is held (`admission`); a connection it
+        takes the place of is closed."""
+        decision = self._open.admit(guard, source)
+        if not decision.admitted:
             self.refused += 1
-            self._warn("refused a connection over the cap of %d", self.limits.max_connections)
-            return Refused(answer=self.tls is None)
+            self.refusals[decision.reason] = self.refusals.get(decision.reason, 0) + 1
+            if decision.reason == "source":
+                self._warn(
+                    "refused a connection over the cap of %d from one address",
+                    self.limits.max_per_source,
+                )
+            else:
+                self._warn(
+                    "refused a connection over the cap of %d (every one proven)",
+                    self.limits.max_connections,
+                )
+            return False
+        if decision.victim is not None:
+            decision.victim.evict()
+        return True
+
+    def connect(self, guard: Guard) -> asyncio.Protocol:
+        """aiohttp's protocol for an admitted connection."""
         inner = self._server()
-        guard = Guard(self, inner)
-        self._open.add(guard)
         self._guards[inner] = guard
-        return guard
+        return inner
+
+    def handshaken(self, guard: Guard, transport: asyncio.BaseTransport) -> None:
+        """Its TLS handshake ended: proven if `prove` says so."""
+        if self.prove is not None and self.prove(transport):
+            self._open.prove(guard)
 
     def release(self, guard: Guard) -> None:
         self._open.discard(guard)
-        self._guards.pop(guard.inner, None)
+        if guard.inner is not None:
+            self._guards.pop(guard.inner, None)
 
     def count_cut(self, why: str) -> None:
         self.cuts[why] = self.cuts.get(why, 0) + 1
@@ -182,10 +237,10 @@ class Listener:
         if now - self._last_warning >= 60:
             self._last_warning = now
             log.warning(
-                "%s listener: " + message + " (refused %d so far, cut %s)",
+                "%s listener: " + message + " (refused %s so far, cut %s)",
                 self.name,
                 *args,
-                self.refused,
+                self.refusals,
                 self.cuts,
             )
 
@@ -220,13 +275,14 @@ async def serve_app(
     *,
     name: str,
     tls: TlsSource | None = None,
+    prove: Prover | None = None,
 ) -> Listener:
     """Serve an aiohttp application on host:port under `limits` (over TLS with the context
-    `tls` gives for each connection, when given)."""
+    `tls` gives for each connection, when given; `prove` tells a proven connection)."""
     runner = web.AppRunner(app, access_log=None, **limits.handler_args())
     await runner.setup()
     assert runner.server is not None
-    listener = Listener(name, limits, runner.server, tls)
+    listener = Listener(name, limits, runner.server, tls, prove)
     try:
         await listener.start(host, port, runner.cleanup)
     except BaseException:

@@ -1,5 +1,6 @@
 """One accepted connection of a `Listener` (the limits are in the package's docstring):
-`Guard` holds aiohttp's protocol inside them, TLS included; `Refused` answers one over the cap.
+`Guard` asks the listener to admit it (`admission`), then holds aiohttp's protocol inside the
+limits, TLS included; one refused is answered 503 (plain HTTP) and closed at once.
 """
 
 from __future__ import annotations
@@ -21,28 +22,32 @@ _HEAD_TOO_LARGE: Final = (
 )
 
 
-class Refused(asyncio.Protocol):
-    """A connection over the cap: a 503 (plain HTTP only: no handshake is spent on it), then
-    closed before anything of it is read."""
+def source_of(transport: asyncio.BaseTransport) -> str:
+    """The peer's address (an IPv4-mapped IPv6 one as IPv4); "" when there is none."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        host = str(peer[0])
+        return host.removeprefix("::ffff:") if "." in host else host
+    return ""
 
-    def __init__(self, answer: bool = True) -> None:
-        self._answer = answer
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        if self._answer:
-            transport.write(_REFUSED)
-        # abort, not close: a peer that never reads must not keep the socket alive.
-        transport.abort()
+def refuse(transport: asyncio.Transport, answer: bool) -> None:
+    """A 503 (plain HTTP only: no handshake is spent on a refused connection), then closed
+    before anything more of it is read."""
+    if answer:
+        transport.write(_REFUSED)  # sent at once: the socket's buffer is empty
+    # abort, not close: a peer that never reads must not keep the socket alive.
+    transport.abort()
 
 
 class Guard(asyncio.Protocol):
     """One accepted connection: aiohttp's protocol inside, the limits around it. It sees every
-    byte before aiohttp does and is told by the listener when a request starts and ends."""
+    byte before aiohttp does and is told by the listener when a request starts and ends.
+    aiohttp's protocol is made only once the listener has admitted the connection."""
 
-    def __init__(self, listener: Listener, inner: asyncio.Protocol) -> None:
+    def __init__(self, listener: Listener) -> None:
         self._listener = listener
-        self.inner = inner
+        self.inner: asyncio.Protocol | None = None
         self._inner_connected = False
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -57,8 +62,6 @@ class Guard(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        # From the accept: a connection that never sends a byte is cut at the same deadline.
-        self._arm_head()
 
     # -- timers ---------------------------------------------------------------------------
 
@@ -83,6 +86,15 @@ class Guard(asyncio.Protocol):
             self._release()
             return
         self._transport.abort()
+
+    def evict(self) -> None:
+        """Closed for a new connection (the listener no longer holds it): a 503 first on
+        plain HTTP when no answer is under way, so a client knows to come back."""
+        self._listener.count_cut("evicted")
+        transport = self._transport
+        if self._listener.tls is None and self._waiting and transport is not None:
+            transport.write(_REFUSED)  # sent at once: no answer is waiting in the buffer
+        self.abort()
 
     def _release(self) -> None:
         if not self._released:
@@ -114,10 +126,14 @@ class Guard(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        if self._released:  # the deadline passed before the connection was made
-            transport.abort()
+        if not self._listener.admit(self, source_of(transport)):
+            self._released = self._closing = True  # never held
+            refuse(transport, answer=self._listener.tls is None)
             return
+        self._transport = transport
+        self.inner = self._listener.connect(self)
+        # From the accept: a connection that never sends a byte is cut at the same deadline.
+        self._arm_head()
         tls = self._listener.tls
         if tls is None:
             self._connect_inner(transport)
@@ -144,7 +160,8 @@ class Guard(asyncio.Protocol):
             )
         except Exception:  # an SSLError or OSError, mostly
             # Refused (no certificate of the CA, not TLS at all) or cut: asyncio closed it.
-            self._listener.count_cut("handshake")
+            if not self._closing:
+                self._listener.count_cut("handshake")
             self._release()
             return
         if secured is None or self._released or self._closing:
@@ -154,12 +171,14 @@ class Guard(asyncio.Protocol):
             return
         assert isinstance(secured, asyncio.Transport)
         self._transport = secured
+        self._listener.handshaken(self, secured)
         early, self._early = self._early or [], None
         self._connect_inner(secured)
         for data in early:  # under the same limits as any other bytes
             self.data_received(data)
 
     def _connect_inner(self, transport: asyncio.Transport) -> None:
+        assert self.inner is not None
         self._inner_connected = True
         self.inner.connection_made(transport)
 
@@ -173,7 +192,7 @@ class Guard(asyncio.Protocol):
                 self._early.append(data)
                 self._early_bytes += len(data)
             return
-        if self._count_head(data):
+        if self._count_head(data) and self.inner is not None:
             self.inner.data_received(data)
 
     def _count_head(self, data: bytes) -> bool:
@@ -194,7 +213,7 @@ class Guard(asyncio.Protocol):
         return True
 
     def eof_received(self) -> bool | None:
-        if not self._inner_connected:
+        if not self._inner_connected or self.inner is None:
             return None  # closed: the handshake did not end
         return self.inner.eof_received()
 
@@ -203,16 +222,16 @@ class Guard(asyncio.Protocol):
             self._write_timer = self._loop.call_later(
                 self._listener.limits.write_timeout, self.cut, "write"
             )
-        if self._inner_connected:
+        if self._inner_connected and self.inner is not None:
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
         self._cancel(self._write_timer)
         self._write_timer = None
-        if self._inner_connected:
+        if self._inner_connected and self.inner is not None:
             self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
-        if self._inner_connected:
+        if self._inner_connected and self.inner is not None:
             self.inner.connection_lost(exc)
