@@ -48,6 +48,7 @@ pytestmark = pytest.mark.integration
 DEADLINE = 1.0  # SLURMJOB_LISTENER_HEADER_TIMEOUT (and keep-alive) of the operator under test
 SLACK = 1.0  # an attacked event loop's lateness allowed on top of it
 CLIENTS = 1000  # slow connections at once, per port
+SOURCE_SHARE = 8  # clients per source address
 GROWTH_LIMIT = 30 * 1024 * 1024  # bytes of peak RSS growth allowed per listener
 #: Sockets for the clients and the operator (which inherits the limit): 1,000 at once here,
 #: and whatever the operator accepts in one go before it closes those over its cap.
@@ -135,9 +136,12 @@ class Attack:
         assert not self._thread.is_alive(), "the slow clients did not stop"
 
     async def _run(self) -> None:
-        await asyncio.gather(*(self._client() for _ in range(CLIENTS)))
+        await asyncio.gather(*(self._client(n) for n in range(CLIENTS)))
 
-    async def _client(self) -> None:
+    async def _client(self, n: int) -> None:
+        # From 125 loopback addresses, 8 clients each (the per-address cap's default): the
+        # cap itself is what they fill, as clients from many pods would.
+        source = f"127.0.{1 + n // SOURCE_SHARE}.{1 + n % SOURCE_SHARE}"
         # As much of a head as every listener takes (16 KiB), none of it complete.
         pad, slow = "a" * 8000, "b" * 7000
         head = f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {pad}\r\nX-Slow: {slow}"
@@ -145,7 +149,9 @@ class Attack:
         first = True
         while not self._stop.is_set():
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", self.port, local_addr=(source, 0)
+                )
             except OSError:
                 self.connect_errors += 1
                 await asyncio.sleep(0.25)

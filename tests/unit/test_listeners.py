@@ -30,7 +30,7 @@ from slurmjob_operator.api.logs import API_LOG_PATH
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.requestheader import RemoteUser
 from slurmjob_operator.election import serve_health
-from slurmjob_operator.listeners import Limits, Listener, serve_handler, serve_metrics
+from slurmjob_operator.listeners import Limits, Listener, admission, serve_handler, serve_metrics
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.metrics import Metrics
 
@@ -258,6 +258,34 @@ async def test_an_answer_left_unread_is_cut_at_the_write_deadline(tmp_path: Path
 
 
 # -- the cap ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_churn_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order of eviction is tested here with the log API's churn bound lifted; the bound
+    itself is `test_an_address_not_proven_takes_places_at_a_bounded_rate`."""
+    monkeypatch.setattr(admission, "CHURN_SHARE", 1000.0)
+
+
+def test_an_address_not_proven_takes_places_at_a_bounded_rate() -> None:
+    """On the log API a full cap gives way to an address not proven at most `churn` times a
+    second (each place taken costs a TLS handshake); an address that proved itself (the
+    apiserver's) always takes one; a plain listener has no such bound."""
+    now = [0.0]
+    guarded = admission.Admission[int](4, 8, guarded=True, churn=2.0, clock=lambda: now[0])
+    for conn in range(4):
+        assert guarded.admit(conn, "10.0.0.9").admitted
+    assert [guarded.admit(c, "10.0.0.7").admitted for c in range(4, 8)] == [1, 1, 0, 0]
+    now[0] += 1.0  # two more places
+    assert guarded.admit(100, "10.0.0.1").admitted
+    guarded.prove(100)
+    # The proven address takes places whatever the rate; the other does not.
+    assert all(guarded.admit(c, "10.0.0.1").admitted for c in range(101, 107))
+    assert [guarded.admit(c, "10.0.0.7").admitted for c in range(200, 203)] == [1, 0, 0]
+    plain = admission.Admission[int](4, 8)
+    for conn in range(4):
+        assert plain.admit(conn, "10.0.0.9").admitted
+    assert all(plain.admit(conn, "10.0.0.7").admitted for conn in range(4, 40))
 
 
 @pytest.fixture(params=sorted(LISTENERS))

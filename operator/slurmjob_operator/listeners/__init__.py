@@ -140,7 +140,9 @@ class Listener:
         self.handshakes: set[asyncio.Task[None]] = set()
         self._server = server
         self._guards: dict[object, Guard] = {}  # by aiohttp's protocol of the connection
-        self._open: Admission[Guard] = Admission(limits.max_connections, limits.max_per_source)
+        self._open: Admission[Guard] = Admission(
+            limits.max_connections, limits.max_per_source, guarded=tls is not None
+        )
         self._socket_server: asyncio.Server | None = None
         self._port = 0
         self._cleanup: Callable[[], Awaitable[None]] | None = None
