@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 SLURM ?= 26.05
 
-.PHONY: test venv testbed lint unit pytest crd docs clean dev-up dev-down demo demo-down bench-scale
+.PHONY: test venv testbed lint unit pytest timings crd docs clean dev-up dev-down demo demo-down bench-scale
 
 test: venv testbed lint pytest
 
@@ -41,6 +41,13 @@ pytest: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# Where the time goes: the suite (or PYTEST_ARGS, e.g. PYTEST_ARGS=tests/unit) with the 30
+# slowest tests, and the per-module time table every run prints (tests/timing.py, budgets in
+# tests/budgets.toml) written to $(TIMINGS) as JSON too. pytest's exit status is kept.
+TIMINGS ?= timings.json
+timings: venv testbed
+	$(BIN)/pytest --durations=30 --timings-json $(TIMINGS) $(PYTEST_ARGS)
 
 crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
