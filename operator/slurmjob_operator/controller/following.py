@@ -69,13 +69,12 @@ class Following:
         backoff: float,
         *,
         job_uid: Callable[[str], int | None] = lambda namespace: None,
-        identity: JobIdentity | None = None,
+        identity: JobIdentity,
         on_late: Callable[[], None] = lambda: None,
     ) -> None:
         """`job_uid(namespace)`: the uid that namespace's logs belong to when it is not the
         settings' job user (a tenant's own uid); `identity`: what makes a late job's handle
-        before it is cancelled (None: late jobs are only looked for by the poller's fold,
-        never cancelled); `on_late`: counts a late submit cancelled."""
+        before it is cancelled; `on_late`: counts a late submit cancelled."""
         self.settings = settings
         self.identity = identity
         self._on_late = on_late
@@ -227,7 +226,7 @@ class Following:
         listing of the controller's jobs: one `GET /jobs` a fold, whatever the status says."""
         now = utc_now()
         candidates = late_candidates(status.attempts, now, self._window)
-        if self.identity is None or not candidates:
+        if not candidates:
             return
         try:
             listing = await (await self.slurm()).list_jobs()

@@ -87,10 +87,6 @@ class VerifiedJob:
     cluster: str
     step: Step
 
-    @property
-    def ref(self) -> int:
-        return self.job_id
-
 
 # id -> handle, for the handles minted here and still alive; a copy has another id.
 _MINTED: weakref.WeakValueDictionary[int, VerifiedJob] = weakref.WeakValueDictionary()

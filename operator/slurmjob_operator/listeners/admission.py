@@ -32,6 +32,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from slurmjob_operator.core.budget import Bucket, take
+
 T = TypeVar("T", bound=Hashable)
 
 #: Seconds an address that proved itself keeps its right to take an unproven one's place.
@@ -74,8 +76,7 @@ class Admission(Generic[T]):
         self.guarded = guarded
         self.churn = churn if churn is not None else max(1.0, max_connections * CHURN_SHARE)
         self._clock = clock
-        self._tokens = self.churn
-        self._filled = clock()
+        self._bucket: Bucket | None = None  # the places taken by addresses not proven
         self._proven: dict[str, float] = {}  # address -> when it last proved itself
         self._source: dict[T, str] = {}  # every held connection, and its address
         # The unproven ones by address, each with its order of admission (oldest first).
@@ -129,13 +130,10 @@ class Admission(Generic[T]):
         return proved is not None and self._clock() - proved < PROVEN_FOR
 
     def _take_token(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.churn, self._tokens + (now - self._filled) * self.churn)
-        self._filled = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
+        # `churn` places at once, as many again each second.
+        capacity = max(1, round(self.churn))
+        allowed, self._bucket = take(self._bucket, self._clock(), capacity, 1.0)
+        return allowed
 
     def is_proven(self, conn: T) -> bool:
         source = self._source.get(conn)
