@@ -35,9 +35,16 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# pytest's exit 5 (no tests collected) is a failure like any other non-zero exit.
+# pytest's exit 5 (no tests collected) is a failure like any other non-zero exit. The whole
+# suite runs through tests/lanes.py: the daemons started once, the modules that must be alone
+# one by one, then the others in two concurrent pytest processes (`python -m tests.lanes
+# --plan` prints them). With PYTEST_ARGS (paths, -k ...) it is plain pytest in one process.
 pytest: venv
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/python -m tests.lanes
+else
 	$(BIN)/pytest $(PYTEST_ARGS)
+endif
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -47,7 +54,11 @@ unit: venv
 # tests/budgets.toml) written to $(TIMINGS) as JSON too. pytest's exit status is kept.
 TIMINGS ?= timings.json
 timings: venv testbed
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/python -m tests.lanes --durations=30 --timings-json $(TIMINGS)
+else
 	$(BIN)/pytest --durations=30 --timings-json $(TIMINGS) $(PYTEST_ARGS)
+endif
 
 crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml

@@ -24,7 +24,10 @@ def _write_runtime(root: Path, name: str, content: bytes, owner: tuple[int, int]
     path = root / "runtimes" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_bytes() != content:
-        path.write_bytes(content)
+        # A module in the other lane (tests/lanes.py) may be reading it: never half-written.
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp.write_bytes(content)
+        tmp.replace(path)
     os.chown(path.parent, *owner)
     path.chmod(0o644)
     return hashlib.sha256(content).hexdigest()

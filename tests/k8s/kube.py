@@ -527,6 +527,9 @@ def start_testbed(reuse: bool | None = None) -> KubeTestbed:
     if shutil.which("openssl") is None:
         raise TestbedError("openssl is missing (apt-get install openssl)")
     bins = binaries()
+    if procs.shared_requested():
+        procs.attach("kube-apiserver", _healthy, error=TestbedError)
+        return _testbed()
     if reuse is None:
         reuse = keep_requested()
     for d in (BASE, RUN_DIR, LOG_DIR, HOME_DIR):

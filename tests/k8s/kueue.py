@@ -131,6 +131,9 @@ def _certificates() -> None:
 def start_kueue(kube: KubeTestbed, reuse: bool | None = None) -> Kueue:
     """Install Kueue's CRDs and start its manager (or re-use a healthy one)."""
     binary, crds = _paths()
+    if procs.shared_requested():
+        procs.attach("Kueue", lambda: _healthy()[0], error=TestbedError)
+        return Kueue(version(), LOG_FILE)
     for crd in sorted(crds.glob("*.yaml")):
         kube.apply(crd)
     kube.wait_established("workloads.kueue.x-k8s.io")

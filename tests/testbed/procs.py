@@ -136,3 +136,26 @@ def port_owner(port: int) -> str:
         ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=False
     ).stdout
     return out.strip() or "(unknown process)"
+
+
+#: Set by tests/lanes.py for its pytest processes: the daemons are the runner's.
+SHARED_ENV = "SLURMJOB_TESTBED_SHARED"
+
+
+def shared_requested() -> bool:
+    """True in a pytest process of tests/lanes.py: attach to the running daemons, never start,
+    restart or stop one (another lane is using them)."""
+    return os.environ.get(SHARED_ENV, "") not in ("", "0", "false", "no")
+
+
+def attach(what: str, healthy: Callable[[], bool], *, error: type[Exception]) -> None:
+    """Wait (60 s at most: a loaded host answers slowly) until the shared ``what`` is healthy;
+    raise ``error`` otherwise, leaving it alone."""
+    deadline = time.monotonic() + 60
+    while not healthy():
+        if time.monotonic() > deadline:
+            raise error(
+                f"the shared {what} is not healthy: tests/lanes.py started it and a lane never "
+                "restarts it (see its log under the test bed's log directory)"
+            )
+        time.sleep(1)

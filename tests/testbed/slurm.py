@@ -813,6 +813,15 @@ def keep_requested() -> bool:
     return os.environ.get(KEEP_ENV, "") not in ("", "0", "false", "no")
 
 
+def prepare_host() -> None:
+    """The users, shared directories and chroot mounts every cluster needs: done once before
+    clusters start at once (tests/lanes.py), since two first-time creations would race."""
+    _ensure_common_dirs()
+    for spec in SPECS.values():
+        if spec.chroot is not None:
+            _ensure_chroot_mounts(spec.chroot)
+
+
 def start_cluster(name: str, reuse: bool | None = None) -> SlurmTestbed:
     """Start cluster ``name`` ("22.05" or "26.05") from clean state and wait until usable.
 
@@ -834,6 +843,9 @@ def start_cluster(name: str, reuse: bool | None = None) -> SlurmTestbed:
         _ensure_chroot_mounts(spec.chroot)
         if _user_ids(spec, JOB_USER) != (uid, gid):
             raise TestbedError(f"{JOB_USER} has different ids on the host and in {spec.chroot}")
+    if procs.shared_requested():
+        procs.attach(f"Slurm {name} cluster", lambda: _healthy(spec), error=TestbedError)
+        return _testbed(spec)
     if reuse and _healthy(spec):
         if not _write_config(spec):
             _log(f"re-using running cluster {name}")
