@@ -1,0 +1,76 @@
+"""SlurmJobs on the apiserver: read one, merge-patch its status, post an Event on it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
+from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.kube.base import COMPONENT, MERGE_PATCH, Edge
+from slurmjob_operator.times import rfc3339
+
+_counter = itertools.count()
+
+
+class SlurmJobs(Edge):
+    """The SlurmJob resource itself (`ResourceStore` with `Secrets.read_secret_value`)."""
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The SlurmJob as the API server has it now, or None when it is gone."""
+        try:
+            obj = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        result: dict[str, Any] = obj
+        return result
+
+    async def patch_status(self, ref: ObjectRef, patch: Mapping[str, Any]) -> dict[str, Any] | None:
+        """JSON-merge-patch `/status`; None when the object is gone. The uid precondition keeps
+        a write for a deleted object from landing on a new one of the same name."""
+        body = {"metadata": {"uid": ref.uid}, "status": dict(patch)}
+        try:
+            obj = await self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, body, _content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            raise
+        result: dict[str, Any] = obj
+        return result
+
+    async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the SlurmJob (`kubectl describe` shows it)."""
+        now = datetime.now(tz=UTC)
+        body = {
+            "metadata": {
+                "name": f"{ref.name}.{int(now.timestamp() * 1e6):x}{next(_counter):x}",
+                "namespace": ref.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": ref.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
+            "count": 1,
+        }
+        await self._core.create_namespaced_event(ref.namespace, body)
