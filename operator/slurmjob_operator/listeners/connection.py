@@ -7,10 +7,49 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final, Protocol
 
-if TYPE_CHECKING:
-    from slurmjob_operator.listeners import Listener
+
+class _Limits(Protocol):
+    """The limits a connection is held to (the package's `Limits`)."""
+
+    @property
+    def header_timeout(self) -> float: ...
+
+    @property
+    def keepalive(self) -> float: ...
+
+    @property
+    def write_timeout(self) -> float: ...
+
+    @property
+    def max_head_bytes(self) -> int: ...
+
+
+class Host(Protocol):
+    """What a connection asks of its listener (the package's `Listener`), named here so that
+    this module needs nothing from the package that imports it."""
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    @property
+    def tls(self) -> Callable[[], ssl.SSLContext | None] | None: ...
+
+    @property
+    def handshakes(self) -> set[asyncio.Task[None]]: ...
+
+    def admit(self, guard: Guard, source: str) -> bool: ...
+
+    def connect(self, guard: Guard) -> asyncio.Protocol: ...
+
+    def handshaken(self, guard: Guard, transport: asyncio.BaseTransport) -> None: ...
+
+    def release(self, guard: Guard) -> None: ...
+
+    def count_cut(self, why: str) -> None: ...
+
 
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
@@ -45,7 +84,7 @@ class Guard(asyncio.Protocol):
     byte before aiohttp does and is told by the listener when a request starts and ends.
     aiohttp's protocol is made only once the listener has admitted the connection."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Host) -> None:
         self._listener = listener
         self.inner: asyncio.Protocol | None = None
         self._inner_connected = False

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, ConfigDict
 
 from slurmjob_operator.core.jobview import (
     JOB_ID_MAX,
@@ -18,71 +17,14 @@ from slurmjob_operator.core.jobview import (
     normalise_state,
 )
 from slurmjob_operator.core.launch import LaunchRequest
+from slurmjob_operator.slurm.dialects.fields import (
+    JsonObject,
+    OptStr,
+    Response,
+)
+from slurmjob_operator.slurm.dialects.kill import BulkCancelResult
 from slurmjob_operator.slurm.dialects.records import UNREADABLE, Records
 from slurmjob_operator.slurm.errors import InvalidJobRef, SlurmMessage, SlurmUnsupported
-
-if TYPE_CHECKING:  # kill.py builds on this module
-    from slurmjob_operator.slurm.dialects.kill import BulkCancelResult
-
-JsonObject = Mapping[str, Any]
-
-
-class Response(BaseModel):
-    """Base of the raw response models: servers add fields, so unknown keys are ignored."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-def no_val(value: Any) -> Any:
-    """Unwrap Slurm's `{set, infinite, number}` (and the `+complex` plain form) to a value.
-
-    Unset and infinite both become None: the operator never needs "unlimited" as a number.
-    """
-    if isinstance(value, Mapping):
-        if value.get("infinite") or not value.get("set", False):
-            return None
-        return value.get("number")
-    if isinstance(value, str) and value.strip().lower() in ("", "infinity", "infinite"):
-        return None
-    return value
-
-
-# 9999-12-31T23:59:59Z: the last second a datetime holds.
-_LAST_SECOND = 253402300799
-
-
-def _timestamp(value: Any) -> Any:
-    raw = no_val(value)
-    if raw is None or isinstance(raw, datetime):
-        return raw
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise ValueError(f"a time must be a number, not a {type(raw).__name__}")
-    try:
-        seconds = int(raw)
-    except OverflowError:  # infinite: no time anyone can use
-        return None
-    # 0 is how every version says "not set" for a time; a time no datetime can hold is as
-    # good as unknown (a time is shown, never acted on, so it does not cost the record).
-    if seconds <= 0 or seconds > _LAST_SECOND:
-        return None
-    return datetime.fromtimestamp(seconds, tz=UTC)
-
-
-def _text(value: Any) -> Any:
-    return value if value not in ("", None) else None
-
-
-NoValInt = Annotated[int | None, BeforeValidator(no_val)]
-Timestamp = Annotated[datetime | None, BeforeValidator(_timestamp)]
-OptStr = Annotated[str | None, BeforeValidator(_text)]
-
-
-def zero_as_none(value: int | None) -> int | None:
-    return value if value else None
-
-
-def reason_text(value: str | None) -> str | None:
-    return None if value in (None, "", "None") else value
 
 
 class _RawMessage(Response):

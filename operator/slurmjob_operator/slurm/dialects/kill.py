@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from slurmjob_operator.core.jobview import valid_job_id
-from slurmjob_operator.slurm.dialects.common import JsonObject, OptStr, Response, no_val
+from slurmjob_operator.slurm.dialects.fields import JsonObject, OptStr, Response, no_val
 from slurmjob_operator.slurm.dialects.records import read_records
 from slurmjob_operator.slurm.errors import ALREADY_DONE, INVALID_JOB_ID, SlurmMessage
 

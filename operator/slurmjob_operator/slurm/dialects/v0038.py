@@ -35,14 +35,16 @@ from slurmjob_operator.slurm.dialects.common import (
     CancelResult,
     ControllerPing,
     Dialect,
-    JsonObject,
-    OptStr,
     PingResult,
-    Response,
     SubmitReceipt,
-    Timestamp,
     environment_entries,
     parse_envelope,
+)
+from slurmjob_operator.slurm.dialects.fields import (
+    JsonObject,
+    OptStr,
+    Response,
+    Timestamp,
     reason_text,
     zero_as_none,
 )

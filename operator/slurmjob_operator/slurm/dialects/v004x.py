@@ -41,16 +41,18 @@ from slurmjob_operator.slurm.dialects.common import (
     CancelResult,
     ControllerPing,
     Dialect,
-    JsonObject,
-    NoValInt,
-    OptStr,
     PingResult,
-    Response,
     SubmitReceipt,
-    Timestamp,
     environment_entries,
     parse_envelope,
     parse_state_entry,
+)
+from slurmjob_operator.slurm.dialects.fields import (
+    JsonObject,
+    NoValInt,
+    OptStr,
+    Response,
+    Timestamp,
     reason_text,
     zero_as_none,
 )
