@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.site.tenants import Tenant, Tenants
+from slurmjob_operator.site.tenantentry import Tenant
+from slurmjob_operator.site.tenants import Tenants
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "slurmjob-operator"

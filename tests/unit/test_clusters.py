@@ -445,7 +445,8 @@ async def test_a_tenant_off_the_first_cluster_goes_to_the_first_it_may_use(tmp_p
 
 
 def test_doctor_reads_the_tenants_as_each_cluster_sees_them(tmp_path: Path) -> None:
-    from slurmjob_operator.doctor import Outcome, Report, _check_tenancy
+    from slurmjob_operator.doctor import Outcome, Report
+    from slurmjob_operator.doctor.tenancy import check_tenancy
     from slurmjob_operator.site.catalogs import RuntimeRegistry
 
     path = tmp_path / "tenants.yaml"
@@ -459,7 +460,7 @@ def test_doctor_reads_the_tenants_as_each_cluster_sees_them(tmp_path: Path) -> N
     def check(cluster: str, clusters: list[str]) -> dict[str, Any]:
         report = Report()
         settings = Settings(tenants_file=path, cluster_name=cluster)
-        _check_tenancy(settings, RuntimeRegistry(), report, clusters)
+        check_tenancy(settings, RuntimeRegistry(), report, clusters)
         return {c.name: c for c in report.checks}
 
     east = check("east", ["east", "west"])

@@ -1,5 +1,5 @@
-"""Per-cluster tenants (site/tenants.py): a tenant's `defaultCluster` and its `clusters`
-sections, what the loader refuses in them (naming the file and the entry), and
+"""Per-cluster tenants (site/tenantentry.py, site/tenants.py): a tenant's `defaultCluster` and
+its `clusters` sections, what the loader refuses in them (naming the file and the entry), and
 `Tenants.for_cluster`, the view the operator's part for one cluster reads limits, Slurm user
 and uid from, as `Site` and resolution use it."""
 
@@ -27,9 +27,8 @@ from slurmjob_operator.site.catalogs import (
 )
 from slurmjob_operator.site.mounts import mount_problems
 from slurmjob_operator.site.resolve import resolve_site
+from slurmjob_operator.site.tenantentry import ClusterLimits, Tenant
 from slurmjob_operator.site.tenants import (
-    ClusterLimits,
-    Tenant,
     TenantClusterDenied,
     Tenants,
     TenantUnknown,

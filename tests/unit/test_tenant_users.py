@@ -27,7 +27,8 @@ from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.controller.slurmlink import SlurmLink
 from slurmjob_operator.core import naming
-from slurmjob_operator.doctor import Outcome, Report, _check_tenancy
+from slurmjob_operator.doctor import Outcome, Report
+from slurmjob_operator.doctor.tenancy import check_tenancy
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.catalogs import RuntimeRegistry
 from slurmjob_operator.slurm.auth import MintedToken, decode_claims
@@ -306,7 +307,7 @@ def test_a_tenant_uid_on_storage_without_acls_stops_the_start(
     )
     assert "does not support POSIX ACLs" in str(info.value)
     report = Report()
-    _check_tenancy(settings, RuntimeRegistry(), report)
+    check_tenancy(settings, RuntimeRegistry(), report)
     [files] = [c for c in report.checks if c.name == "tenant files"]
     assert files.outcome is Outcome.FAIL
     assert "does not support POSIX ACLs" in files.detail
@@ -322,7 +323,7 @@ def test_a_storage_root_the_probe_cannot_use_stops_the_start(tmp_path: Path) -> 
 def test_doctor_reports_tenant_users_and_acls(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, **tenant_settings(tmp_path))
     report = Report()
-    _check_tenancy(settings, RuntimeRegistry(), report)
+    check_tenancy(settings, RuntimeRegistry(), report)
     checks = {(c.name, c.outcome): c.detail for c in report.checks}
     assert (
         "team-a, team-b: jobs submitted, cancelled, held and released as their slurmUser"
@@ -331,7 +332,7 @@ def test_doctor_reports_tenant_users_and_acls(tmp_path: Path) -> None:
     assert "keeps POSIX ACLs" in checks[("tenant files", Outcome.OK)]
     no_uid = tenants_file(tmp_path, uid=None)
     report = Report()
-    _check_tenancy(settings.model_copy(update={"tenants_file": no_uid}), RuntimeRegistry(), report)
+    check_tenancy(settings.model_copy(update={"tenants_file": no_uid}), RuntimeRegistry(), report)
     [warned] = [c for c in report.checks if c.outcome is Outcome.WARN and c.name == "tenant files"]
     assert warned.detail.startswith("tenant(s) team-a have a slurmUser but no uid")
 

@@ -1,7 +1,7 @@
-"""The tenants file (site/tenants.py): what the loader takes and what it refuses (naming the
-file and the entry), the tenant of a namespace, the path rules on whole components, the check
-against the runtime registry, doctor's tenancy report, and the tenant's defaults reaching the
-submit body."""
+"""The tenants file (site/tenants.py, site/tenantentry.py, site/storagepaths.py): what the
+loader takes and what it refuses (naming the file and the entry), the tenant of a namespace,
+the path rules on whole components, the check against the runtime registry, doctor's tenancy
+report, and the tenant's defaults reaching the submit body."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ import yaml
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.pipeline import Site, render_manifest
-from slurmjob_operator.doctor import Outcome, Report, _check_tenancy
+from slurmjob_operator.doctor import Outcome, Report
+from slurmjob_operator.doctor.tenancy import check_tenancy
 from slurmjob_operator.site.catalogs import CatalogError, RuntimeArtifact, RuntimeRegistry
+from slurmjob_operator.site.storagepaths import overlap, path_parts, runtime_dirs, under
 from slurmjob_operator.site.tenants import (
     Tenants,
     TenantUnknown,
     check_against_registry,
     load_tenants,
-    overlap,
-    path_parts,
-    runtime_dirs,
-    under,
 )
 
 from .controller_fakes import cpu_spec, make_settings
@@ -339,7 +337,7 @@ def test_the_setting_is_read_from_the_environment(tmp_path: Path) -> None:
 
 def _tenancy(settings: Settings) -> list[tuple[str, Outcome, str]]:
     report = Report()
-    _check_tenancy(settings, RuntimeRegistry(), report)
+    check_tenancy(settings, RuntimeRegistry(), report)
     return [(c.name, c.outcome, c.detail) for c in report.checks]
 
 

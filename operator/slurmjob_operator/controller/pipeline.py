@@ -22,8 +22,8 @@ from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
+from slurmjob_operator.site.tenantentry import Tenant
 from slurmjob_operator.site.tenants import (
-    Tenant,
     Tenants,
     TenantScope,
     check_against_registry,

@@ -20,15 +20,15 @@ from pathlib import Path
 
 from slurmjob_operator.api.spec import Mount
 from slurmjob_operator.site.catalogs import RuntimeRegistry
-from slurmjob_operator.site.tenants import (
+from slurmjob_operator.site.storagepaths import (
     Parts,
-    TenantScope,
     overlap,
     path_parts,
     runtime_dirs,
     shown,
     under,
 )
+from slurmjob_operator.site.tenants import TenantScope
 
 
 def _real(storage_root: Path, parts: Parts) -> Parts | None:

@@ -21,7 +21,8 @@ from slurmjob_operator.site.catalogs import (
     RuntimeRegistry,
 )
 from slurmjob_operator.site.mounts import mount_problems
-from slurmjob_operator.site.tenants import Tenant, TenantScope
+from slurmjob_operator.site.tenantentry import Tenant
+from slurmjob_operator.site.tenants import TenantScope
 
 _MAX_LISTED = 10
 
