@@ -15,6 +15,7 @@ import pytest
 
 from slurmjob_operator.api.logs import LogAnswer, LogError, LogQuery, LogStream
 from slurmjob_operator.plugin import kubeclient
+from slurmjob_operator.plugin.args import build_parser
 from slurmjob_operator.plugin.kubeclient import (
     ApiserverRefused,
     LogsApiAbsent,
@@ -23,13 +24,7 @@ from slurmjob_operator.plugin.kubeclient import (
     PluginError,
     Unauthorized,
 )
-from slurmjob_operator.plugin.main import (
-    EXIT_ERROR,
-    EXIT_OK,
-    build_parser,
-    main,
-    run,
-)
+from slurmjob_operator.plugin.main import main, run
 from slurmjob_operator.plugin.render import (
     Job,
     array_counts,
@@ -38,6 +33,7 @@ from slurmjob_operator.plugin.render import (
     printable,
     suspend_effect,
 )
+from slurmjob_operator.plugin.subcommand import EXIT_ERROR, EXIT_OK
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

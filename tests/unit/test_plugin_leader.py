@@ -8,15 +8,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from slurmjob_operator.plugin.args import DEFAULT_OPERATOR_NAMESPACE, build_parser
 from slurmjob_operator.plugin.kubeclient import PluginError
 from slurmjob_operator.plugin.leader import expired, leader_table
-from slurmjob_operator.plugin.main import (
-    DEFAULT_OPERATOR_NAMESPACE,
-    EXIT_ERROR,
-    EXIT_OK,
-    build_parser,
-    run,
-)
+from slurmjob_operator.plugin.main import run
+from slurmjob_operator.plugin.subcommand import EXIT_ERROR, EXIT_OK
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -1,302 +1,79 @@
 """The SlurmJob spec: the single source of truth for validation and for the CRD schema.
 
-Intrinsic rules (those that need no site catalog) live here as pydantic validators, so the
-same message reaches `kubectl apply` users (through CEL rules derived from the same facts, see
-`gen.crd`) and the operator. Rules that need the site's catalogs (GPU series, runtime registry,
-storage root) live in `site.resolve`. What may reach the batch script (env names, the path
-alphabet of mounts and workingDir, the command's words) is ruled in `api.scriptwords`.
+Intrinsic rules (those that need no site catalog) live in the models as pydantic validators,
+so the same message reaches `kubectl apply` users (through CEL rules derived from the same
+facts, see `gen.crd`) and the operator. `SlurmJobSpec` is here with the rules that span its
+fields; its parts are in `api.container` (framework, env, mounts), `api.pools` (pools, arrays),
+`api.scheduling` (dependencies, time limit, mode) and `api.retry`, and are re-exported from
+here. Rules that need the site's catalogs (GPU series, runtime registry, storage root) live in
+`site.resolve`. What may reach the batch script (env names, the path alphabet of mounts and
+workingDir, the command's words) is ruled in `api.scriptwords`.
 """
 
 from __future__ import annotations
 
-import re
-from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from slurmjob_operator.api.container import (
+    CUSTOM,
+    CUSTOM_RUNTIME_PREFIX,
+    ENV_NAME_RE,
+    DataSpec,
+    EnvVar,
+    EnvVarSource,
+    Framework,
+    Mount,
+    SecretKeyRef,
+)
 from slurmjob_operator.api.model import Model as _Model
+from slurmjob_operator.api.pools import DNS_LABEL_RE, ArraySpec, Pool
 from slurmjob_operator.api.retry import RetrySpec
+from slurmjob_operator.api.scheduling import (
+    MAX_DEPENDENCIES,
+    OBJECT_NAME_RE,
+    Dependency,
+    DependencyCondition,
+    Mode,
+    TimeLimit,
+    parse_time_limit,
+)
 from slurmjob_operator.api.scriptwords import (
-    ABSOLUTE_PATH_RE,
     MAX_COMMAND_WORDS,
     PATH_TEXT,
-    RELATIVE_PATH_RE,
     WORKING_DIR_RE,
     command_problem,
     path_problem,
-    reserved_env_name,
 )
-from slurmjob_operator.api.status import MAX_ARRAY_TASKS
 
-ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
-DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The spec's parts stay importable from here, where the rest of the operator looks for them.
+__all__ = [
+    "CLUSTER_NAME_RE",
+    "CUSTOM",
+    "CUSTOM_RUNTIME_PREFIX",
+    "DNS_LABEL_RE",
+    "ENV_NAME_RE",
+    "MAX_DEPENDENCIES",
+    "OBJECT_NAME_RE",
+    "ArraySpec",
+    "DataSpec",
+    "Dependency",
+    "DependencyCondition",
+    "EnvVar",
+    "EnvVarSource",
+    "Framework",
+    "Mode",
+    "Mount",
+    "Pool",
+    "SecretKeyRef",
+    "SlurmJobSpec",
+    "TimeLimit",
+    "parse_time_limit",
+]
+
 # A cluster's name in the clusters file (and spec.cluster): a DNS label of at most 40.
 CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # = config.CLUSTER_NAME_RE
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?$")
-
-CUSTOM = "custom"
-CUSTOM_RUNTIME_PREFIX = "custom-"
-
-
-class Framework(_Model):
-    """What runs: a framework kind/name and the runtime artifact that carries it."""
-
-    kind: str = Field(min_length=1, max_length=63, description="Framework kind, e.g. custom.")
-    name: str = Field(min_length=1, max_length=63, description="Framework name, e.g. custom.")
-    runtime_id: str = Field(
-        min_length=1,
-        max_length=253,
-        description="Id of a runtime artifact (SQSH or SIF) in the site's runtime registry.",
-    )
-    image: str | None = Field(
-        default=None,
-        description=(
-            "Refused: this backend never materialises an OCI image implicitly. "
-            "Publish the image as a runtime artifact and set runtimeId."
-        ),
-    )
-
-    @field_validator("image")
-    @classmethod
-    def _no_image(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(
-                "framework.image is not supported: the image comes from the runtime registry "
-                "by runtimeId (no implicit OCI image materialization)"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _custom_runtime_prefix(self) -> Framework:
-        if self.kind == CUSTOM and not self.runtime_id.startswith(CUSTOM_RUNTIME_PREFIX):
-            raise ValueError(
-                f"runtimeId {self.runtime_id!r}: custom runtimes must have ids starting with "
-                f"{CUSTOM_RUNTIME_PREFIX!r}"
-            )
-        return self
-
-    @property
-    def is_custom(self) -> bool:
-        return self.kind == CUSTOM and self.name == CUSTOM
-
-
-class SecretKeyRef(_Model):
-    name: str = Field(min_length=1, max_length=253, description="Secret in the job's namespace.")
-    key: str = Field(min_length=1, max_length=253, description="Key within the Secret.")
-
-
-class EnvVarSource(_Model):
-    secret_key_ref: SecretKeyRef
-
-
-class EnvVar(_Model):
-    name: str = Field(pattern=ENV_NAME_RE, max_length=255, description="Variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
-    value_from: EnvVarSource | None = Field(
-        default=None, description="Value read from a Secret; never written into the script."
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if reserved_env_name(value):
-            raise ValueError(
-                f"{value}: reserved: read outside the container (by the batch shell, the dynamic "
-                "loader, Slurm, Pyxis, enroot or apptainer) or set by the batch script"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVar:
-        if (self.value is None) == (self.value_from is None):
-            raise ValueError(f"env {self.name}: set exactly one of value and valueFrom")
-        return self
-
-    @property
-    def is_secret(self) -> bool:
-        return self.value_from is not None
-
-
-class Mount(_Model):
-    source: str = Field(
-        min_length=1,
-        max_length=4096,
-        pattern=RELATIVE_PATH_RE,
-        description=f"Path relative to the storage root (no '..', not absolute; {PATH_TEXT}).",
-    )
-    target: str = Field(
-        min_length=2,
-        max_length=4096,
-        pattern=ABSOLUTE_PATH_RE,
-        description=f"Absolute path inside the container ({PATH_TEXT}).",
-    )
-    read_only: bool = Field(default=False, description="Mount read-only.")
-
-    # mode="before": these messages say more than the pattern's, which backs them up.
-    @field_validator("source", mode="before")
-    @classmethod
-    def _relative_inside(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if value.startswith("/"):
-            raise ValueError(
-                f"{value!r}: mount sources are paths relative to the storage root, "
-                "not absolute host paths"
-            )
-        parts = value.split("/")
-        if ".." in parts:
-            raise ValueError(f"{value!r}: '..' would leave the storage root")
-        if all(part in ("", ".") for part in parts):
-            raise ValueError(
-                f"{value!r}: a mount source names a folder under the storage root, not the root "
-                "itself (it holds every job's staging files)"
-            )
-        problem = path_problem(value, absolute=False)
-        if problem:
-            raise ValueError(f"{value!r}: mount sources {problem}")
-        return value
-
-    @field_validator("target", mode="before")
-    @classmethod
-    def _absolute_target(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        if not value.startswith("/"):
-            raise ValueError(f"{value!r}: mount targets must be absolute paths")
-        if ".." in value.split("/"):
-            raise ValueError(f"{value!r}: mount targets cannot contain '..'")
-        problem = path_problem(value, absolute=True)
-        if problem:
-            raise ValueError(f"{value!r}: mount targets {problem}")
-        return value
-
-
-class Pool(_Model):
-    """One homogeneous group of nodes: one Slurm job, or one component of a heterogeneous job."""
-
-    name: str = Field(pattern=DNS_LABEL_RE, max_length=63, description="Pool name.")
-    gpu_series: str | None = Field(
-        default=None,
-        max_length=63,
-        description="GPU series from the site's GPU series catalog; required when gpusPerNode > 0.",
-    )
-    nodes: int = Field(default=1, ge=1, le=4096, description="Number of nodes.")
-    gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs per node.")
-    cpus: int = Field(ge=1, le=4096, description="CPUs per node.")
-    memory_gb: int = Field(ge=1, le=65536, description="Memory per node in GiB.")
-    scratch_gb: int | None = Field(
-        default=None, description="Refused: node-local scratch is not supported on Slurm."
-    )
-
-    @field_validator("scratch_gb")
-    @classmethod
-    def _no_scratch(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError("scratch requests are not supported by the Slurm backend")
-        return value
-
-    @model_validator(mode="after")
-    def _series_for_gpus(self) -> Pool:
-        if self.gpus_per_node > 0 and not self.gpu_series:
-            raise ValueError(f"pool {self.name}: gpusPerNode > 0 needs a gpuSeries")
-        return self
-
-
-class DataSpec(_Model):
-    volumes: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Refused when non-empty: this backend cannot mount platform volumes.",
-    )
-
-    @field_validator("volumes")
-    @classmethod
-    def _no_volumes(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if value:
-            raise ValueError(
-                "volume mounts are not supported on Slurm: the bind list of a SIF/SQSH image "
-                "is not under the platform's control; use spec.mounts under the storage root"
-            )
-        return value
-
-
-class ArraySpec(_Model):
-    """Run the command as a Slurm job array: `count` tasks, indices 0 to count-1."""
-
-    count: int = Field(
-        ge=1,
-        le=MAX_ARRAY_TASKS,
-        description=(
-            "Number of tasks; each gets its index in SLURM_ARRAY_TASK_ID and "
-            "SLURMJOB_ARRAY_INDEX, and its own log files (stdout-<index>.log)."
-        ),
-    )
-    parallelism: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_ARRAY_TASKS,
-        description="At most this many tasks run at once (default: as many as Slurm allows).",
-    )
-
-
-#: A SlurmJob's name: a DNS subdomain (RFC 1123), as Kubernetes allows for custom resources.
-OBJECT_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-MAX_DEPENDENCIES = 16
-
-
-class DependencyCondition(StrEnum):
-    """What the upstream SlurmJob must have ended as for this one to run."""
-
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"  # Failed or Cancelled
-    FINISHED = "Finished"  # any final phase
-
-
-class Dependency(_Model):
-    name: str = Field(
-        pattern=OBJECT_NAME_RE,
-        max_length=253,
-        description="Name of a SlurmJob in the same namespace.",
-    )
-    condition: DependencyCondition = Field(
-        default=DependencyCondition.SUCCEEDED,
-        description=(
-            "Succeeded (the default), Failed (Failed or Cancelled) or Finished (any final "
-            "phase): what the upstream must have ended as, after its retries."
-        ),
-    )
-
-
-class Mode(StrEnum):
-    BATCH = "Batch"
-    PLAYGROUND = "Playground"
-    DEPLOYMENT = "Deployment"
-
-
-TimeLimit = Annotated[int | str, Field(description="Minutes, or a duration such as 90m, 4h, 1d")]
-
-
-def parse_time_limit(value: int | str) -> int:
-    """Minutes from an int or a duration string (`90`, `90m`, `4h`, `1d2h30m`)."""
-    if isinstance(value, bool):
-        raise ValueError("timeLimit must be minutes or a duration such as 90m, 4h")
-    if isinstance(value, int):
-        minutes = value
-    else:
-        text = value.strip()
-        if text.isdigit():
-            minutes = int(text)
-        else:
-            match = _DURATION_RE.fullmatch(text)
-            if not text or match is None:
-                raise ValueError(f"timeLimit {value!r}: use minutes or a duration such as 90m, 4h")
-            days, hours, mins = (int(g) if g else 0 for g in match.groups())
-            minutes = days * 1440 + hours * 60 + mins
-    if minutes < 1:
-        raise ValueError("timeLimit must be at least one minute")
-    if minutes > 365 * 1440:
-        raise ValueError("timeLimit cannot exceed 365 days")
-    return minutes
 
 
 class SlurmJobSpec(_Model):
