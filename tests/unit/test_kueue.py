@@ -10,22 +10,22 @@ import pytest
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.api.status import Phase
-from slurmjob_operator.core.following import EVICTED_ACTION, evicted
-from slurmjob_operator.core.kueue import (
+from slurmjob_operator.core.following_kueue import EVICTED_ACTION, evicted
+from slurmjob_operator.core.kueue.admission import Admission, verdict
+from slurmjob_operator.core.kueue.flavors import (
     PARTITION_KEY,
-    QUEUE_LABEL,
     SERIES_KEY,
-    SUSPEND_ANNOTATION,
-    Admission,
     assigned_flavors,
     flavors_refusal,
-    owner_of,
     placement,
+)
+from slurmjob_operator.core.kueue.status import reservation_cleared, with_condition
+from slurmjob_operator.core.kueue.workload import (
+    QUEUE_LABEL,
+    SUSPEND_ANNOTATION,
+    owner_of,
     pod_sets,
     queue_of,
-    reservation_cleared,
-    verdict,
-    with_condition,
     workload_body,
     workload_name,
 )

@@ -8,9 +8,15 @@ from datetime import UTC, datetime
 
 from slurmjob_operator.api.retry import RetryAction
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.core import decisions, following, reconcile
+from slurmjob_operator.core import (
+    decisions,
+    following,
+    following_dependencies,
+    following_kueue,
+    reconcile,
+)
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
-from slurmjob_operator.core.kueue import Admission, Verdict
+from slurmjob_operator.core.kueue.admission import Admission, Verdict
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
     FROM_KUEUE,
@@ -90,12 +96,12 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     # Kueue (controller/submission.py).
     out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_ADMISSION, "k", 1, NOW).status, False))
     out.append(
-        (following.evicted(QUEUED, "Preempted", "by a higher priority", 1, NOW).status, False)
+        (following_kueue.evicted(QUEUED, "Preempted", "by a higher priority", 1, NOW).status, False)
     )
     out.append(
         (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
     )
-    out.append((following.dependency_failed(QUEUED, "x", 1, NOW).status, False))
+    out.append((following_dependencies.dependency_failed(QUEUED, "x", 1, NOW).status, False))
     # Kueue's own conditions (controller/submission.py): waiting, reserved, admitted, evicted,
     # admitted again.
     status = FRESH
@@ -106,7 +112,7 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         Verdict(Admission.EVICTED, "Preempted", "by a higher priority"),
         Verdict(Admission.ADMITTED, "Admitted"),
     ):
-        status = following.admission_conditions(status, found, 1, NOW).status
+        status = following_kueue.admission_conditions(status, found, 1, NOW).status
         out.append((status, False))
     return out
 

@@ -17,6 +17,8 @@ from slurmjob_operator.api.status import (
     SlurmJobStatus,
     set_condition,
 )
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.times import rfc3339
 
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -73,3 +75,35 @@ def flip_event(
 ) -> tuple[Event, ...]:
     old = next((c for c in status.conditions if c.type == type_), None)
     return () if old is not None and old.status == value else (event,)
+
+
+def next_attempt_due(
+    status: SlurmJobStatus,
+    action: str,
+    reason: Reason,
+    text: str,
+    due: datetime,
+    conditions: tuple[str, ...],
+    generation: int | None,
+    now: datetime,
+) -> Transition:
+    """The current attempt is over (`action` on it) and another is due at `due`: Pending,
+    `conditions` False with `reason`, nothing completed."""
+    attempt = status.current_attempt
+    if attempt is None:
+        raise ValueError("no attempt to follow up")
+    # A failed attempt's end is Slurm's (already folded); an evicted one's is now.
+    ended = attempt.finished_at or rfc3339(now)
+    attempt = attempt.model_copy(update={"retry_action": action, "finished_at": ended})
+    new = with_conditions(
+        status, [(c, "False", reason, text) for c in conditions], generation, now
+    ).model_copy(
+        update={
+            "phase": Phase.PENDING,
+            "attempts": replace_attempt(status, attempt),
+            "message": text,
+            "next_attempt_at": rfc3339(due),
+            "completion_time": None,
+        }
+    )
+    return Transition(new, (Event(WARNING, reason, text),))

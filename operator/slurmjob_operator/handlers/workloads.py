@@ -12,7 +12,7 @@ import kopf
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.controller import RetryLater
 from slurmjob_operator.controller.fleet import Fleet
-from slurmjob_operator.core.kueue import GROUP, PLURAL, SLURMJOB_LABEL, VERSION, owner_of
+from slurmjob_operator.core.kueue.workload import GROUP, PLURAL, SLURMJOB_LABEL, VERSION, owner_of
 
 
 async def workload_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

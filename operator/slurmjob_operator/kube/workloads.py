@@ -69,7 +69,7 @@ class Workloads(Edge):
 
     async def flavor_labels(self, name: str) -> dict[str, str] | None:
         """ResourceFlavor `name`'s nodeLabels ({} when it has none; None when there is no such
-        flavor): where a Slurm job admitted on it runs (`core.kueue.placement`)."""
+        flavor): where a Slurm job admitted on it runs (`core.kueue.flavors.placement`)."""
         obj = await self._kueue_cluster_object("resourceflavors", name)
         if obj is None:
             return None
