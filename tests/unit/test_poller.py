@@ -20,8 +20,8 @@ from slurmjob_operator.core.jobview import BaseState, JobStateEntry, SlurmJobVie
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.sweep import RECHECK_CYCLES
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.slurm.joblists import JobListResult
 from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.slurm.joblists import JobListResult
 
 
 @dataclass

@@ -178,6 +178,12 @@ class JobIdentity:
         except SlurmError:
             log.exception("cannot cancel Slurm job %s", job.job_id)
 
+    async def hold(self, job: VerifiedJob, held: bool) -> None:
+        """Hold (or release) the job as its owner: every heterogeneous component (the
+        client's `hold`), so none keeps nodes reserved in the backfill plan, blocking the jobs
+        Kueue admitted in a held one's place."""
+        await (await self.acting(job)).hold(job, held)
+
     async def _refused(
         self, ref: ObjectRef, attempt: Attempt, made: Unverified, refused: str
     ) -> None:

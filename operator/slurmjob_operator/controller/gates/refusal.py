@@ -1,0 +1,13 @@
+"""A refusal settled for this generation (a standing one: tenancy, the spec, a limit) is final
+until the spec changes: nothing is tried again, and nothing written again."""
+
+from __future__ import annotations
+
+from slurmjob_operator.controller.gates import Fail, Go, Outcome, Pending
+from slurmjob_operator.core.decisions import settled_refusal
+
+
+class SettledRefusalGate:
+    async def check(self, pending: Pending) -> Outcome:
+        view = pending.view
+        return Fail() if settled_refusal(view.status, view.generation) else Go()

@@ -1,0 +1,306 @@
+"""The submit, once every gate said go and the submit slot is held: in this order, tenancy
+(a namespace of no tenant gets nothing done for it, not even a Secret read), the spec, the
+cluster's refusal, Kueue's placement, the Secret read, render and the script checks, the
+cluster's limits, the runtime, then the attempt recorded, the pruned-CRD check, staged and
+POSTed as the tenant's Slurm user, and the receipt confirmed. An array whose count fell below
+the tasks a retry would run is refused before all that.
+
+What each failure becomes is `core.decisions.FAILURES`; here an exception is only classified
+(`classify`) and the returned plan carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from slurmjob_operator.api.errors import SpecError
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import AttemptDependency
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.adopter import Adopter
+from slurmjob_operator.controller.identity import JobIdentity
+from slurmjob_operator.controller.limits import LimitsCache
+from slurmjob_operator.controller.pipeline import (
+    PreparedAttempt,
+    Site,
+    prepare_attempt,
+    stage,
+    verify_runtime,
+)
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.core.arrays import next_indices
+from slurmjob_operator.core.decisions import Failure, Retry, failed_step
+from slurmjob_operator.core.dependencies import slurm_dependency
+from slurmjob_operator.core.kueue import Verdict as Admitted
+from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
+from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.core.reconcile import not_submitted, record_attempt, submitted
+from slurmjob_operator.kube import SecretError
+from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.site.artifacts import ArtifactError
+from slurmjob_operator.site.preflight import PreflightError
+from slurmjob_operator.site.render import RenderError
+from slurmjob_operator.site.tenants import TenantUnknown
+from slurmjob_operator.slurm.auth import TokenError
+from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.slurm.errors import SlurmAmbiguous, SlurmAuthError, SlurmError, SlurmRejected
+from slurmjob_operator.storage.staging import StagingError, remove_attempt
+from slurmjob_operator.times import utc_now
+
+log = logging.getLogger(__name__)
+
+#: What may stop a submit before the attempt is recorded (nothing sent) and after it.
+PREPARE_ERRORS = (
+    SpecError,
+    RenderError,
+    PreflightError,
+    ArtifactError,
+    SecretError,
+    SlurmError,
+    TokenError,
+    LimitExceeded,
+    PartitionUnavailable,
+)
+SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
+
+
+def classify(exc: Exception, *, recorded: bool) -> Failure:
+    """The failure class of an exception from a submit step (see `core.decisions`)."""
+    if not recorded:
+        if isinstance(exc, TenantUnknown):  # a SpecError, but not the spec's fault
+            return Failure.TENANT_UNKNOWN
+        if isinstance(exc, SpecError | RenderError | PreflightError):
+            return Failure.SPEC_INVALID
+        if isinstance(exc, ArtifactError):
+            return Failure.RUNTIME_INVALID
+        if isinstance(exc, SecretError):
+            return Failure.SECRET_MISSING
+        if isinstance(exc, LimitExceeded):
+            return Failure.LIMIT_EXCEEDED
+        if isinstance(exc, PartitionUnavailable):
+            return Failure.PARTITION_UNAVAILABLE
+        if isinstance(exc, SlurmAuthError):
+            return Failure.SLURM_REFUSED_CREDENTIALS
+        return Failure.SLURM_UNREACHABLE
+    if isinstance(exc, SlurmRejected):
+        return Failure.REJECTED
+    if isinstance(exc, SlurmAmbiguous):
+        return Failure.AMBIGUOUS
+    if isinstance(exc, SlurmAuthError | TokenError):
+        return Failure.SEND_REFUSED_CREDENTIALS
+    return Failure.SEND_FAILED
+
+
+def _messages(exc: Exception) -> list[str]:
+    return exc.messages if isinstance(exc, SpecError | LimitExceeded) else [str(exc)]
+
+
+class Sender:
+    """Prepares, records, stages and sends one attempt; carries out a failure's plan."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        site: Site,
+        edge: ResourceEdge,
+        metrics: Metrics,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        slurm_as: Callable[[str | None], Awaitable[SlurmClient]] | None,
+        clusters: Clusters,
+        limits: LimitsCache,
+        identity: JobIdentity,
+        adopter: Adopter,
+        backoff: float,
+    ) -> None:
+        self.cluster = settings.cluster_name
+        self.settings = settings
+        self.site = site
+        self.edge = edge
+        self.metrics = metrics
+        self.slurm = slurm
+        self._slurm_as = slurm_as
+        self.clusters = clusters
+        self.limits = limits
+        self.identity = identity
+        self.adopter = adopter
+        self._backoff = backoff
+
+    async def _as(self, user: str | None) -> SlurmClient:
+        if self._slurm_as is None:
+            return await self.slurm()
+        return await self._slurm_as(user)
+
+    async def failed(
+        self, view: ResourceView, exc: Exception, *, recorded: bool, staging: Path | None = None
+    ) -> None:
+        """Carry out what the failure table says of a failed submit step."""
+        transition, plan = failed_step(
+            view.status,
+            classify(exc, recorded=recorded),
+            _messages(exc),
+            view.generation,
+            utc_now(),
+        )
+        if plan.metric is not None:
+            self.metrics.count_submission(plan.metric)
+        if plan.cancel_created and isinstance(exc, SlurmRejected) and exc.job_id is not None:
+            # Slurm created a record despite refusing the job (200 + errors): end it, once a
+            # read shows it is this attempt's (the id is only what the answer said).
+            await self._cancel_refused(view, exc.job_id)
+        if plan.discard_attempt and staging is not None:
+            await asyncio.to_thread(remove_attempt, self.settings, staging)
+        await self.edge.apply(view, transition)
+        if plan.retry is Retry.BACKOFF:
+            raise RetryLater(str(exc), self._backoff) from exc
+        if plan.retry is Retry.POLL:
+            raise RetryLater(str(exc), self.settings.poll_interval) from exc
+
+    async def _cancel_refused(self, view: ResourceView, job_id: int) -> None:
+        attempt = view.status.current_attempt
+        if attempt is None:
+            return
+        try:
+            job = await self.identity.read(view, attempt, "it is not cancelled", job_id)
+        except SlurmError as exc:
+            log.info("%s: refused record %s not cancelled: %s", view.ref.name, job_id, exc)
+            return
+        if job is not None:
+            await self.identity.cancel_quietly(job)
+
+    async def _prepare(
+        self,
+        view: ResourceView,
+        number: int,
+        indices: list[int] | None,
+        admitted: Admitted | None = None,
+    ) -> tuple[SlurmClient, PreparedAttempt]:
+        """Everything before the attempt is recorded; raises one of PREPARE_ERRORS. The client
+        is the one to submit with: as the Slurm user of the tenant the spec was resolved for."""
+        if self.site.tenants is not None:
+            # First: a namespace of no tenant gets nothing done for it, not even a Secret read.
+            self.site.tenants.scope(view.ref.namespace)
+        spec: SlurmJobSpec | None = view.spec
+        if spec is None:
+            assert view.spec_error is not None
+            raise view.spec_error
+        refused = self.clusters.refusal(spec.cluster, self.cluster)
+        if refused is not None:
+            raise SpecError([refused])
+        if admitted is not None:
+            # Where Kueue counted the quota is where the job runs (`core.kueue.placement`);
+            # the tenant's partitions and the cluster's limits are checked on it below.
+            if admitted.refusal is not None:
+                raise SpecError([admitted.refusal])
+            if admitted.partition is not None:
+                spec = spec.model_copy(update={"partition": admitted.partition})
+        secrets = await self.edge.secret_values(view)
+        client = await self.slurm()
+        prepared = await asyncio.to_thread(
+            prepare_attempt,
+            spec,
+            self.site,
+            namespace=view.ref.namespace,
+            name=view.ref.name,
+            uid=view.ref.uid,
+            attempt=number,
+            api_version=client.version,
+            secret_values=secrets,
+            array_indices=indices,
+        )
+        # Before the attempt is recorded: a request that cannot fit the cluster, or a wrong
+        # artifact, is refused with nothing staged and nothing to adopt.
+        snapshot = await self.limits.snapshot()
+        if snapshot is not None:
+            names = [pool.name for pool in spec.pools]
+            verdict = check(prepared.rendered.launch, snapshot, names)
+            if not verdict.ok:
+                # Judged again on what the cluster says now, before anything is refused.
+                snapshot = await self.limits.snapshot(fresh=True)
+                if snapshot is not None:
+                    enforce(check(prepared.rendered.launch, snapshot, names))
+        await asyncio.to_thread(verify_runtime, prepared, self.settings)
+        tenant = prepared.resolution.tenant
+        return await self._as(tenant.slurm_user if tenant is not None else None), prepared
+
+    async def submit(
+        self,
+        view: ResourceView,
+        upstream: tuple[AttemptDependency, ...] = (),
+        admitted: Admitted | None = None,
+    ) -> None:
+        number = len(view.status.attempts) + 1
+        spec = view.spec
+        # A job array's retry submits only the tasks that did not succeed (`core.arrays`).
+        indices = (
+            next_indices(view.status.attempts, spec.array.count)
+            if spec is not None and spec.array is not None
+            else None
+        )
+        if indices == []:
+            refused = SpecError(
+                [
+                    "spec.array.count: lowered below every task the retry would run; a retry "
+                    "runs only the tasks that did not succeed, so the count cannot shrink "
+                    "under them"
+                ]
+            )
+            await self.failed(view, refused, recorded=False)
+            return
+        try:
+            client, prepared = await self._prepare(view, number, indices, admitted)
+        except PREPARE_ERRORS as exc:
+            await self.failed(view, exc, recorded=False)
+            return
+        launch = prepared.rendered.launch
+        if upstream:
+            launch = launch.model_copy(update={"dependency": slurm_dependency(upstream)})
+        staging = prepared.rendered.staging_dir
+        view = await self.edge.apply(
+            view,
+            record_attempt(
+                view.status,
+                number=number,
+                job_name=launch.job_name,
+                staging_dir=str(staging),
+                generation=view.generation,
+                now=utc_now(),
+                # Named only with several clusters: a status the previous release (one
+                # cluster) cannot read would stop it following its jobs after a rollback.
+                cluster=self.cluster if len(self.clusters.names) > 1 else None,
+                array_indices=indices,
+                dependencies=upstream,
+            ),
+        )
+        current = view.status.current_attempt
+        if len(self.clusters.names) > 1 and (current is None or current.cluster != self.cluster):
+            # The apiserver pruned the field (a CRD older than this release): the attempt
+            # would be followed on whichever cluster an unnamed attempt belongs to.
+            text = (
+                "the installed SlurmJob CRD drops status.attempts[].cluster, which several "
+                "clusters need: apply the CRD of this release (kubectl apply --server-side -f "
+                "charts/slurmjob-operator/crds/); nothing was sent"
+            )
+            log.error("%s/%s: %s", view.ref.namespace, view.ref.name, text)
+            # Before anything is staged or sent: the attempt is forgotten, as if never made.
+            await self.edge.apply(
+                view,
+                not_submitted(view.status, Reason.SUBMIT_FAILED, text, view.generation, utc_now()),
+            )
+            raise RetryLater(text, self._backoff)
+        try:
+            await asyncio.to_thread(stage, prepared, self.settings)
+            # As the tenant's Slurm user: the job is its, and runs as its uid.
+            receipt = await client.submit(launch)
+        except SEND_ERRORS as exc:
+            await self.failed(view, exc, recorded=True, staging=staging)
+            return
+        self.metrics.count_submission("accepted")
+        view = await self.edge.apply(
+            view, submitted(view.status, receipt.job_id, view.generation, utc_now())
+        )
+        await self.adopter.confirm(view)
