@@ -21,7 +21,7 @@ from slurmjob_operator import GROUP, KIND, VERSION
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.catalogs import CatalogError
-from slurmjob_operator.site.render import RenderError
+from slurmjob_operator.site.templating import RenderError
 from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
 
 EXIT_OK = 0

@@ -23,12 +23,8 @@ from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.core import naming
 from slurmjob_operator.site.catalogs import ArtifactFormat, GpuSeries
 from slurmjob_operator.site.preflight import find_shellcheck, shellcheck_script
-from slurmjob_operator.site.render import (
-    RenderError,
-    environment,
-    render_attempt,
-    shquote,
-)
+from slurmjob_operator.site.render import render_attempt
+from slurmjob_operator.site.templating import RenderError, environment, shquote
 from slurmjob_operator.storage.staging import stage_attempt
 
 from .test_render_support import (

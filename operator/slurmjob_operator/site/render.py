@@ -1,11 +1,8 @@
 """Render one attempt of a SlurmJob: the batch script, its staged files and the LaunchRequest.
 
 Inputs are already validated (`api.spec`, `api.site`); this module only turns them into text.
-
-Quoting rule: every value that reaches the script goes through the `shquote` filter, which
-returns a `Quoted` string. The environment's `finalize` hook refuses any `{{ ... }}` whose
-result is not `Quoted`, so a template (including a site copy in SLURMJOB_TEMPLATES_DIR) cannot
-interpolate an unquoted value by mistake. Values are never interpolated into comments.
+Every value reaches the script quoted: the template environment and its quoting rule are
+`site.templating`.
 
 Nothing of the manifest is code for the batch shell: the command's words are quoted array
 items after srun's `--`; `job.env` and `secrets.env` hold NAME=value records ending in NUL, which
@@ -14,17 +11,14 @@ of `api.scriptwords` (reserved env names, the path alphabet, the command's first
 are checked here again, so a spec that skipped validation still cannot reach a script.
 
 Templates: `job.sh.j2` (the base) includes `runtime/<profile>.sh.j2` (how a step enters the
-container) and `shape/<cpu|ray>.sh.j2` (which steps run). A site directory, when set, is
-searched first, so a site can override a single part.
+container) and `shape/<cpu|ray>.sh.j2` (which steps run).
 """
 
 from __future__ import annotations
 
-import functools
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath, PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jinja2
@@ -50,6 +44,7 @@ from slurmjob_operator.site.catalogs import (
     GpuSeries,
     RuntimeArtifact,
 )
+from slurmjob_operator.site.templating import RenderError, environment
 
 BASE_TEMPLATE = "job.sh.j2"
 SCRIPT_MODE = 0o555
@@ -75,41 +70,6 @@ EXIT_CODES: dict[int, str] = {
 }
 
 _MOUNT_SEPARATORS = (",", ":", "\0", "\n")
-
-
-class RenderError(ValueError):
-    """The inputs cannot be rendered into a safe script; the message says why."""
-
-
-class Quoted(str):
-    """A string already quoted for the shell: the only thing templates may emit."""
-
-    __slots__ = ()
-
-
-def shquote(value: object) -> Quoted:
-    """Quote one value as one shell word (POSIX single quotes where needed)."""
-    if isinstance(value, jinja2.Undefined):
-        str(value)  # StrictUndefined raises, naming the missing variable
-    if isinstance(value, bool) or not isinstance(value, str | int | PurePath):
-        raise RenderError(f"cannot quote a {type(value).__name__} for the shell")
-    text = str(value)
-    if "\0" in text:
-        raise RenderError("values cannot contain NUL bytes")
-    return Quoted(shlex.quote(text))
-
-
-def shjoin(values: Sequence[object]) -> Quoted:
-    """Quote each value and join them with spaces (several shell words)."""
-    return Quoted(" ".join(shquote(v) for v in values))
-
-
-def _finalize(value: object) -> object:
-    if isinstance(value, Quoted):
-        return value
-    raise RenderError(
-        f"unquoted interpolation of {type(value).__name__} in a template: use | shquote"
-    )
 
 
 @dataclass(frozen=True)
@@ -138,42 +98,6 @@ class RenderedAttempt:
     files: Mapping[str, StagedFile]
     staging_dir: Path
     cluster_staging_dir: PurePosixPath
-
-
-def packaged_templates_dir() -> Path:
-    """The templates shipped in the wheel, or the repository's `templates/` (editable)."""
-    package = Path(__file__).resolve().parents[1]
-    packaged = package / "templates"
-    if packaged.is_dir():
-        return packaged
-    return package.parent.parent / "templates"
-
-
-@functools.lru_cache(maxsize=8)
-def _environment(site_dir: Path | None) -> jinja2.Environment:
-    loaders: list[jinja2.BaseLoader] = []
-    if site_dir is not None:
-        loaders.append(jinja2.FileSystemLoader(str(site_dir)))
-    loaders.append(jinja2.FileSystemLoader(str(packaged_templates_dir())))
-    env = jinja2.Environment(
-        loader=jinja2.ChoiceLoader(loaders),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,  # noqa: S701 -- shell, not HTML: `shquote` and `finalize` guard it
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        finalize=_finalize,
-        # bash uses `{#` (`${#array[@]}`), so Jinja comments get other delimiters.
-        comment_start_string="<%#",
-        comment_end_string="#%>",
-    )
-    env.filters["shquote"] = shquote
-    env.filters["shjoin"] = shjoin
-    return env
-
-
-def environment(settings: Settings) -> jinja2.Environment:
-    return _environment(settings.templates_dir)
 
 
 def _cluster(settings: Settings, relative: str) -> PurePosixPath:
@@ -389,20 +313,16 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     )
 
 
+# RenderError stays importable from here, where the controller looks for it.
 __all__ = [
     "EXIT_ARTIFACT",
     "EXIT_CODES",
     "EXIT_RENDEZVOUS",
     "EXIT_SECRETS",
     "EXIT_STAGING",
-    "Quoted",
     "RenderContext",
     "RenderError",
     "RenderedAttempt",
-    "environment",
-    "packaged_templates_dir",
     "render_attempt",
     "render_script",
-    "shjoin",
-    "shquote",
 ]
