@@ -1,0 +1,68 @@
+"""The site's part of `Settings`: who owns what is staged, and the files the platform admin
+writes (runtime registry, GPU series, clusters, tenants, batch-script templates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+# A cluster's name (the clusters file, spec.cluster); api.spec checks spec.cluster against it.
+CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+
+
+def parse_owner(value: str | None) -> tuple[int, int] | None:
+    """`uid:gid` (Settings.staging_owner, already checked against its pattern) as two ints."""
+    if value is None:
+        return None
+    uid, _, gid = value.partition(":")
+    return int(uid), int(gid)
+
+
+class SiteSettings(BaseSettings):
+    """A part of `Settings`, never read alone: staging ownership and the site's files."""
+
+    staging_owner: str | None = Field(
+        default=None,
+        pattern=r"^\d+:\d+$",
+        description=(
+            "uid:gid that staging directories and files are handed to, when the operator runs "
+            "as another user than the Slurm job user (needs CAP_CHOWN)."
+        ),
+    )
+    runtime_registry_file: Path | None = Field(
+        default=None, description="YAML runtime registry: runtimes: [{id, format, path, sha256}]."
+    )
+    gpu_series_file: Path | None = Field(
+        default=None,
+        description="YAML GPU series catalog: series: [{name, slurmConstraint, gpusPerNode}].",
+    )
+    clusters_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML clusters file: clusters: [{name, restUrl, apiVersion, user, jwtFile, "
+            "jwtKeyFile, partition, runtimeProfile, storageRoot, ...}], several Slurm clusters "
+            "behind one operator (spec.cluster picks one; the first is the default). A key "
+            "left out takes the SLURMJOB_* setting. Unset: one cluster, from these settings."
+        ),
+    )
+    cluster_name: str = Field(
+        default="default",
+        pattern=CLUSTER_NAME_RE,
+        description=(
+            "Name of the one cluster when there is no clusters file (what spec.cluster may say)."
+        ),
+    )
+    tenants_file: Path | None = Field(
+        default=None,
+        description=(
+            "YAML tenants file: tenants: [{name, namespaces, accounts, partitions, qos, "
+            "mountSources, maxTimeLimit, slurmUser, uid, defaultCluster, clusters}]. Unset: "
+            "single-tenant; set: a SlurmJob in a namespace of no tenant is refused, and each "
+            "tenant's limits are enforced before submit."
+        ),
+    )
+    templates_dir: Path | None = Field(
+        default=None, description="Directory with site copies of the batch-script templates."
+    )
