@@ -1,19 +1,6 @@
 """REST API v0.0.40 - v0.0.45 (data_parser versions; Slurm 23.11 - 26.05).
 
-Submit body, checked against the schemas served by Slurm 26.05 (v0.0.42 - v0.0.45) and, for
-v0.0.40/41 which no sample server serves, against the fact sheet:
-
-* `job` for one component, `jobs` for a het job; the script goes into `job.script` /
-  `jobs[0].script` (the schema: "only the first component in a HetJob is populated or
-  honored"); the top-level `script` was tagged deprecated in v0.0.41/42, so it is not used.
-* `environment` is a list of "K=V"; `current_working_directory` on *every* component (Slurm
-  26.05 refused a het job whose second component lacked it: error 2063); name, comment and
-  stdout/stderr on every component as well, so no component falls back to `slurm-%j.out`.
-* `nodes` is a string ("2"); `time_limit` and `memory_per_node` use the
-  `{set, infinite, number}` form the schemas declare (every data_parser version accepts it).
-* GPUs: `tres_per_node: "gres/gpu:N"` (the controller's internal TRES form since 23.11).
-* Exclusive nodes: `shared: ["none"]` (`exclusive` is gone from v0.0.42 and deprecated in
-  v0.0.41). Requeue: `requeue: false`. `partition`/`account`/`qos` only when set.
+The submit body, checked against the schemas each version serves, is `v004x_bodies`.
 
 Responses differ by version only in what is present: `stdout_expanded` from v0.0.43 (before
 that `standard_output` is already expanded), `step_id.sluid` in job info from v0.0.44,
@@ -36,14 +23,13 @@ from slurmjob_operator.core.jobview import (
     SlurmJobView,
     normalise_state,
 )
-from slurmjob_operator.core.launch import JobComponent, LaunchRequest
+from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.slurm.dialects.common import (
     CancelResult,
     ControllerPing,
     Dialect,
     PingResult,
     SubmitReceipt,
-    environment_entries,
     parse_envelope,
     parse_state_entry,
 )
@@ -63,6 +49,7 @@ from slurmjob_operator.slurm.dialects.kill import (
     parse_kill_jobs,
 )
 from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
+from slurmjob_operator.slurm.dialects.v004x_bodies import submit_body
 from slurmjob_operator.slurm.errors import (
     ALREADY_DONE,
     INVALID_JOB_ID,
@@ -72,10 +59,6 @@ from slurmjob_operator.slurm.errors import (
 from slurmjob_operator.versions import version_key
 
 VERSIONS: tuple[str, ...] = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45")
-
-
-def _set(number: int) -> dict[str, Any]:
-    return {"set": True, "infinite": False, "number": number}
 
 
 class _Signal(Response):
@@ -294,52 +277,8 @@ class Dialect4x(Dialect):
         self.version = version
         self.supports_sluid_paths = version_key(version) >= (0, 0, 45)
 
-    def _component(self, req: LaunchRequest, comp: JobComponent, first: bool) -> dict[str, Any]:
-        env = environment_entries(req.environment)
-        job: dict[str, Any] = {}
-        if first:
-            job["script"] = req.script
-            if req.array is not None:
-                job["array"] = req.array
-        job.update(
-            {
-                "name": req.job_name,
-                "comment": req.comment,
-                "environment": [f"{k}={v}" for k, v in env.items()],
-                "current_working_directory": req.working_directory,
-                "standard_output": req.standard_output,
-                "standard_error": req.standard_error,
-                "nodes": str(comp.nodes),
-                "tasks": comp.nodes * comp.tasks_per_node,
-                "tasks_per_node": comp.tasks_per_node,
-                "cpus_per_task": comp.cpus_per_task,
-                "memory_per_node": _set(comp.memory_mb),
-                "requeue": False,
-            }
-        )
-        if req.partition:
-            job["partition"] = req.partition
-        if req.account:
-            job["account"] = req.account
-        if req.qos:
-            job["qos"] = req.qos
-        if req.time_limit_minutes is not None:
-            job["time_limit"] = _set(req.time_limit_minutes)
-        if first and req.dependency:
-            job["dependency"] = req.dependency  # the leader's holds for the whole het job
-        if comp.constraints:
-            job["constraints"] = comp.constraints
-        if comp.gpus_per_node:
-            job["tres_per_node"] = f"gres/gpu:{comp.gpus_per_node}"
-        if comp.exclusive:
-            job["shared"] = ["none"]
-        return job
-
     def submit_body(self, req: LaunchRequest) -> dict[str, Any]:
-        components = [self._component(req, c, i == 0) for i, c in enumerate(req.components)]
-        if req.is_heterogeneous:
-            return {"jobs": components}
-        return {"job": components[0]}
+        return submit_body(req)
 
     @reading
     def parse_jobs(self, payload: JsonObject) -> Records[SlurmJobView]:
