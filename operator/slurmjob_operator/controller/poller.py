@@ -18,16 +18,17 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from slurmjob_operator.controller.controller import Controller
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceGone
-from slurmjob_operator.core.jobview import JobStateEntry, SlurmJobView, by_leader
+from slurmjob_operator.controller.statesweep import StateSweep
+from slurmjob_operator.core.jobview import SlurmJobView, by_leader
 from slurmjob_operator.core.naming import log_files
 from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.core.sweep import RECHECK_CYCLES, STATE_BATCH, sweep_all
+from slurmjob_operator.core.statekeys import StateKey, array_key, state_key
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError, SlurmNotFound
@@ -37,32 +38,12 @@ from slurmjob_operator.storage.nofollow import job_owner
 
 log = logging.getLogger(__name__)
 
-StateKey = tuple[tuple[str, ...], ...]
-
 
 class _Skip:
     """A job whose details could not be read this cycle."""
 
 
 SKIP = _Skip()
-
-
-def state_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
-    """What identifies "no change" for a job: each component's raw state, in a fixed order."""
-    return tuple(sorted(tuple(sorted(e.raw_state)) for e in entries))
-
-
-def array_key(entries: Iterable[JobStateEntry | SlurmJobView]) -> StateKey:
-    """The same for an array: each task's index and raw state (a sweep's entries, or the
-    views of a listing; the two are never compared with each other)."""
-    rows: list[tuple[str, ...]] = []
-    for e in entries:
-        if isinstance(e, JobStateEntry):
-            rows.append((e.array_task or "", *sorted(e.raw_state)))
-        else:
-            task = "" if e.array_task_id is None else str(e.array_task_id)
-            rows.append((task, e.array_tasks or "", *sorted(e.raw_state)))
-    return tuple(sorted(rows))
 
 
 class Poller:
@@ -86,11 +67,7 @@ class Poller:
         self._logs_read: dict[str, float] = {}  # uid -> monotonic time of its last tail read
         self._list_since: datetime | None = None
         self._next_since: datetime | None = None
-        self._cluster_jobs: int | None = None  # entries of the last unfiltered sweep
-        self._filtered_sweeps = 0  # since the last unfiltered one
-        # A started array task answers a sweep under its own job id: learnt from the array's
-        # details, so that its entries count for the array (`_attributed`).
-        self._task_of: dict[int, int] = {}  # task's own job id -> its array's id
+        self._states = StateSweep()  # v0.0.40+: the /jobs/state sweep, array tasks' ids
         self._keys: dict[int, StateKey] = {}  # this cycle's keys of the arrays read again
 
     async def run(self) -> None:
@@ -172,9 +149,7 @@ class Poller:
         for job_id in list(self._seen):
             if job_id not in tracked:
                 self._seen.pop(job_id, None)
-        for task, array in list(self._task_of.items()):
-            if array not in tracked:
-                del self._task_of[task]
+        self._states.forget(tracked)
         uids = {item.ref.uid for items in tracked.values() for item in items}
         for uid in list(self._logs):
             if uid not in uids:
@@ -205,8 +180,7 @@ class Poller:
         """Job id -> fresh views (None: gone from the controller) for jobs whose state moved."""
         out: dict[int, list[SlurmJobView] | None] = {}
         if client.dialect.supports_jobs_state:
-            entries = await self._sweep(client, tracked)
-            groups, strays = self._attributed(entries, tracked)
+            groups, strays = await self._states.sweep(client, tracked)
             for job_id, items in tracked.items():
                 group = groups.get(job_id)
                 array = any(item.array for item in items)
@@ -216,7 +190,7 @@ class Poller:
                     if not isinstance(details, _Skip):
                         out[job_id] = details
                         if array and details:
-                            self._keys[job_id] = self._learn(job_id, details, group, strays)
+                            self._keys[job_id] = self._states.learn(job_id, details, group, strays)
             return out
         # Moved forward only once the listing and every refresh went through (see cycle), so
         # a change inside a failed cycle's window is not lost behind a 304.
@@ -239,55 +213,6 @@ class Poller:
                     if array:
                         self._keys[job_id] = key
         return out
-
-    def _attributed(
-        self, entries: Iterable[JobStateEntry], tracked: Mapping[int, object]
-    ) -> tuple[dict[int, list[JobStateEntry]], dict[int, list[JobStateEntry]]]:
-        """A sweep's entries by tracked job id (an array's started tasks under the array, as
-        far as their ids were learnt), and the rest by their own id."""
-        groups: dict[int, list[JobStateEntry]] = defaultdict(list)
-        strays: dict[int, list[JobStateEntry]] = defaultdict(list)
-        for entry in entries:
-            if entry.job_id in tracked:
-                groups[entry.job_id].append(entry)
-            elif entry.array_task is not None and self._task_of.get(entry.job_id) in tracked:
-                groups[self._task_of[entry.job_id]].append(entry)
-            else:
-                strays[entry.job_id].append(entry)
-        return groups, strays
-
-    def _learn(
-        self,
-        array_id: int,
-        views: Sequence[SlurmJobView],
-        group: Sequence[JobStateEntry] | None,
-        strays: Mapping[int, list[JobStateEntry]],
-    ) -> StateKey:
-        """Remember the own job ids of the array's started tasks; the key of the sweep's
-        entries for the array, those of the tasks just learnt included (so a task that just
-        started costs one detail read, not two)."""
-        entries = list(group or ())
-        for view in views:
-            if view.job_id != array_id and view.array_job_id == array_id:
-                if view.job_id not in self._task_of:
-                    entries += strays.get(view.job_id, [])
-                self._task_of[view.job_id] = array_id
-        return array_key(entries)
-
-    async def _sweep(
-        self, client: SlurmClient, tracked: dict[int, list[Tracked]]
-    ) -> list[JobStateEntry]:
-        """`/jobs/state` for the tracked jobs: filtered batches, or one unfiltered request
-        once that is cheaper (`core.sweep`). An array's id counts as one: filtered by it, Slurm
-        answers every task of the array."""
-        known = self._cluster_jobs if self._filtered_sweeps < RECHECK_CYCLES else None
-        if sweep_all(len(tracked), known, batch=STATE_BATCH):
-            entries = await client.jobs_state(None)
-            self._cluster_jobs = len(entries)
-            self._filtered_sweeps = 0
-            return entries
-        self._filtered_sweeps += 1
-        return await client.jobs_state(sorted(tracked), batch=STATE_BATCH)
 
     async def _details(
         self, client: SlurmClient, item: Tracked
