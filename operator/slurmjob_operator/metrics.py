@@ -68,6 +68,8 @@ class Metrics:
     * `duplicates_total`: Slurm jobs cancelled because they duplicated an attempt.
     * `proven_absent_total`, `late_submits_cancelled_total`: unconfirmed submits proven absent
       (`core.absence`), and jobs of such attempts that appeared later and were cancelled.
+    * `reconcile_errors_total`, `wakes_pending`: reconciles that failed unexpectedly (each
+      looked at again after a backoff: `controller.wakes`), and wakes pending.
     * `job_changes_refused_total{why}`: changes to a job refused for want of a verified
       handle (`core.verified`): `identity`, `owner` or `cluster`.
     * `transitions_total{phase}`: phase changes, by the new phase.
@@ -113,6 +115,18 @@ class Metrics:
         self.late_submits_cancelled_total = Counter(
             f"{PREFIX}_late_submits_cancelled",
             "Jobs of attempts proven absent that appeared after all and were cancelled.",
+            registry=reg,
+        )
+        self.reconcile_errors_total = Counter(
+            f"{PREFIX}_reconcile_errors",
+            "Reconciles of a SlurmJob that failed unexpectedly (a bug or an unforeseen answer); "
+            "each is looked at again after a backoff, never dropped.",
+            registry=reg,
+        )
+        self.wakes_pending = Gauge(
+            f"{PREFIX}_wakes_pending",
+            "SlurmJobs with a wake pending: a wait (Kueue, upstreams, a retry's due time, an "
+            "eviction ending) or a failed reconcile to look at again.",
             registry=reg,
         )
         self.job_changes_refused_total = Counter(

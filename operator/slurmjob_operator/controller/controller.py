@@ -19,10 +19,12 @@ from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.queues import Queues
+from slurmjob_operator.controller.reachability import Reachability
 from slurmjob_operator.controller.registry import Registry, Tracked
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
+from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.core.dependencies import waiting_interval
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
@@ -47,9 +49,11 @@ class Controller:
         link: ClientSource | None = None,
         clusters: Clusters | None = None,
         submit_slots: FairLimiter[str] | None = None,
+        wakes: Wakes | None = None,
     ) -> None:
         """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
-        (None: this one alone)."""
+        (None: this one alone); `wakes`: the process's wake service (the fleet's, bound to
+        its routing; None: one of its own, reconciling here)."""
         self.settings = settings
         self.name = settings.cluster_name
         self.clusters = clusters or Clusters((self.name,))
@@ -72,11 +76,15 @@ class Controller:
         )
         # How soon to try again when Slurm or a Secret is not there yet: a few poll intervals.
         backoff = max(1.0, min(30.0, settings.poll_interval * 5))
+        if wakes is None:
+            wakes = Wakes(self.reconcile, backoff=backoff, on_error=reconcile_failed(metrics))
+            metrics.wakes_pending.set_function(lambda: len(self.wakes))
+        self.wakes = wakes
         self._following = Following(
             settings,
             self._edge,
             self.slurm,
-            self.reconcile,
+            self.wakes,
             backoff,
             job_uid=self.site.job_uid,
             identity=self.identity,
@@ -91,13 +99,14 @@ class Controller:
             kube,
             self.clusters,
             self.name,
-            self.reconcile,
+            self.wakes,
             interval=waiting_interval(settings.poll_interval),
         )
         # Kueue's Workloads, where the store can hold them (not the local runner's files).
         self._queues = Queues(kube) if isinstance(kube, WorkloadStore) else None
         if self._queues is not None:
             self._edge.after_phase = self._queues.observed
+        self._reachability = Reachability(settings, self._edge)
         self._submission = Submission(
             settings,
             self.site,
@@ -144,9 +153,7 @@ class Controller:
         await self._deletion.finalize(_view(body))
 
     async def report_reachability(self, reachable: bool, reason: Reason, message: str) -> None:
-        await self._following.report_reachability(
-            self.registry.followed(), reachable, reason, message
-        )
+        await self._reachability.report(self.registry.followed(), reachable, reason, message)
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         await self._edge.event(ref, type_, reason, message)
@@ -162,6 +169,8 @@ class Controller:
         `deleted`: deleted, or another cluster's (the fleet); `gone`: deleted (None: as
         `deleted`), since another cluster's SlurmJob may still be an upstream here."""
         view = _view(body)
+        if deleted if gone is None else gone:
+            self.wakes.forget(view.ref.uid)  # really deleted: nothing to look at again
         if deleted:
             self._edge.forget(view.ref)
         else:

@@ -28,17 +28,17 @@ is changed) and is woken again an interval later.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
-from slurmjob_operator.controller.resource import RetryLater
+from slurmjob_operator.controller.dependentwakes import DependentWakes
+from slurmjob_operator.controller.wakes import Wakes
 from slurmjob_operator.core.budget import Budgets
 from slurmjob_operator.core.decisions import awaits_upstream
 from slurmjob_operator.core.dependencies import (
@@ -54,26 +54,17 @@ from slurmjob_operator.core.dependencies import (
 )
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.ttlcache import TtlCache
-from slurmjob_operator.core.wakes import WakeQueue
 from slurmjob_operator.kube import ResourceStore
 
 log = logging.getLogger(__name__)
 
-#: How soon a dependent whose reconcile failed unexpectedly is tried again.
-RETRY_AFTER_ERROR = 30.0
 
 #: Reads from the apiserver per namespace: a resolution's worth at once, as many again per
 #: waiting interval (the watch delivers everything else).
 READS_PER_INTERVAL = MAX_VISITED
 
-#: Dependents woken per namespace: as many at once, as many again per waiting interval.
-WAKES_PER_INTERVAL = 64
-
 #: Slurm dependencies changed (a repoint, a cancel) per namespace, likewise.
 CHANGES_PER_INTERVAL = 32
-
-#: The shortest pause between two looks at the wakes that wait (seconds).
-MIN_TICK = 0.5
 
 #: Names found missing, kept for an interval (the bound only caps memory).
 MAX_ABSENT = 16384
@@ -109,7 +100,7 @@ class Dependencies:
         store: ResourceStore,
         clusters: Clusters,
         cluster: str,
-        reconcile: Callable[[ObjectRef], Awaitable[None]],
+        wakes: Wakes,
         *,
         interval: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
@@ -119,24 +110,20 @@ class Dependencies:
         self._store = store
         self._clusters = clusters
         self._cluster = cluster
-        self._reconcile = reconcile
         self.interval = interval
         self.clock = clock
         # Every SlurmJob the watch delivered, as the rules read it.
         self._known: dict[Key, Upstream] = {}
         self._absent: TtlCache[Key, bool] = TtlCache(interval, MAX_ABSENT)
         self._reads = Budgets(READS_PER_INTERVAL, interval)
-        self._wakes: WakeQueue[ObjectRef] = WakeQueue(WAKES_PER_INTERVAL, interval)
+        # The clock is read through this object: tests move it on.
+        self._wakes = DependentWakes(wakes, interval, self._wanted, lambda: self.clock())
         self._changes = Budgets(CHANGES_PER_INTERVAL, interval)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
         # (namespace, upstream name) -> the dependents' refs, by uid
         self._dependents: dict[tuple[str, str], dict[str, ObjectRef]] = {}
         self._upstreams_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._seen: dict[tuple[str, str], Fingerprint] = {}
         self._own: dict[str, tuple[int, int | None] | None] = {}  # queued dependents' attempts
-        self._scheduled: set[str] = set()
-        self._background: set[asyncio.Task[None]] = set()
 
     # -- who depends on whom --------------------------------------------------------------
 
@@ -200,70 +187,19 @@ class Dependencies:
         return list(self._dependents.get((namespace, name), {}).values())
 
     def _wake(self, ref: ObjectRef, *, not_before: float | None = None) -> None:
-        """Reconcile `ref` soon: now when its namespace has a wake left, else once it has
-        one again (and no sooner than `not_before`); once however often it is asked for."""
-        if ref.uid in self._scheduled:
-            return
-        now = self.clock()
-        if not self._wakes.ask(ref.namespace, ref.uid, ref, now, not_before=not_before):
-            self._arm(self._wakes.due_at(ref.namespace, now, not_before))
-            return
-        self._start(ref)
+        self._wakes.wake(ref, not_before=not_before)
 
     def _wanted(self, uid: str) -> bool:
         return uid in self._upstreams_of or uid in self._own
 
     def release(self) -> None:
-        """Wake the dependents that waited and may be woken now (the timer's; tests call it
-        after moving the clock on)."""
-        self._timer, self._timer_at = None, None
-        now = self.clock()
-        for ref in self._wakes.due(now, self._wanted):
-            if ref.uid not in self._scheduled:
-                self._start(ref)
-        later = self._wakes.next_at(now)
-        if later is not None:
-            self._arm(later)
-
-    def _arm(self, at: float) -> None:
-        """Look at the waiting wakes again at `at` (the clock's), unless already sooner."""
-        if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        delay = max(MIN_TICK, at - self.clock())
-        self._timer = asyncio.get_running_loop().call_later(delay, self.release)
-        self._timer_at = at
-
-    def _start(self, ref: ObjectRef) -> None:
-        self._scheduled.add(ref.uid)
-
-        async def run() -> None:
-            again: float | None = None
-            try:
-                await asyncio.sleep(0)  # after the event that woke it is handled
-                self._scheduled.discard(ref.uid)
-                await self._reconcile(ref)
-            except RetryLater as exc:
-                # A waiting dependent's own handler is retried by kopf too, but a queued one
-                # has nothing else to try again a repoint or a cancel that did not go through.
-                again = exc.delay
-            except Exception:
-                log.exception("dependent %s/%s: reconcile failed", ref.namespace, ref.name)
-                again = RETRY_AFTER_ERROR
-            finally:
-                self._scheduled.discard(ref.uid)
-            if again is not None and ref.uid in self._upstreams_of:
-                asyncio.get_running_loop().call_later(max(again, 1.0), self._wake, ref)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Wake the dependents that waited and may be woken now (tests call it after moving
+        the clock on)."""
+        self._wakes.release()
 
     async def drain(self) -> None:
         """Wait for the dependents woken so far (tests, and a clean stop)."""
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self._wakes.drain()
 
     # -- reading the upstreams ------------------------------------------------------------
 

@@ -33,6 +33,10 @@ class Fleet:
         self.clusters = clusters
         self.members = members
         self._by_name = {m.name: m for m in members}
+        # The process's one wake service (every member shares it: `handlers.lifecycle`): a
+        # wake reads the resource afresh and routes it here.
+        self.wakes = members[0].wakes
+        self.wakes.bind(self.wake)
         self._told: set[str] = set()  # uids whose unplaced attempt was reported
 
     @property

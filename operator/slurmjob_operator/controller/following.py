@@ -8,15 +8,16 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
 
-from slurmjob_operator.api.resource import ObjectRef, ResourceView
-from slurmjob_operator.api.status import Attempt, Logs, Phase, SlurmJobStatus
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.status import Attempt, Logs, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.identity import JobIdentity, refuse_stranger
+from slurmjob_operator.controller.latejobs import LateJobs
 from slurmjob_operator.controller.registry import Tracked
-from slurmjob_operator.controller.resource import ResourceEdge, ResourceGone, RetryLater
-from slurmjob_operator.core.absence import Window, late_candidates, late_jobs
+from slurmjob_operator.controller.resource import ResourceEdge
+from slurmjob_operator.controller.wakes import Wakes
+from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.arrays import (
     ArrayObservation,
     array_total,
@@ -31,18 +32,13 @@ from slurmjob_operator.core.following import (
     OutputTarget,
     lacks_output,
     lost,
-    not_retried,
     observed,
     observed_array,
     output_unwritable,
-    reachability,
-    retry_scheduled,
     with_logs,
 )
-from slurmjob_operator.core.jobview import JobSource, SlurmJobView, by_leader, leader
+from slurmjob_operator.core.jobview import JobSource, SlurmJobView, leader
 from slurmjob_operator.core.naming import log_files
-from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
@@ -55,9 +51,6 @@ from slurmjob_operator.times import parse_rfc3339, utc_now
 
 log = logging.getLogger(__name__)
 
-#: The Event of a late job of an attempt proven absent, cancelled (`core.absence`).
-LATE_SUBMIT_CANCELLED = "LateSubmitCancelled"
-
 
 class Following:
     def __init__(
@@ -65,7 +58,7 @@ class Following:
         settings: Settings,
         edge: ResourceEdge,
         slurm: Callable[[], Awaitable[SlurmClient]],
-        reconcile: Callable[[ObjectRef], Awaitable[None]],
+        wakes: Wakes,
         backoff: float,
         *,
         job_uid: Callable[[str], int | None] = lambda namespace: None,
@@ -77,17 +70,12 @@ class Following:
         before it is cancelled; `on_late`: counts a late submit cancelled."""
         self.settings = settings
         self.identity = identity
-        self._on_late = on_late
-        self._window = Window(
-            settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
-        )
+        self.late = LateJobs(settings, edge, slurm, identity, on_late)
         self._job_uid = job_uid
         self.edge = edge
         self.slurm = slurm
-        self._reconcile = reconcile
+        self.wakes = wakes
         self._backoff = backoff
-        self._background: set[asyncio.Task[None]] = set()
-        self._reachable: bool | None = None
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
@@ -169,7 +157,7 @@ class Following:
             else:
                 transition = observed(status, obs, generation, now)
         if not logs_only:
-            await self._cancel_late(view, status)
+            await self.late.cancel(view, status)
         new = transition.status
         if attempt.staging_dir:
             if logs is not None:
@@ -182,11 +170,16 @@ class Following:
                 )
                 await asyncio.to_thread(remove_secrets, self.settings, staging)
         transition = Transition(new, transition.events)
-        if decided is not None and decided.final and decided.phase is Phase.FAILED:
-            transition = self._after_failure(view, transition, decided, logs, now)
+        if decided is not None and decided.final and view.spec is not None:
+            tails = [logs.stdout, logs.stderr] if logs is not None else []
+            text = "\n".join(t.tail for t in tails if t is not None)
+            end = AttemptEnd(transition, view.spec, decided, text, view.generation, now)
+            transition = after_attempt(end)
         await self.edge.apply(view, transition)
-        if transition.status.next_attempt_at is not None:
-            self._retry_later(view.ref, transition.status.next_attempt_at)
+        due = parse_rfc3339(transition.status.next_attempt_at)
+        if due is not None:
+            # The retry is submitted when due (a restart finds it again on resume).
+            self.wakes.at(view.ref, (due - utc_now()).total_seconds())
         return True
 
     async def _observe_array(
@@ -217,90 +210,6 @@ class Following:
         if not found:
             return seen
         return observe_array([*views, *found], attempt.array, total=total)
-
-    async def _cancel_late(self, view: ResourceView, status: SlurmJobStatus) -> None:
-        """A job of an attempt proven absent that shows up after all (its request held in a
-        proxy longer than the fencing window) duplicates the newer attempt: cancel it and say
-        that the window was too short. Looked for at each fold, for a while after the proof,
-        of the attempts just before the current one (`core.absence.late_candidates`), in one
-        listing of the controller's jobs: one `GET /jobs` a fold, whatever the status says."""
-        now = utc_now()
-        candidates = late_candidates(status.attempts, now, self._window)
-        if not candidates:
-            return
-        try:
-            listing = await (await self.slurm()).list_jobs()
-        except SlurmError as exc:
-            log.info("looking for late jobs of %s: %s", view.ref.name, exc)
-            return
-        for attempt, late in late_jobs(candidates, listing.jobs, view.ref.uid):
-            for views in by_leader(late).values():
-                job = await self.identity.check(view, attempt, views, "it is not cancelled")
-                if job is None:
-                    continue
-                await self.identity.cancel_quietly(job)
-                self._on_late()
-                proven = parse_rfc3339(attempt.proven_absent_at)
-                after = (now - proven).total_seconds() if proven else 0.0
-                text = (
-                    f"Slurm job {job.job_id} of attempt {attempt.number} appeared {after:.0f} s "
-                    "after that attempt was proven absent (its request was held longer than "
-                    f"the fencing window of {self._window.seconds:.0f} s: raise "
-                    "SLURMJOB_ABSENCE_MARGIN); cancelled as a duplicate of attempt "
-                    f"{status.attempts[-1].number}"
-                )
-                log.warning("%s/%s: %s", view.ref.namespace, view.ref.name, text)
-                await self.edge.event(view.ref, "Warning", LATE_SUBMIT_CANCELLED, text)
-
-    def _after_failure(
-        self,
-        view: ResourceView,
-        transition: Transition,
-        obs: Observation,
-        logs: Logs | None,
-        now: datetime,
-    ) -> Transition:
-        """Ask the retry rules about a failed attempt; schedule a new one when they say so."""
-        spec = view.spec
-        if spec is None:
-            return transition
-        tails = [logs.stdout, logs.stderr] if logs is not None else []
-        text = "\n".join(t.tail for t in tails if t is not None)
-        status = transition.status
-        decision = decide(spec.retry, obs, text, status.attempts[:-1])
-        if not decision.retries:
-            return Transition(not_retried(status, decision), transition.events)
-        scheduled = retry_scheduled(status, decision, view.generation, now)
-        return Transition(scheduled.status, transition.events + scheduled.events)
-
-    def reconcile_at(self, ref: ObjectRef, due: str, done: Callable[[], None]) -> None:
-        """Reconcile `ref` at `due` (again after each RetryLater); `done` once it went
-        through or the resource is gone."""
-        self._retry_later(ref, due, done)
-
-    def _retry_later(
-        self, ref: ObjectRef, due: str, done: Callable[[], None] | None = None
-    ) -> None:
-        """Submit the scheduled retry when it is due (a restart finds it again on resume)."""
-
-        async def later() -> None:
-            when = parse_rfc3339(due)
-            while True:
-                await asyncio.sleep(max(0.0, (when - utc_now()).total_seconds()) if when else 0)
-                try:
-                    await self._reconcile(ref)
-                    return
-                except RetryLater as exc:
-                    when = utc_now() + timedelta(seconds=exc.delay)
-                except Exception:
-                    log.exception("retry of %s/%s failed; trying again", ref.namespace, ref.name)
-                    when = utc_now() + timedelta(seconds=self._backoff)
-
-        task = asyncio.get_running_loop().create_task(later())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        if done is not None:
-            task.add_done_callback(lambda _: done())
 
     async def logs(
         self, view: ResourceView, attempt: Attempt, *, index: int | None = None
@@ -364,38 +273,3 @@ class Following:
         except (SlurmUnsupported, SlurmNotFound):
             return []
         return [r for r in records if belongs(r, uid, attempt)] or records
-
-    async def report_reachability(
-        self, followed: Sequence[Tracked], reachable: bool, reason: Reason, message: str
-    ) -> None:
-        """slurmrestd answered (or refused) the last sweep: say so on every followed job
-        whose condition does not say so already, once per change, a few at a time."""
-        if self._reachable is reachable:
-            return
-        wanted = ("True" if reachable else "False", str(reason))
-        limit = asyncio.Semaphore(self.settings.refresh_concurrency)
-
-        async def tell(item: Tracked) -> bool:
-            async with limit, self.edge.step(item.ref.uid):
-                try:
-                    view = await self.edge.fresh(item.ref)
-                    if view is not None:
-                        transition = reachability(
-                            view.status, reachable, reason, message, view.generation, utc_now()
-                        )
-                        await self.edge.apply(view, transition)
-                except ResourceGone:
-                    pass
-                except Exception:  # one resource must not keep the others from hearing it
-                    log.exception("cannot report reachability on %s", item.ref.name)
-                    return False
-                return True
-
-        # A job that never had the condition needs none while slurmrestd answers (the jobs
-        # submitted after the last report): only a failure is worth telling every one.
-        due = [
-            i for i in followed if i.reachable != wanted and not (reachable and i.reachable is None)
-        ]
-        told = await asyncio.gather(*(tell(i) for i in due))
-        if all(told):
-            self._reachable = reachable

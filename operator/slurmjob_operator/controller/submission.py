@@ -14,7 +14,6 @@ At most `submit_concurrency` submits at once; the others wait for a slot of the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.status import SlurmJobStatus
@@ -45,7 +44,7 @@ from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reconcile import Step, next_step
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.times import rfc3339, utc_now
+from slurmjob_operator.times import utc_now
 
 
 def _started(status: SlurmJobStatus) -> bool:
@@ -87,7 +86,6 @@ class Submission:
         # Kueue's admission is looked for this often while it waits, besides the Workload
         # watch (SLURMJOB_KUEUE) waking it on every change.
         admission_wait = max(1.0, min(10.0, settings.poll_interval))
-        self._again_pending: set[str] = set()
         self.adopter = Adopter(settings, edge, metrics, slurm, following, identity, backoff)
         self.sender = Sender(
             settings,
@@ -214,16 +212,9 @@ class Submission:
             return False
 
     def _again(self, ref: ObjectRef, delay: float) -> None:
-        """Reconcile `ref` again after `delay` (one pending per resource)."""
-        if ref.uid in self._again_pending:
-            return
-        self._again_pending.add(ref.uid)
-        due = rfc3339(utc_now() + timedelta(seconds=max(delay, 1.0)))
-
-        def done() -> None:
-            self._again_pending.discard(ref.uid)
-
-        self.following.reconcile_at(ref, due, done)
+        """Reconcile `ref` again after `delay`: for what a Workload event's reconcile, which
+        no handler retries, would otherwise drop."""
+        self.following.wakes.at(ref, max(delay, 1.0))
 
     async def _follow(self, view: ResourceView) -> None:
         """A job in Slurm: Kueue's verdict on it first (an eviction ends or holds it), then

@@ -17,6 +17,7 @@ from slurmjob_operator.controller import Controller
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
+from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
@@ -60,6 +61,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             config, metrics.registry, Limits.from_settings(config)
         )
     slots = FairLimiter[str](config.submit_concurrency, on_waiting=metrics.waiting_submissions.set)
+    # One wake service for every cluster's part: a wake reads the resource and routes it.
+    wakes = Wakes(
+        backoff=max(1.0, min(30.0, config.poll_interval * 5)),
+        on_error=reconcile_failed(metrics),
+    )
+    metrics.wakes_pending.set_function(lambda: len(wakes))
     members: list[Controller] = []
     opened = []
     try:
@@ -67,7 +74,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             opened.append(open_transport(site.settings))
             members.append(
                 Controller(
-                    site.settings, kube, opened[-1], metrics, clusters=clusters, submit_slots=slots
+                    site.settings,
+                    kube,
+                    opened[-1],
+                    metrics,
+                    clusters=clusters,
+                    submit_slots=slots,
+                    wakes=wakes,
                 )
             )
     except BaseException:
@@ -122,6 +135,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             await listener.close()
     fleet: Fleet | None = memo.get("controller")
     if fleet is not None:
+        await fleet.wakes.close()
         for member in fleet.members:
             await member.transport.close()
         await fleet.default.kube.close()

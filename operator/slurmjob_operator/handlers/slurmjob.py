@@ -20,10 +20,11 @@ def _controller(memo: kopf.Memo) -> Fleet:
 
 
 async def _reconcile(memo: kopf.Memo, body: kopf.Body) -> None:
-    try:
-        await _controller(memo).reconcile(ObjectRef.of(body), body)
-    except RetryLater as exc:
-        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+    # A wait (or a failure) becomes a wake of the operator's own, not a kopf retry: the
+    # handler is done, and kopf writes no progress annotation for it (`controller.wakes`).
+    ref = ObjectRef.of(body)
+    fleet = _controller(memo)
+    await fleet.wakes.attempt(ref, fleet.reconcile(ref, body))
 
 
 @kopf.on.create(*RESOURCE)
@@ -47,6 +48,7 @@ async def labels_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)
 
 
+# Deletion keeps kopf's retry: the finalizer must stay until the job has ended.
 @kopf.on.delete(*RESOURCE)
 async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:

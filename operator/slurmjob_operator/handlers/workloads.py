@@ -4,13 +4,11 @@ retry. Thin: it finds the SlurmJob and delegates."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import kopf
 
 from slurmjob_operator.api.resource import ObjectRef
-from slurmjob_operator.controller import RetryLater
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.core.kueue.workload import GROUP, PLURAL, SLURMJOB_LABEL, VERSION, owner_of
 
@@ -23,10 +21,7 @@ async def workload_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, *
     if owner is None:
         return
     ref = ObjectRef(str((body.get("metadata") or {}).get("namespace")), owner[0], owner[1])
-    # RetryLater: a waiting SlurmJob's own handler is retried by kopf, a followed one's by the
-    # controller (`Submission._again`).
-    with contextlib.suppress(RetryLater):
-        await fleet.wake(ref)
+    await fleet.wakes.attempt(ref, fleet.wake(ref))
 
 
 def register() -> None:

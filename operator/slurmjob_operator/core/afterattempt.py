@@ -1,0 +1,63 @@
+"""The one decision point after an attempt ends: what comes next for the SlurmJob.
+
+An ended attempt is shown to each rule of `RULES` in turn; the first that answers decides what
+is written (a retry scheduled: Pending until its due time; an attempt not retried, and why),
+and with no answer the attempt's own ending stands. A new way to go on after an attempt (a
+walltime segment continued, a probe's new attempt) is one module with one rule and one line
+here, ahead of or after the retry rules as it must win or yield.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Phase
+from slurmjob_operator.core.following import not_retried, retry_scheduled
+from slurmjob_operator.core.retries import decide
+from slurmjob_operator.core.states import Observation
+from slurmjob_operator.core.transition import Transition
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """An attempt Slurm shows ended: the transition that says so, the spec, what Slurm said,
+    the log tails read with it (the text the rules search), the generation and the time."""
+
+    ended: Transition
+    spec: SlurmJobSpec
+    observation: Observation
+    logs: str
+    generation: int | None
+    now: datetime
+
+
+#: A rule: the transition to write instead of `end.ended`, or None when it has no say.
+Rule = Callable[[AttemptEnd], Transition | None]
+
+
+def retry_rules(end: AttemptEnd) -> Transition | None:
+    """spec.retry: a failed attempt is retried (Pending until `nextAttemptAt`) or not (its
+    `retryAction` says why)."""
+    if end.observation.phase is not Phase.FAILED:
+        return None
+    status = end.ended.status
+    decision = decide(end.spec.retry, end.observation, end.logs, status.attempts[:-1])
+    if not decision.retries:
+        return Transition(not_retried(status, decision), end.ended.events)
+    scheduled = retry_scheduled(status, decision, end.generation, end.now)
+    return Transition(scheduled.status, end.ended.events + scheduled.events)
+
+
+RULES: tuple[Rule, ...] = (retry_rules,)
+
+
+def after_attempt(end: AttemptEnd, rules: tuple[Rule, ...] = RULES) -> Transition:
+    """What to write once an attempt has ended: the first rule's answer, else its ending."""
+    for rule in rules:
+        answer = rule(end)
+        if answer is not None:
+            return answer
+    return end.ended
