@@ -793,11 +793,14 @@ async def test_a_hostile_kueue_reason_and_message_are_bounded_on_the_slurmjob(
 
 
 async def test_a_workload_event_wakes_only_a_slurmjob_of_its_own_namespace() -> None:
+    from slurmjob_operator.controller.wakes import Wakes
     from slurmjob_operator.handlers.workloads import workload_changed
 
     woken: list[Any] = []
 
     class Fleet:
+        wakes = Wakes(backoff=1.0)
+
         async def wake(self, ref: Any) -> None:
             woken.append(ref)
 

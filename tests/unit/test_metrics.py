@@ -195,6 +195,8 @@ def test_every_metric_is_prefixed(metrics: Metrics) -> None:
         "slurmjob_operator_proven_absent",
         "slurmjob_operator_late_submits_cancelled",
         "slurmjob_operator_job_changes_refused",
+        "slurmjob_operator_reconcile_errors",
+        "slurmjob_operator_wakes_pending",
         "slurmjob_operator_transitions",
         "slurmjob_operator_slurmrestd_request_seconds",
         "slurmjob_operator_poll_cycle_seconds",

@@ -91,9 +91,9 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     target = following.OutputTarget("/s/attempt-1/stdout.log", "u", 1, "/s/attempt-1", None)
     unwritable = following.output_unwritable(observe([_view("FAILED", 1)]), target)
     out.append((following.observed(QUEUED, unwritable, 1, NOW).status, False))
-    # spec.dependsOn (controller/submission.py).
+    # spec.dependsOn (controller/gates/upstreams.py).
     out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_DEPENDENCY, "w", 1, NOW).status, False))
-    # Kueue (controller/submission.py).
+    # Kueue (controller/gates/queue.py).
     out.append((reconcile.waiting(FRESH, Reason.WAITING_FOR_ADMISSION, "k", 1, NOW).status, False))
     out.append(
         (following_kueue.evicted(QUEUED, "Preempted", "by a higher priority", 1, NOW).status, False)
@@ -102,8 +102,8 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         (reconcile.invalid_spec(FRESH, ["x"], 1, NOW, Reason.DEPENDENCY_FAILED).status, False)
     )
     out.append((following_dependencies.dependency_failed(QUEUED, "x", 1, NOW).status, False))
-    # Kueue's own conditions (controller/submission.py): waiting, reserved, admitted, evicted,
-    # admitted again.
+    # Kueue's own conditions (controller/gates/queue.py, controller/evictions.py): waiting,
+    # reserved, admitted, evicted, admitted again.
     status = FRESH
     for found in (
         Verdict(Admission.WAITING, "Inadmissible", "no LocalQueue"),

@@ -12,11 +12,8 @@ from typing import Any
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef
-from slurmjob_operator.controller.dependencies import (
-    CHANGES_PER_INTERVAL,
-    WAKES_PER_INTERVAL,
-    Dependencies,
-)
+from slurmjob_operator.controller.dependencies import CHANGES_PER_INTERVAL, Dependencies
+from slurmjob_operator.controller.dependentwakes import WAKES_PER_INTERVAL
 from slurmjob_operator.core.wakes import WakeQueue
 
 from .controller_fakes import Bed, cpu_spec, make_bed
