@@ -21,8 +21,8 @@ from bench.scale import __main__ as scale  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 
-N = 20
-INTERVAL = 3.0
+N = 12
+INTERVAL = 2.0
 
 
 @pytest.mark.timeout(240)
