@@ -18,25 +18,23 @@ from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ResourceView
-from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import AttemptDependency
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.adopter import Adopter
+from slurmjob_operator.controller.checks import Checks, Preparing
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.limits import LimitsCache
 from slurmjob_operator.controller.pipeline import (
     PreparedAttempt,
     Site,
-    prepare_attempt,
     stage,
-    verify_runtime,
 )
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import next_indices
 from slurmjob_operator.core.decisions import Failure, Retry, failed_step
 from slurmjob_operator.core.dependencies import slurm_dependency
 from slurmjob_operator.core.kueue import Verdict as Admitted
-from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, check, enforce
+from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import not_submitted, record_attempt, submitted
@@ -119,16 +117,23 @@ class Sender:
     ) -> None:
         self.cluster = settings.cluster_name
         self.settings = settings
-        self.site = site
         self.edge = edge
         self.metrics = metrics
         self.slurm = slurm
         self._slurm_as = slurm_as
         self.clusters = clusters
-        self.limits = limits
         self.identity = identity
         self.adopter = adopter
         self._backoff = backoff
+        self.checks = Checks(settings, site, edge, slurm, clusters, limits)
+
+    @property
+    def limits(self) -> LimitsCache:
+        return self.checks.limits
+
+    @limits.setter
+    def limits(self, cache: LimitsCache) -> None:
+        self.checks.limits = cache
 
     async def _as(self, user: str | None) -> SlurmClient:
         if self._slurm_as is None:
@@ -179,51 +184,10 @@ class Sender:
         indices: list[int] | None,
         admitted: Admitted | None = None,
     ) -> tuple[SlurmClient, PreparedAttempt]:
-        """Everything before the attempt is recorded; raises one of PREPARE_ERRORS. The client
-        is the one to submit with: as the Slurm user of the tenant the spec was resolved for."""
-        if self.site.tenants is not None:
-            # First: a namespace of no tenant gets nothing done for it, not even a Secret read.
-            self.site.tenants.scope(view.ref.namespace)
-        spec: SlurmJobSpec | None = view.spec
-        if spec is None:
-            assert view.spec_error is not None
-            raise view.spec_error
-        refused = self.clusters.refusal(spec.cluster, self.cluster)
-        if refused is not None:
-            raise SpecError([refused])
-        if admitted is not None:
-            # Where Kueue counted the quota is where the job runs (`core.kueue.placement`);
-            # the tenant's partitions and the cluster's limits are checked on it below.
-            if admitted.refusal is not None:
-                raise SpecError([admitted.refusal])
-            if admitted.partition is not None:
-                spec = spec.model_copy(update={"partition": admitted.partition})
-        secrets = await self.edge.secret_values(view)
-        client = await self.slurm()
-        prepared = await asyncio.to_thread(
-            prepare_attempt,
-            spec,
-            self.site,
-            namespace=view.ref.namespace,
-            name=view.ref.name,
-            uid=view.ref.uid,
-            attempt=number,
-            api_version=client.version,
-            secret_values=secrets,
-            array_indices=indices,
-        )
-        # Before the attempt is recorded: a request that cannot fit the cluster, or a wrong
-        # artifact, is refused with nothing staged and nothing to adopt.
-        snapshot = await self.limits.snapshot()
-        if snapshot is not None:
-            names = [pool.name for pool in spec.pools]
-            verdict = check(prepared.rendered.launch, snapshot, names)
-            if not verdict.ok:
-                # Judged again on what the cluster says now, before anything is refused.
-                snapshot = await self.limits.snapshot(fresh=True)
-                if snapshot is not None:
-                    enforce(check(prepared.rendered.launch, snapshot, names))
-        await asyncio.to_thread(verify_runtime, prepared, self.settings)
+        """Every check before the attempt is recorded (`controller.checks`); raises one of
+        PREPARE_ERRORS. The client is the one to submit with: as the Slurm user of the tenant
+        the spec was resolved for."""
+        prepared = await self.checks.run(Preparing(view, number, indices, admitted))
         tenant = prepared.resolution.tenant
         return await self._as(tenant.slurm_user if tenant is not None else None), prepared
 

@@ -1,0 +1,154 @@
+"""The checks after the submit slot, in order, before the attempt is recorded: nothing is
+staged or sent until every one passed. Each raises one of `sender.PREPARE_ERRORS`, which the
+sender classifies (`core.decisions.FAILURES` says what it becomes) and writes once.
+
+1. tenancy: a namespace of no tenant gets nothing done for it, not even a Secret read;
+2. the spec: one that does not parse is refused with its errors by field;
+3. the cluster: a spec.cluster the tenant may not use, or this cluster is not;
+4. Kueue's placement: where Kueue counted the quota is where the job runs;
+5. the Secret values the environment names (read in the resource's own namespace only);
+6. render and the script checks (`site.render`, `site.preflight`);
+7. the cluster's limits (judged again on a fresh read before anything is refused);
+8. the runtime artifact.
+
+A new check is a method here and a line in `ORDER`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from slurmjob_operator.api.errors import SpecError
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.limits import LimitsCache
+from slurmjob_operator.controller.pipeline import (
+    PreparedAttempt,
+    Site,
+    prepare_attempt,
+    verify_runtime,
+)
+from slurmjob_operator.controller.resource import ResourceEdge
+from slurmjob_operator.core.kueue import Verdict as Admitted
+from slurmjob_operator.core.limits import check, enforce
+from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.slurm.client import SlurmClient
+
+
+@dataclass
+class Preparing:
+    """An attempt on its way through the checks, and what each found for the next."""
+
+    view: ResourceView
+    number: int
+    indices: list[int] | None
+    admitted: Admitted | None
+    spec: SlurmJobSpec | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+    client: SlurmClient | None = None
+    prepared: PreparedAttempt | None = None
+
+
+class Checks:
+    def __init__(
+        self,
+        settings: Settings,
+        site: Site,
+        edge: ResourceEdge,
+        slurm: Callable[[], Awaitable[SlurmClient]],
+        clusters: Clusters,
+        limits: LimitsCache,
+    ) -> None:
+        self.cluster = settings.cluster_name
+        self.settings = settings
+        self.site = site
+        self.edge = edge
+        self.slurm = slurm
+        self.clusters = clusters
+        self.limits = limits
+
+    def order(self) -> tuple[Callable[[Preparing], Awaitable[None]], ...]:
+        return (
+            self.tenancy,
+            self.the_spec,
+            self.the_cluster,
+            self.placement,
+            self.secret_values,
+            self.render,
+            self.cluster_limits,
+            self.runtime,
+        )
+
+    async def run(self, preparing: Preparing) -> PreparedAttempt:
+        for step in self.order():
+            await step(preparing)
+        assert preparing.prepared is not None
+        return preparing.prepared
+
+    async def tenancy(self, p: Preparing) -> None:
+        if self.site.tenants is not None:
+            self.site.tenants.scope(p.view.ref.namespace)
+
+    async def the_spec(self, p: Preparing) -> None:
+        if p.view.spec is None:
+            assert p.view.spec_error is not None
+            raise p.view.spec_error
+        p.spec = p.view.spec
+
+    async def the_cluster(self, p: Preparing) -> None:
+        assert p.spec is not None
+        refused = self.clusters.refusal(p.spec.cluster, self.cluster)
+        if refused is not None:
+            raise SpecError([refused])
+
+    async def placement(self, p: Preparing) -> None:
+        # The tenant's partitions and the cluster's limits are checked on it below.
+        assert p.spec is not None
+        if p.admitted is None:
+            return
+        if p.admitted.refusal is not None:
+            raise SpecError([p.admitted.refusal])
+        if p.admitted.partition is not None:
+            p.spec = p.spec.model_copy(update={"partition": p.admitted.partition})
+
+    async def secret_values(self, p: Preparing) -> None:
+        p.secrets = await self.edge.secret_values(p.view)
+
+    async def render(self, p: Preparing) -> None:
+        assert p.spec is not None
+        p.client = await self.slurm()
+        ref = p.view.ref
+        p.prepared = await asyncio.to_thread(
+            prepare_attempt,
+            p.spec,
+            self.site,
+            namespace=ref.namespace,
+            name=ref.name,
+            uid=ref.uid,
+            attempt=p.number,
+            api_version=p.client.version,
+            secret_values=p.secrets,
+            array_indices=p.indices,
+        )
+
+    async def cluster_limits(self, p: Preparing) -> None:
+        # A request that cannot fit the cluster is refused with nothing staged or to adopt.
+        assert p.spec is not None
+        assert p.prepared is not None
+        snapshot = await self.limits.snapshot()
+        if snapshot is None:
+            return
+        names = [pool.name for pool in p.spec.pools]
+        launch = p.prepared.rendered.launch
+        if not check(launch, snapshot, names).ok:
+            # Judged again on what the cluster says now, before anything is refused.
+            snapshot = await self.limits.snapshot(fresh=True)
+            if snapshot is not None:
+                enforce(check(launch, snapshot, names))
+
+    async def runtime(self, p: Preparing) -> None:
+        assert p.prepared is not None
+        await asyncio.to_thread(verify_runtime, p.prepared, self.settings)
