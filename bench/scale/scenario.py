@@ -113,10 +113,17 @@ def percentile(values: list[float], q: float) -> float | None:
 # -- the process under test -----------------------------------------------------------------
 
 
+#: The allocator settings the image (Dockerfile) and the chart (deployment.yaml) run the operator
+#: with, so that the bench measures what users run (tests/unit/test_memtrim.py keeps them equal).
+#: The baseline is plain kopf and keeps Python's defaults. `--operator-env PYTHONMALLOC=pymalloc`
+#: measures the operator without them.
+OPERATOR_ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
+
+
 class Process:
     def __init__(self, kind: str, env: dict[str, str], log_path: Path) -> None:
         self.kind = kind
-        self.env = env
+        self.env = {**OPERATOR_ALLOCATOR_ENV, **env} if kind == "operator" else env
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -70,6 +70,9 @@ class Metrics:
       (`core.absence`), and jobs of such attempts that appeared later and were cancelled.
     * `reconcile_errors_total`, `wakes_pending`: reconciles that failed unexpectedly (each
       looked at again after a backoff: `controller.wakes`), and wakes pending.
+    * `memory_returned_bytes_total`, `resident_memory_bytes`: resident bytes the periodic trim
+      gave back to the system (`memtrim`), and the process's resident set (to size against the
+      container's limit).
     * `job_changes_refused_total{why}`: changes to a job refused for want of a verified
       handle (`core.verified`): `identity`, `owner` or `cluster`.
     * `transitions_total{phase}`: phase changes, by the new phase.
@@ -127,6 +130,18 @@ class Metrics:
             f"{PREFIX}_wakes_pending",
             "SlurmJobs with a wake pending: a wait (Kueue, upstreams, a retry's due time, an "
             "eviction ending) or a failed reconcile to look at again.",
+            registry=reg,
+        )
+        self.memory_returned_bytes_total = Counter(
+            f"{PREFIX}_memory_returned_bytes",
+            "Resident bytes the periodic malloc_trim gave back to the system "
+            "(SLURMJOB_MEMORY_TRIM_INTERVAL).",
+            registry=reg,
+        )
+        self.resident_memory_bytes = Gauge(
+            f"{PREFIX}_resident_memory_bytes",
+            "The operator process's resident set; the chart's memory limit is sized against its "
+            "peak (docs/helm.md, Sizing).",
             registry=reg,
         )
         self.job_changes_refused_total = Counter(

@@ -197,6 +197,8 @@ def test_every_metric_is_prefixed(metrics: Metrics) -> None:
         "slurmjob_operator_job_changes_refused",
         "slurmjob_operator_reconcile_errors",
         "slurmjob_operator_wakes_pending",
+        "slurmjob_operator_memory_returned_bytes",
+        "slurmjob_operator_resident_memory_bytes",
         "slurmjob_operator_transitions",
         "slurmjob_operator_slurmrestd_request_seconds",
         "slurmjob_operator_poll_cycle_seconds",

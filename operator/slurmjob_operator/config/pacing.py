@@ -54,3 +54,31 @@ class PacingSettings(BaseSettings):
             "size there."
         ),
     )
+    watch_page_size: int = Field(
+        default=500,
+        ge=0,
+        le=100_000,
+        description=(
+            "SlurmJobs per page of the watch's first list (at start and after a watch "
+            "expires); 0 reads the whole list in one answer. Paging keeps the start-up burst's "
+            "memory from being pinned for the process's life."
+        ),
+    )
+    worker_idle_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        le=300,
+        description=(
+            "Seconds a resource's event worker stays after its last event; a short one lets "
+            "a burst's per-object tasks and queues go at once."
+        ),
+    )
+    memory_trim_interval: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "Seconds between two returns of the allocator's free memory to the system "
+            "(glibc's malloc_trim; the image runs with PYTHONMALLOC=malloc so that Python's "
+            "objects are in that heap); 0 never trims."
+        ),
+    )

@@ -21,6 +21,7 @@ from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
+from slurmjob_operator.memtrim import resident_bytes, trim_periodically
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.slurm.connect import open_transport
@@ -28,8 +29,8 @@ from slurmjob_operator.slurm.connect import open_transport
 log = logging.getLogger(__name__)
 
 
-@kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, config: Settings) -> None:
+    """Every kopf setting the operator changes, in one place."""
     # Our own prefix for everything kopf stores on the resources.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -47,8 +48,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # The CRD and the namespaces are fixed at start: no Namespace listing or CRD watching, so
     # the ServiceAccount needs no cluster-wide verbs beyond the SlurmJobs themselves.
     settings.scanning.disabled = True
+    # Memory at scale (docs/benchmarks.md): the first list read in pages, not in one answer of
+    # every object, and a resource's worker gone soon after its events, so that a burst's
+    # objects are not kept alive across the heap (the periodic trim can then give it back).
+    settings.watching.chunk_size = config.watch_page_size or None
+    settings.queueing.idle_timeout = config.worker_idle_timeout
 
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = Settings.from_env()
+    configure(settings, config)
     sites = load_clusters(config)
     clusters = cluster_names(sites, config.cluster_name)
     kube = await KubeApi.connect()
@@ -104,6 +114,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     keeper = cert_keeper_from_settings(config, kube)
     if keeper is not None:
         memo.cert_keeper = asyncio.create_task(keeper.run(), name="slurmjob-serving-cert")
+    metrics.resident_memory_bytes.set_function(lambda: float(resident_bytes() or 0))
+    memo.memory_trim = asyncio.create_task(
+        trim_periodically(config.memory_trim_interval, metrics.memory_returned_bytes_total.inc),
+        name="slurmjob-memory-trim",
+    )
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
@@ -123,7 +138,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in [*(memo.get("pollers") or []), memo.get("cert_keeper")]:
+    for task in [*(memo.get("pollers") or []), memo.get("cert_keeper"), memo.get("memory_trim")]:
         if task is None:
             continue
         task.cancel()
