@@ -43,6 +43,12 @@ class Seen:
     status_bytes: int = 0
 
 
+#: The label that splits the bench's objects into collection DELETEs the apiserver can serve.
+BATCH_LABEL = "bench.slurmjob.io/batch"
+#: Objects per collection DELETE.
+BATCH_SIZE = 1000
+
+
 class Kube:
     def __init__(self, server: str, ca: Path, cert: Path, key: Path, connections: int = 32) -> None:
         self.server = server
@@ -117,10 +123,17 @@ class Kube:
             page = await resp.json()
         return str(page["metadata"]["resourceVersion"])
 
-    async def delete_collection(self, namespace: str) -> None:
-        async with self.http.delete(self._objects(namespace)) as resp:
+    async def delete_collection(self, namespace: str, selector: str | None = None) -> None:
+        params = {"labelSelector": selector} if selector else {}
+        async with self.http.delete(self._objects(namespace), params=params) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"delete collection: HTTP {resp.status}: {await resp.text()}")
+
+    async def delete_in_batches(self, namespace: str, batches: int) -> None:
+        """Every object of the bench, one collection DELETE per `BATCH_LABEL` value: one
+        DELETE of 10,000 SlurmJobs ran past the apiserver's 60 s request timeout (HTTP 504)."""
+        for batch in range(batches):
+            await self.delete_collection(namespace, f"{BATCH_LABEL}={batch}")
 
     async def drop_finalizers(self, namespace: str, names: Iterable[str]) -> None:
         """For clean-up after a run: objects whose operator is gone cannot be finalized."""

@@ -29,7 +29,7 @@ from typing import Any
 from tests.testbed.handles import cancel_own
 
 from bench.scale import requests as reqs
-from bench.scale.kubeapi import Kube, Watcher, etcd_db_size
+from bench.scale.kubeapi import BATCH_LABEL, BATCH_SIZE, Kube, Watcher, etcd_db_size
 from bench.scale.sampler import Sampler
 from slurmjob_operator.config import Settings
 from slurmjob_operator.slurm.auth import MintedToken
@@ -96,11 +96,20 @@ def bodies(tag: str, n: int) -> list[dict[str, Any]]:
         {
             "apiVersion": "slurmjob.io/v1alpha1",
             "kind": "SlurmJob",
-            "metadata": {"name": f"{tag}-{i:05d}", "namespace": NAMESPACE},
+            "metadata": {
+                "name": f"{tag}-{i:05d}",
+                "namespace": NAMESPACE,
+                "labels": {BATCH_LABEL: str(i // BATCH_SIZE)},
+            },
             "spec": spec(),
         }
         for i in range(n)
     ]
+
+
+def batches(n: int) -> int:
+    """Collection DELETEs that cover n objects of `bodies` (a batch label per BATCH_SIZE)."""
+    return -(-n // BATCH_SIZE)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -214,7 +223,8 @@ async def clean_up(ctx: Context, process: Process | None) -> None:
         if not items:
             return
         await ctx.kube.drop_finalizers(NAMESPACE, [o["metadata"]["name"] for o in items])
-        await ctx.kube.delete_collection(NAMESPACE)
+        await ctx.kube.delete_in_batches(NAMESPACE, batches(len(items)))
+        await ctx.kube.delete_collection(NAMESPACE)  # what no batch label names
         await asyncio.sleep(2)
     left = len(await ctx.kube.list_all(NAMESPACE))
     if left:
@@ -455,7 +465,7 @@ async def _run_phases(
     # -- bulk delete
     names = [name for name in created]
     marks["delete"] = time.time()
-    await ctx.kube.delete_collection(NAMESPACE)
+    await ctx.kube.delete_in_batches(NAMESPACE, batches(len(names)))
 
     def deleted() -> int:
         return sum(1 for name in names if watcher.seen.get(name, _NONE).deleted)
