@@ -64,7 +64,8 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 
 WORKDIR /tmp
 USER 65532:65532
-# 8080: kopf's liveness endpoint (/healthz); 9090: Prometheus /metrics (SLURMJOB_METRICS_PORT).
-EXPOSE 8080 9090
+# 8080: the health probe (/healthz); 8081: the log API (TLS; SLURMJOB_LOGS_PORT);
+# 9090: Prometheus /metrics (SLURMJOB_METRICS_PORT).
+EXPOSE 8080 8081 9090
 ENTRYPOINT ["/opt/slurmjob-operator/bin/slurmjob-operator"]
 CMD ["run", "--liveness", "http://0.0.0.0:8080/healthz", "--log-format", "json"]

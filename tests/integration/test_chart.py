@@ -632,6 +632,69 @@ def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) ->
     assert not of_kind(docs, "ConfigMap")  # catalogs and templates are the user's
 
 
+def test_pull_secrets_spread_pod_monitor_and_the_helm_test(kube: KubeTestbed) -> None:
+    """imagePullSecrets as charts name it (image.pullSecrets still read for one release), the
+    replicas spread over zones, a PodMonitor on request, and `helm test` as doctor --no-probe
+    in a Job set up exactly as the operator's container."""
+    default = str(CHART / "ci/default-values.yaml")
+    docs = render(kube, "-f", default, "--set", "imagePullSecrets[0].name=regcred")
+    pod = deployment(docs)["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    selector = deployment(docs)["spec"]["selector"]
+    assert pod["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+        }
+    ]
+    (job,) = of_kind(docs, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert job["spec"]["backoffLimit"] == 0
+    test_pod = job["spec"]["template"]["spec"]
+    (doctor,) = test_pod["containers"]
+    assert doctor["args"] == ["doctor", "--no-probe"]
+    assert doctor["image"] == container(docs)["image"]
+    assert doctor["env"] == container(docs)["env"]
+    assert doctor["volumeMounts"] == container(docs)["volumeMounts"]
+    assert test_pod["volumes"] == pod["volumes"]
+    for key in ("serviceAccountName", "securityContext", "imagePullSecrets"):
+        assert test_pod[key] == pod[key]
+    # The job's pods are not the operator's: the Services and the PDB do not select them.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not set(selector["matchLabels"].items()) <= set(labels.items())
+    assert not of_kind(docs, "PodMonitor")
+
+    old = render(kube, "-f", str(CHART / "ci/signing-key-pvc-values.yaml"))
+    assert deployment(old)["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+    given = render(
+        kube,
+        *("-f", default, "--set", "topologySpreadConstraints[0].maxSkew=2"),
+        *("--set", "topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname"),
+        *("--set", "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule"),
+    )
+    (spread,) = deployment(given)["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread == {
+        "maxSkew": 2,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": selector,
+    }
+    alone = render(kube, "-f", default, "--set", "leaderElection.enabled=false")
+    assert "topologySpreadConstraints" not in deployment(alone)["spec"]["template"]["spec"]
+
+    monitored = render(kube, "-f", default, "--set", "metrics.podMonitor.enabled=true")
+    (monitor,) = of_kind(monitored, "PodMonitor")
+    assert monitor["spec"]["selector"] == selector
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert {"name": endpoint["port"], "containerPort": 9090, "protocol": "TCP"} in container(
+        monitored
+    )["ports"]
+    assert not of_kind(render(kube, "-f", default, "--set", "helmTest.enabled=false"), "Job")
+
+
 def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None:
     docs = render(
         kube,
@@ -658,6 +721,21 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
         (
             ["--set", "storage.hostPath.path=/x", "--set", "slurm.restUrl=http://s:6820"],
             "slurm.auth.existingSecret is required",
+        ),
+        (
+            ["-f", "ci/default-values.yaml", "--set", "image.repository="],
+            "image.repository is required: there is no public image",
+        ),
+        (
+            [
+                *("--set", "slurm.restUrl=http://s:6820", "--set", "slurm.auth.existingSecret=s"),
+                *("--set", "storage.hostPath.path=/x", "--set", "image.repository=r/o"),
+            ],
+            "podSecurityContext.runAsUser is required: the uid of the Slurm job user",
+        ),
+        (
+            ["-f", "ci/monitoring-values.yaml", "--set", "metrics.podMonitor.enabled=true"],
+            "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled: choose one",
         ),
         (
             ["-f", "ci/default-values.yaml", "--set", "storage.hostPath.path="],

@@ -26,6 +26,14 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
 
 
+def env_template() -> str:
+    """The operator container's environment as the chart writes it (a helper the Deployment
+    and the helm test's Job both include)."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    start = helpers.index('{{- define "slurmjob-operator.env" -}}')
+    return helpers[start : helpers.index("{{- end }}\n\n", start)]
+
+
 TENANT = {"name": "a", "namespaces": ["a"], "accounts": ["a"], "partitions": ["p"]}
 
 
@@ -199,10 +207,12 @@ def test_rbac_rules_are_exactly_the_operators_calls() -> None:
 
 def test_every_operator_setting_is_set_by_the_deployment() -> None:
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert '{{- include "slurmjob-operator.env" . | nindent 12 }}' in deployment
+    env = env_template()
     missing = [
         Settings.env_name(field)
         for field in Settings.model_fields
-        if f"name: {Settings.env_name(field)}\n" not in deployment
+        if f"- name: {Settings.env_name(field)}\n" not in env
     ]
     assert missing == []
 
@@ -236,9 +246,7 @@ def test_the_charts_apiservice_is_the_log_apis() -> None:
     rbac = (CHART / "templates" / "rbac.yaml").read_text()
     assert f"resourceNames: [{API_SERVICE_NAME}]\n    verbs: [get, patch]" in rbac
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
-    assert f"- name: SLURMJOB_LOGS_APISERVICE\n              value: {API_SERVICE_NAME}\n" in (
-        deployment
-    )
+    assert f"- name: SLURMJOB_LOGS_APISERVICE\n  value: {API_SERVICE_NAME}\n" in env_template()
     assert "- name: logs\n              containerPort: {{ .Values.logs.port }}" in deployment
     assert VALUES["logs"]["port"] not in (VALUES["health"]["port"], VALUES["metrics"]["port"])
 
@@ -256,3 +264,19 @@ def test_deprecated_keys_still_pass_the_schema() -> None:
     assert errors(merged(VALUES, old)) == []
     assert "service" not in VALUES["logs"]
     assert "proxySubjects" not in VALUES["logs"]
+
+
+def test_the_image_exposes_the_ports_the_chart_serves() -> None:
+    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
+    (line,) = [x for x in dockerfile.splitlines() if x.startswith("EXPOSE ")]
+    exposed = {int(p) for p in line.split()[1:]}
+    assert exposed == {VALUES["health"]["port"], VALUES["logs"]["port"], VALUES["metrics"]["port"]}
+
+
+def test_the_chart_has_no_image_and_no_uid_of_its_own() -> None:
+    """There is no public image and no uid right for every site: both must be given."""
+    assert VALUES["image"]["repository"] == ""
+    assert "runAsUser" not in VALUES["podSecurityContext"]
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'required "image.repository is required' in helpers
+    assert 'required "podSecurityContext.runAsUser is required' in helpers

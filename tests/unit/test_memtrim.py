@@ -95,7 +95,8 @@ def test_the_bench_measures_the_allocator_the_image_and_the_chart_ship() -> None
     from bench.scale.scenario import OPERATOR_ALLOCATOR_ENV
 
     dockerfile = (REPO / "Dockerfile").read_text()
-    deployment = (REPO / "charts/slurmjob-operator/templates/deployment.yaml").read_text()
+    helpers = (REPO / "charts/slurmjob-operator/templates/_helpers.tpl").read_text()
+    env = helpers[helpers.index('{{- define "slurmjob-operator.env" -}}') :]
     for name, value in OPERATOR_ALLOCATOR_ENV.items():
         assert f"    {name}={value} \\\n" in dockerfile
-        assert f"- name: {name}\n              value: {value}\n" in deployment
+        assert f"- name: {name}\n  value: {value}\n" in env

@@ -162,6 +162,8 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 {{- define "slurmjob-operator.validate" -}}
 {{- $_ := required "slurm.restUrl is required (the base URL of slurmrestd)" .Values.slurm.restUrl }}
 {{- $_ = required "slurm.auth.existingSecret is required (a Secret with the slurmrestd JWT or the jwt_key)" .Values.slurm.auth.existingSecret }}
+{{- $_ = required "image.repository is required: there is no public image. Build it from the repository's Dockerfile and push it to your registry (docker build -t REGISTRY/slurmjob-operator:VERSION . && docker push REGISTRY/slurmjob-operator:VERSION), then set image.repository=REGISTRY/slurmjob-operator" .Values.image.repository }}
+{{- $_ = required "podSecurityContext.runAsUser is required: the uid of the Slurm job user that owns storage.root (id <job user> on a Slurm node), with podSecurityContext.runAsGroup its gid; the operator writes staging files the job reads as that user" .Values.podSecurityContext.runAsUser }}
 {{- if and (eq .Values.slurm.auth.mode "signingKey") (not .Values.slurm.user) }}
 {{- fail "slurm.user is required with slurm.auth.mode=signingKey (the user the minted tokens are for)" }}
 {{- end }}
@@ -203,5 +205,337 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 {{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when serviceAccount.create is false" }}
+{{- end }}
+{{- end }}
+
+{{/* The operator container's environment: the Deployment's and the helm test's. */}}
+{{- define "slurmjob-operator.env" -}}
+{{- $fullname := include "slurmjob-operator.fullname" . }}
+{{- $templates := include "slurmjob-operator.templatesEnabled" . }}
+{{- $ca := .Values.slurm.caBundle }}
+{{- $logs := include "slurmjob-operator.logsServing" . }}
+{{- $certMode := include "slurmjob-operator.certMode" . -}}
+# kopf names its instance after POD_ID (else $USER, else the passwd entry, which a
+# numeric uid without one lacks).
+- name: POD_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: SLURMJOB_KUEUE
+  value: {{ .Values.kueue.enabled | quote }}
+- name: SLURMJOB_LEADER_ELECTION
+  value: {{ .Values.leaderElection.enabled | quote }}
+{{- if .Values.leaderElection.enabled }}
+- name: SLURMJOB_LEASE_NAME
+  value: {{ .Values.leaderElection.leaseName | default $fullname | quote }}
+- name: SLURMJOB_LEASE_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+# The pod's name: a restarted container takes its own Lease back at once.
+- name: SLURMJOB_LEASE_IDENTITY
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: SLURMJOB_LEASE_DURATION
+  value: {{ .Values.leaderElection.leaseDuration | quote }}
+- name: SLURMJOB_LEASE_RENEW_DEADLINE
+  value: {{ .Values.leaderElection.renewDeadline | quote }}
+- name: SLURMJOB_LEASE_RETRY_PERIOD
+  value: {{ .Values.leaderElection.retryPeriod | quote }}
+{{- end }}
+- name: SLURMJOB_CLUSTER_NAME
+  value: {{ .Values.clusterName | quote }}
+{{- if .Values.clusters }}
+- name: SLURMJOB_CLUSTERS_FILE
+  value: /etc/slurmjob/clusters/clusters.yaml
+{{- end }}
+- name: SLURMJOB_SLURM_REST_URL
+  value: {{ .Values.slurm.restUrl | quote }}
+- name: SLURMJOB_SLURM_REST_API_VERSION
+  value: {{ .Values.slurm.apiVersion | quote }}
+{{- with .Values.slurm.user }}
+- name: SLURMJOB_SLURM_REST_USER
+  value: {{ . | quote }}
+{{- end }}
+{{- if eq .Values.slurm.auth.mode "signingKey" }}
+- name: SLURMJOB_SLURM_JWT_KEY_FILE
+  value: /etc/slurmjob/auth/jwt.key
+- name: SLURMJOB_SLURM_JWT_LIFESPAN
+  value: {{ .Values.slurm.auth.jwtLifespan | quote }}
+{{- else }}
+- name: SLURMJOB_SLURM_JWT_FILE
+  value: /etc/slurmjob/auth/token
+{{- end }}
+- name: SLURMJOB_SLURM_REST_TIMEOUT
+  value: {{ .Values.slurm.timeout | quote }}
+- name: SLURMJOB_SLURM_MESSAGE_TIMEOUT
+  value: {{ .Values.slurm.messageTimeout | quote }}
+- name: SLURMJOB_ABSENCE_MARGIN
+  value: {{ .Values.absenceMargin | quote }}
+{{- with .Values.slurm.partition }}
+- name: SLURMJOB_SLURM_PARTITION
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_SLURM_RUNTIME_PROFILE
+  value: {{ .Values.slurm.runtimeProfile | quote }}
+- name: SLURMJOB_SLURM_TLS_VERIFY
+  value: {{ ternary "1" "0" .Values.slurm.tlsVerify | quote }}
+{{- if or $ca.configMap.name $ca.secret.name }}
+- name: SLURMJOB_SLURM_CA_BUNDLE
+  value: /etc/slurmjob/ca/ca.crt
+{{- end }}
+{{- with .Values.slurm.jobPath }}
+- name: SLURMJOB_SLURM_JOB_PATH
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_STORAGE_ROOT
+  value: {{ .Values.storage.root | quote }}
+{{- with .Values.storage.clusterRoot }}
+- name: SLURMJOB_SLURM_STORAGE_ROOT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.storage.stagingOwner }}
+- name: SLURMJOB_STAGING_OWNER
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_RUNTIME_REGISTRY_FILE
+  value: /etc/slurmjob/catalogs/runtime-registry.yaml
+- name: SLURMJOB_GPU_SERIES_FILE
+  value: /etc/slurmjob/catalogs/gpu-series.yaml
+{{- if include "slurmjob-operator.tenancy" . }}
+- name: SLURMJOB_TENANTS_FILE
+  value: /etc/slurmjob/catalogs/tenants.yaml
+{{- end }}
+{{- if $templates }}
+- name: SLURMJOB_TEMPLATES_DIR
+  value: /etc/slurmjob/templates
+{{- end }}
+- name: SLURMJOB_POLL_INTERVAL
+  value: {{ .Values.pollInterval | quote }}
+- name: SLURMJOB_DELETE_TIMEOUT
+  value: {{ .Values.deleteTimeout | quote }}
+- name: SLURMJOB_SUBMIT_CONCURRENCY
+  value: {{ .Values.submitConcurrency | quote }}
+- name: SLURMJOB_REFRESH_CONCURRENCY
+  value: {{ .Values.refreshConcurrency | quote }}
+- name: SLURMJOB_LOG_REFRESH
+  value: {{ .Values.logRefresh | quote }}
+- name: SLURMJOB_STATUS_TAIL_BYTES
+  value: {{ .Values.statusTailBytes | quote }}
+- name: SLURMJOB_WATCH_PAGE_SIZE
+  value: {{ .Values.watchPageSize | quote }}
+- name: SLURMJOB_WORKER_IDLE_TIMEOUT
+  value: {{ .Values.workerIdleTimeout | quote }}
+- name: SLURMJOB_MEMORY_TRIM_INTERVAL
+  value: {{ .Values.memoryTrimInterval | quote }}
+# Python's objects in glibc's heap, so that the trim above gives them back.
+- name: PYTHONMALLOC
+  value: malloc
+- name: SLURMJOB_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: SLURMJOB_METRICS_ADDRESS
+  value: {{ .Values.metrics.address | quote }}
+- name: SLURMJOB_LISTENER_HEADER_TIMEOUT
+  value: {{ .Values.listeners.headerTimeout | quote }}
+- name: SLURMJOB_LISTENER_KEEPALIVE
+  value: {{ .Values.listeners.keepalive | quote }}
+- name: SLURMJOB_LISTENER_WRITE_TIMEOUT
+  value: {{ .Values.listeners.writeTimeout | quote }}
+- name: SLURMJOB_LISTENER_MAX_CONNECTIONS
+  value: {{ .Values.listeners.maxConnections | quote }}
+- name: SLURMJOB_LISTENER_MAX_PER_SOURCE
+  value: {{ .Values.listeners.maxPerSource | quote }}
+# The log API only where its APIService sends requests: 0 closes the port.
+- name: SLURMJOB_LOGS_PORT
+  value: {{ ternary .Values.logs.port 0 (not (empty $logs)) | quote }}
+- name: SLURMJOB_LOGS_ADDRESS
+  value: {{ .Values.logs.address | quote }}
+- name: SLURMJOB_POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- if $logs }}
+- name: SLURMJOB_LOGS_SERVICE
+  value: {{ include "slurmjob-operator.logsService" . | quote }}
+{{- if eq $certMode "operator" }}
+# Its own CA and certificate in this Secret, kept by the leader, the CA bundle
+# put into this APIService.
+- name: SLURMJOB_LOGS_CERT_SECRET
+  value: {{ include "slurmjob-operator.certSecret" . | quote }}
+- name: SLURMJOB_LOGS_APISERVICE
+  value: v1alpha1.logs.slurmjob.io
+{{- else }}
+- name: SLURMJOB_LOGS_TLS_CERT_FILE
+  value: /etc/slurmjob/logs-tls/tls.crt
+- name: SLURMJOB_LOGS_TLS_KEY_FILE
+  value: /etc/slurmjob/logs-tls/tls.key
+{{- end }}
+{{- end }}
+# Nothing may be written outside /tmp and the storage root.
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+{{- with .Values.extraEnv }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}
+
+{{/* The operator container's mounts, and the pod's volumes they name. */}}
+{{- define "slurmjob-operator.volumeMounts" -}}
+{{- $fullname := include "slurmjob-operator.fullname" . }}
+{{- $templates := include "slurmjob-operator.templatesEnabled" . }}
+{{- $ca := .Values.slurm.caBundle }}
+{{- $logs := include "slurmjob-operator.logsServing" . }}
+{{- $certMode := include "slurmjob-operator.certMode" . -}}
+- name: tmp
+  mountPath: /tmp
+- name: storage
+  mountPath: {{ .Values.storage.root }}
+  {{- with .Values.storage.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+- name: slurm-auth
+  mountPath: /etc/slurmjob/auth
+  readOnly: true
+- name: catalogs
+  mountPath: /etc/slurmjob/catalogs
+  readOnly: true
+{{- if .Values.clusters }}
+- name: clusters
+  mountPath: /etc/slurmjob/clusters
+  readOnly: true
+{{- end }}
+{{- if or $ca.configMap.name $ca.secret.name }}
+- name: ca-bundle
+  mountPath: /etc/slurmjob/ca
+  readOnly: true
+{{- end }}
+{{- if $templates }}
+- name: templates
+  mountPath: /etc/slurmjob/templates
+  readOnly: true
+{{- end }}
+{{- if and $logs (ne $certMode "operator") }}
+- name: logs-tls
+  mountPath: /etc/slurmjob/logs-tls
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}
+
+{{- define "slurmjob-operator.volumes" -}}
+{{- $fullname := include "slurmjob-operator.fullname" . }}
+{{- $templates := include "slurmjob-operator.templatesEnabled" . }}
+{{- $ca := .Values.slurm.caBundle }}
+{{- $logs := include "slurmjob-operator.logsServing" . }}
+{{- $certMode := include "slurmjob-operator.certMode" . -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+- name: storage
+  {{- if .Values.storage.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.storage.existingClaim }}
+  {{- else }}
+  hostPath:
+    path: {{ .Values.storage.hostPath.path }}
+    type: {{ .Values.storage.hostPath.type }}
+  {{- end }}
+# A Secret volume (not an env var): the kubelet updates the file when the Secret
+# changes and the operator re-reads it, so a rotated token needs no restart. The files
+# are root-owned; 0444 lets the non-root operator read them without an fsGroup (which
+# would make the kubelet chown the whole shared storage volume).
+- name: slurm-auth
+  secret:
+    secretName: {{ .Values.slurm.auth.existingSecret }}
+    defaultMode: 0444
+    items:
+      - key: {{ include "slurmjob-operator.authKey" . }}
+        path: {{ ternary "jwt.key" "token" (eq .Values.slurm.auth.mode "signingKey") }}
+- name: catalogs
+  configMap:
+    name: {{ include "slurmjob-operator.catalogsConfigMap" . }}
+    items:
+      - key: runtime-registry.yaml
+        path: runtime-registry.yaml
+      - key: gpu-series.yaml
+        path: gpu-series.yaml
+      {{- if include "slurmjob-operator.tenancy" . }}
+      - key: tenants.yaml
+        path: tenants.yaml
+      {{- end }}
+{{- if .Values.clusters }}
+# The clusters file and each further cluster's credentials, in one folder:
+# /etc/slurmjob/clusters/clusters.yaml and /etc/slurmjob/clusters/<name>/<token|jwt.key>.
+- name: clusters
+  projected:
+    defaultMode: 0444
+    sources:
+      - configMap:
+          name: {{ $fullname }}-clusters
+          items:
+            - key: clusters.yaml
+              path: clusters.yaml
+      {{- range .Values.clusters }}
+      {{- if .auth }}
+      {{- $signing := eq (.auth.mode | default "tokenFile") "signingKey" }}
+      - secret:
+          name: {{ required "clusters[].auth.existingSecret is required with auth" .auth.existingSecret }}
+          items:
+            - key: {{ .auth.key | default (ternary "jwt_hs256.key" "token" $signing) }}
+              path: {{ .name }}/{{ ternary "jwt.key" "token" $signing }}
+      {{- end }}
+      {{- end }}
+{{- end }}
+{{- if $ca.configMap.name }}
+- name: ca-bundle
+  configMap:
+    name: {{ $ca.configMap.name }}
+    items:
+      - key: {{ $ca.configMap.key }}
+        path: ca.crt
+{{- else if $ca.secret.name }}
+- name: ca-bundle
+  secret:
+    secretName: {{ $ca.secret.name }}
+    defaultMode: 0444
+    items:
+      - key: {{ $ca.secret.key }}
+        path: ca.crt
+{{- end }}
+{{- if .Values.templates.existingConfigMap }}
+- name: templates
+  configMap:
+    name: {{ .Values.templates.existingConfigMap }}
+    {{- with .Values.templates.items }}
+    items:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+{{- else if .Values.templates.files }}
+- name: templates
+  configMap:
+    name: {{ $fullname }}-templates
+    items:
+      {{- range $path, $_ := .Values.templates.files }}
+      - key: {{ $path | replace "/" "__" }}
+        path: {{ $path }}
+      {{- end }}
+{{- end }}
+{{- if and $logs (ne $certMode "operator") }}
+# The log API's certificate (cert-manager's or the admin's Secret): the kubelet
+# updates the files when it is renewed, and the operator takes them for new
+# connections.
+- name: logs-tls
+  secret:
+    secretName: {{ include "slurmjob-operator.certSecret" . }}
+    defaultMode: 0444
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{- toYaml . | nindent 0 }}
 {{- end }}
 {{- end }}
