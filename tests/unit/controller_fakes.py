@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import itertools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,7 @@ from slurmjob_operator.core.jobview import (
 )
 from slurmjob_operator.core.launch import LaunchRequest
 from slurmjob_operator.core.verified import VerifiedJob, vouch
-from slurmjob_operator.kube import SecretError
+from slurmjob_operator.kube import SecretError, StatusConflict
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.dialects import BulkCancelResult, SubmitReceipt
 from slurmjob_operator.slurm.errors import (
@@ -73,9 +74,12 @@ OPERATOR_USER = "slurmci"
 
 
 class MemoryStore:
-    """The `ResourceStore` in memory: merge-patched status, uid preconditions, Events kept."""
+    """The `ResourceStore` in memory: merge-patched status, uid and resourceVersion
+    preconditions (every change of an object gives it a new version), Events kept."""
 
     def __init__(self) -> None:
+        self._versions = itertools.count(1)
+        self.conflicts = 0
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
@@ -91,6 +95,7 @@ class MemoryStore:
                 "namespace": namespace,
                 "uid": str(uuid.uuid4()),
                 "generation": 1,
+                "resourceVersion": str(next(self._versions)),
             },
             "spec": copy.deepcopy(dict(spec)),
         }
@@ -111,6 +116,13 @@ class MemoryStore:
         if metadata_or_spec:
             body["spec"].update(metadata_or_spec)
             body["metadata"]["generation"] += 1
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def touch(self, ref: ObjectRef, **labels: str) -> None:
+        """A change that is not the operator's (a user's label edit): a new version."""
+        body = self.body(ref)
+        body["metadata"].setdefault("labels", {}).update(labels)
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def reasons(self) -> list[str]:
         return [reason for _, reason, _ in self.events]
@@ -121,12 +133,18 @@ class MemoryStore:
         return copy.deepcopy(body) if body is not None else None
 
     async def patch_status(
-        self, ref: ObjectRef, change: Mapping[str, Any]
+        self, ref: ObjectRef, change: Mapping[str, Any], resource_version: str | None = None
     ) -> dict[str, Any] | None:
         body = self.objects.get((ref.namespace, ref.name))
         if body is None or body["metadata"]["uid"] != ref.uid:
             return None
+        if resource_version is not None and resource_version != body["metadata"].get(
+            "resourceVersion"
+        ):
+            self.conflicts += 1
+            raise StatusConflict(f"{ref.namespace}/{ref.name} changed")
         body["status"] = patch.apply(body.get("status") or {}, dict(change))
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
         self.patches += 1
         return copy.deepcopy(body)
 

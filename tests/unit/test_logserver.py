@@ -119,7 +119,9 @@ class FakeApiserver:
         except KeyError:
             raise SecretError(f"Secret {namespace}/{name} does not exist") from None
 
-    async def patch_status(self, ref: ObjectRef, patch: Any) -> None:
+    async def patch_status(
+        self, ref: ObjectRef, patch: Any, resource_version: str | None = None
+    ) -> None:
         raise AssertionError("the log API writes nothing")
 
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:

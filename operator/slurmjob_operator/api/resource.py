@@ -45,10 +45,16 @@ class ResourceView:
     # Kept for the spec's lazy parse only: most reads (the poller's) never need the spec.
     _raw_spec: Any = field(repr=False, compare=False)
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The version a status write from this view is conditioned on (a 409 when the resource
+    # changed since), the one its last write returned; None: on the uid only.
+    resource_version: str | None = None
 
     @classmethod
-    def of(cls, body: Mapping[str, Any]) -> ResourceView:
+    def of(cls, body: Mapping[str, Any], *, conditioned: bool = False) -> ResourceView:
+        """`conditioned`: status writes made from this view carry its resourceVersion, so a
+        copy older than the apiserver's (the watch's, say) writes nothing and is read again."""
         meta = body.get("metadata") or {}
+        version = meta.get("resourceVersion") if conditioned else None
         generation = meta.get("generation")
         annotations = meta.get("annotations") or {}
         return cls(
@@ -61,6 +67,7 @@ class ResourceView:
             labels=MappingProxyType(
                 {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
             ),
+            resource_version=str(version) if version else None,
         )
 
     @cached_property
@@ -132,8 +139,11 @@ class ResourceView:
         names = [d.get("name") for d in raw[:16] if isinstance(d, Mapping)]
         return tuple(n for n in names if isinstance(n, str) and 0 < len(n) <= 253)
 
-    def with_status(self, status: SlurmJobStatus) -> ResourceView:
-        """The same resource after a status write (the spec parse is not repeated)."""
+    def with_status(
+        self, status: SlurmJobStatus, resource_version: str | None = None
+    ) -> ResourceView:
+        """The same resource after a status write (the spec parse is not repeated); a
+        conditioned view takes the version that write returned."""
         new = ResourceView(
             self.ref,
             self.generation,
@@ -142,6 +152,7 @@ class ResourceView:
             status,
             self._raw_spec,
             self.labels,
+            resource_version if self.resource_version is not None else None,
         )
         if "_parsed" in self.__dict__:
             new.__dict__["_parsed"] = self.__dict__["_parsed"]

@@ -19,7 +19,7 @@ from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
-from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater, Stale
 from slurmjob_operator.core.absence import Mode, Next, Verdict, Window, mode, next_check, verdict
 from slurmjob_operator.core.decisions import AdoptAction, adoption, belongs, declared_lost_now
 from slurmjob_operator.core.jobview import SlurmJobView, by_leader, job_of, leader
@@ -41,6 +41,9 @@ from slurmjob_operator.storage.staging import is_staged, remove_attempt
 from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
+
+#: Writes of a receipt's job id tried on fresh copies when the resource keeps changing.
+RECEIPT_WRITES = 3
 
 
 class Adopter:
@@ -70,6 +73,64 @@ class Adopter:
         # nowhere: any request for it was sent before (by this process, or by one that died
         # or stopped leading before this one took over).
         self._unfound_since: dict[tuple[str, int], float] = {}
+
+    async def confirm_receipt(self, view: ResourceView, job_id: int) -> None:
+        """The POST's answer in hand: its job id and the confirmation go in one status write
+        when the confirming read succeeds and shows the attempt's job; otherwise the job id is
+        written alone at once (an attempt whose id is not written would be looked for by name
+        after any slurmrestd error) and confirmed as any written receipt is.
+
+        The writes are conditioned on the version the write-ahead record returned. When the
+        resource changed meanwhile (a label edited during the POST, say), the id held here is
+        written onto a fresh copy while the same attempt is current there without one, so that
+        no edit sends a submitted attempt through adoption."""
+        attempt = view.status.current_attempt
+        assert attempt is not None
+        client = await self.slurm()
+        try:
+            views: list[SlurmJobView] | None = await client.get_job(job_id)
+        except SlurmError:
+            views = None  # not found yet, or slurmrestd failing: the id first, then as before
+        for _ in range(RECEIPT_WRITES):
+            try:
+                await self._write_receipt(view, job_id, views)
+                return
+            except Stale:
+                fresh = await self.edge.fresh(view.ref, conditioned=True)
+                current = fresh.status.current_attempt if fresh is not None else None
+                if fresh is None or current is None or current.number != attempt.number:
+                    return  # gone, or another attempt since: nothing of this one to write
+                if current.job_id is not None:
+                    if not current.confirmed:
+                        await self.confirm(fresh)
+                    return
+                view = fresh
+        raise RetryLater(
+            f"Slurm job {job_id}: the resource changed at each of {RECEIPT_WRITES} writes of its "
+            "id; the attempt is looked for by its name instead",
+            self._backoff,
+        )
+
+    async def _write_receipt(
+        self, view: ResourceView, job_id: int, views: list[SlurmJobView] | None
+    ) -> None:
+        submission = submitted(view.status, job_id, view.generation, utc_now())
+        if not views:
+            await self.confirm(await self.edge.apply(view, submission))
+            return
+        if await self.following.fold(
+            view, confirmed(submission.status, leader(views).sluid), views
+        ):
+            for event in submission.events:
+                await self.edge.event(view.ref, event.type, event.reason, event.message)
+            return
+        # Not the attempt's job (fold said so in an Event and wrote nothing): the receipt's id
+        # is kept, unconfirmed, as `confirm` would leave it.
+        number = (
+            submission.status.current_attempt.number if submission.status.current_attempt else 0
+        )
+        await self.edge.apply(view, submission)
+        raise RetryLater(f"Slurm job {job_id} is not attempt {number}'s job", self._backoff)
 
     async def confirm(self, view: ResourceView) -> None:
         """Fetch the job once by its numeric id: record the SLUID, take its state."""

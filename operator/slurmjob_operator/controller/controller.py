@@ -141,7 +141,12 @@ class Controller:
         """Drive the submission side one step; raises RetryLater when it must run again.
         `body`: the resource as the watch delivered it, when there is one (kopf's handlers;
         the fleet passes the view it parsed to route it)."""
-        await self._submission.reconcile(ref, _view(body) if body is not None else None)
+        seen = (
+            body
+            if isinstance(body, ResourceView) or body is None
+            else ResourceView.of(body, conditioned=True)
+        )
+        await self._submission.reconcile(ref, seen)
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False

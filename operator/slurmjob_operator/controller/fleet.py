@@ -83,7 +83,9 @@ class Fleet:
         raise RetryLater(message, UNPLACED_RETRY)
 
     async def reconcile(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
-        view = ResourceView.of(body)
+        # The apiserver's copy (the watch's, or a wake's read): a submit may be made from it,
+        # its writes conditioned on its version (`Submission.reconcile`).
+        view = ResourceView.of(body, conditioned=True)
         owner = self.owner(view)
         if owner is None:
             await self._unplaced(view)

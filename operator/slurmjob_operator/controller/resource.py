@@ -20,7 +20,7 @@ from slurmjob_operator.controller.registry import Registry
 from slurmjob_operator.core import verified
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH
 from slurmjob_operator.core.transition import Transition, changed
-from slurmjob_operator.kube import ResourceStore, SecretError
+from slurmjob_operator.kube import ResourceStore, SecretError, StatusConflict
 from slurmjob_operator.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ class ResourceGone(RetryLater):
     nothing is left to do for it, and that is no error."""
 
 
+class Stale(RetryLater):
+    """A status write from a conditioned view found the resource changed since that view was
+    read: nothing was written; read it again and decide again."""
+
+
 class ResourceEdge:
     def __init__(self, store: ResourceStore, metrics: Metrics, registry: Registry) -> None:
         self.store = store
@@ -66,21 +71,32 @@ class ResourceEdge:
             with verified.step():
                 yield
 
-    async def fresh(self, ref: ObjectRef) -> ResourceView | None:
+    async def fresh(self, ref: ObjectRef, *, conditioned: bool = False) -> ResourceView | None:
         """The resource as the API server has it now; None when it is gone or is another
-        object of the same name (another uid)."""
+        object of the same name (another uid). `conditioned`: writes from it carry its
+        resourceVersion (`ResourceView.of`)."""
         body = await self.store.get(ref.namespace, ref.name)
         if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
             return None
-        return ResourceView.of(body)
+        return ResourceView.of(body, conditioned=conditioned)
 
     async def apply(self, view: ResourceView, transition: Transition) -> ResourceView:
         """Patch the status when something visible changed, post the Events, keep the
         registry in step; the view returned carries the new status."""
         ref, old, new = view.ref, view.status, transition.status
+        version = view.resource_version
         if changed(old, new):
-            if await self.store.patch_status(ref, patch.diff(old.dump(), new.dump())) is None:
+            # A merge patch replaces a list whole (status.attempts): from a conditioned view
+            # (the watch's copy) it is written only onto the version it was computed from.
+            try:
+                written = await self.store.patch_status(
+                    ref, patch.diff(old.dump(), new.dump()), version
+                )
+            except StatusConflict as exc:
+                raise Stale(str(exc), 0) from exc
+            if written is None:
                 raise ResourceGone(f"{ref.namespace}/{ref.name} is gone", 0)
+            version = (written.get("metadata") or {}).get("resourceVersion") or version
             if old.phase != new.phase and new.phase is not None:
                 self.metrics.count_transition(new.phase)
         for event in transition.events:
@@ -88,7 +104,7 @@ class ResourceEdge:
         self.registry.observe(ref, new)
         if self.after_phase is not None and old.phase != new.phase:
             await self.after_phase(view, new)
-        return view.with_status(new)
+        return view.with_status(new, version)
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         try:

@@ -37,7 +37,7 @@ from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.core.reconcile import not_submitted, record_attempt, submitted
+from slurmjob_operator.core.reconcile import not_submitted, record_attempt
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import ArtifactError
@@ -264,7 +264,4 @@ class Sender:
             await self.failed(view, exc, recorded=True, staging=staging)
             return
         self.metrics.count_submission("accepted")
-        view = await self.edge.apply(
-            view, submitted(view.status, receipt.job_id, view.generation, utc_now())
-        )
-        await self.adopter.confirm(view)
+        await self.adopter.confirm_receipt(view, receipt.job_id)

@@ -34,7 +34,7 @@ from slurmjob_operator.controller.limits import LimitsCache
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.repointing import Repointing
-from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater, Stale
 from slurmjob_operator.controller.sender import Sender
 from slurmjob_operator.controller.suspendhold import SuspendHold
 from slurmjob_operator.core.decisions import Hold, awaits_upstream, gate, hold_action
@@ -147,14 +147,27 @@ class Submission:
         nothing to do but follow the job, or a submit that is due, no read is made for the
         first step; anything else (a write to make) is decided on a fresh read, since a patch
         computed from a stale status could undo a newer one. A restart's resume of 10,000
-        followed SlurmJobs costs no GET, a create one GET instead of two."""
+        followed SlurmJobs costs no GET, a create one GET instead of two.
+
+        A due submit is made from `seen` itself when it is conditioned (`ResourceView.of`):
+        every status write of that step carries its resourceVersion (then the version the
+        previous write returned), so a copy older than the apiserver's writes nothing, not
+        even the write-ahead record before the POST, and the step is made again from a fresh
+        read (`Stale`). A create then costs no GET at all."""
         if seen is not None and seen.ref.uid == ref.uid and not seen.deleting:
             settled = self._settled(seen)
             if settled is not None:
                 if not settled:
                     return
                 async with self._limiter.slot(ref.namespace):
-                    await self._step(ref, slot=True)
+                    try:
+                        await self._step(
+                            ref, slot=True, seen=seen if seen.resource_version else None
+                        )
+                    except Stale:
+                        # Changed since the watch saw it: read again and decide again (a
+                        # second conflict is a wake, like any RetryLater).
+                        await self._step(ref, slot=True)
                 return
         if not await self._step(ref, slot=False):
             return
@@ -179,11 +192,12 @@ class Submission:
                 return True
         return None
 
-    async def _step(self, ref: ObjectRef, *, slot: bool) -> bool:
-        """One step under the resource's lock. True: a submit is due and `slot` (one is held)
-        is False; nothing was sent."""
+    async def _step(self, ref: ObjectRef, *, slot: bool, seen: ResourceView | None = None) -> bool:
+        """One step under the resource's lock, from `seen` (a conditioned copy: `Stale` when
+        it is not the apiserver's any more) or a fresh read. True: a submit is due and `slot`
+        (one is held) is False; nothing was sent."""
         async with self.edge.step(ref.uid):
-            view = await self.edge.fresh(ref)
+            view = seen if seen is not None else await self.edge.fresh(ref)
             if view is None or view.deleting:
                 return False
             step = next_step(view.status)

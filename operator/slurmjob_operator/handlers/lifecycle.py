@@ -18,6 +18,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
+from slurmjob_operator.handlers.diffbase import ESSENCES
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
@@ -34,9 +35,9 @@ def configure(settings: kopf.OperatorSettings, config: Settings) -> None:
     # Our own prefix for everything kopf stores on the resources.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # What a change is compared against, in memory: no annotation PATCH after each handled
+    # creation or change (`handlers.diffbase`).
+    settings.persistence.diffbase_storage = ESSENCES
     # The operator posts its own Events for transitions; kopf's only for its own trouble.
     settings.posting.level = logging.WARNING
     # Watch streams are re-established before proxies and load balancers cut them.

@@ -10,6 +10,7 @@ from slurmjob_operator import GROUP, PLURAL, VERSION
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.controller import RetryLater
 from slurmjob_operator.controller.fleet import Fleet
+from slurmjob_operator.handlers.diffbase import ESSENCES
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -61,6 +62,8 @@ async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 # worker thread, where it would change the registry while the poller iterates it).
 @kopf.on.event(*RESOURCE)
 async def watched(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        ESSENCES.forget(str(body.metadata.uid))
     fleet: Fleet | None = memo.get("controller")
     if fleet is not None:
         fleet.observe_body(body, deleted=type == "DELETED")

@@ -18,6 +18,7 @@ from slurmjob_operator.kube.ports import (
     ResourceStore,
     ReviewUnavailable,
     SecretError,
+    StatusConflict,
     WorkloadError,
     WorkloadStore,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "ResourceStore",
     "ReviewUnavailable",
     "SecretError",
+    "StatusConflict",
     "WorkloadError",
     "WorkloadStore",
 ]

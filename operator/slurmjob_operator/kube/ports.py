@@ -14,6 +14,11 @@ class SecretError(LookupError):
     """A referenced Secret or key is missing: the user must create it; nothing is submitted."""
 
 
+class StatusConflict(RuntimeError):
+    """A status write conditioned on a resourceVersion found the resource changed since: read
+    it again and decide again (it is not gone)."""
+
+
 class WorkloadError(RuntimeError):
     """A Kueue Workload could not be read or written (Kueue not installed, refused)."""
 
@@ -66,7 +71,7 @@ class ResourceStore(Protocol):
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     async def patch_status(
-        self, ref: ObjectRef, patch: Mapping[str, Any]
+        self, ref: ObjectRef, patch: Mapping[str, Any], resource_version: str | None = None
     ) -> dict[str, Any] | None: ...
 
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str: ...

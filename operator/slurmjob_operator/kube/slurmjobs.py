@@ -12,6 +12,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from slurmjob_operator import GROUP, KIND, PLURAL, VERSION
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.kube.base import COMPONENT, MERGE_PATCH, Edge
+from slurmjob_operator.kube.ports import StatusConflict
 from slurmjob_operator.times import rfc3339
 
 _counter = itertools.count()
@@ -33,15 +34,25 @@ class SlurmJobs(Edge):
         result: dict[str, Any] = obj
         return result
 
-    async def patch_status(self, ref: ObjectRef, patch: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def patch_status(
+        self, ref: ObjectRef, patch: Mapping[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
         """JSON-merge-patch `/status`; None when the object is gone. The uid precondition keeps
-        a write for a deleted object from landing on a new one of the same name."""
-        body = {"metadata": {"uid": ref.uid}, "status": dict(patch)}
+        a write for a deleted object from landing on a new one of the same name; with a
+        `resource_version`, a resource changed since that version is not written either and
+        `StatusConflict` says so (read it again and decide again: it is not gone)."""
+        metadata: dict[str, str] = {"uid": ref.uid}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        body = {"metadata": metadata, "status": dict(patch)}
         try:
             obj = await self._custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ref.namespace, PLURAL, ref.name, body, _content_type=MERGE_PATCH
             )
         except ApiException as exc:
+            if exc.status == 409 and resource_version is not None:
+                text = f"{ref.namespace}/{ref.name} changed since it was read"
+                raise StatusConflict(text) from exc
             if exc.status in (404, 409):
                 return None
             raise

@@ -154,8 +154,11 @@ class LocalStore:
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.load(namespace, name)
 
-    async def patch_status(self, ref: ObjectRef, patch: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status; None when the object is gone or is another one (uid)."""
+    async def patch_status(
+        self, ref: ObjectRef, patch: Mapping[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status; None when the object is gone or is another one (uid).
+        Local files have no versions: one process writes them, so the condition always holds."""
         body = self.load(ref.namespace, ref.name)
         if body is None or (body.get("metadata") or {}).get("uid") != ref.uid:
             return None

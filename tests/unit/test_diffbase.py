@@ -1,0 +1,152 @@
+"""kopf's diff base kept in memory: no annotation PATCH, and still a wake on every change of
+the spec or the labels, none for a status write, one reconcile after a start."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kopf
+from kopf._cogs.structs import bodies, diffs, patches
+from kopf._core.intents import causes
+
+from slurmjob_operator.handlers.diffbase import EssenceMemory
+
+FINALIZER = "slurmjob.io/finalizer"
+
+
+def body(**changes: Any) -> kopf.Body:
+    raw: dict[str, Any] = {
+        "apiVersion": "slurmjob.io/v1alpha1",
+        "kind": "SlurmJob",
+        "metadata": {
+            "name": "train",
+            "namespace": "team-a",
+            "uid": "u-1",
+            "generation": 1,
+            "resourceVersion": "10",
+            "finalizers": [FINALIZER],
+            "labels": {"kueue.x-k8s.io/queue-name": "gpu"},
+            "annotations": {"team": "a"},
+        },
+        "spec": {"command": ["python", "train.py"], "pools": [{"name": "main", "nodes": 1}]},
+        "status": {"phase": "Queued"},
+    }
+    for path, value in changes.items():
+        node = raw
+        *parents, last = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return kopf.Body(raw)
+
+
+def cause(memory: EssenceMemory, now: kopf.Body, *, initial: bool = False) -> causes.Reason:
+    old = memory.fetch(body=now)
+    new = memory.build(body=now)
+    return causes.detect_changing_cause(
+        finalizer=FINALIZER,
+        raw_event={"type": "MODIFIED", "object": dict(now)},  # type: ignore[typeddict-item]
+        body=now,
+        old=old,
+        new=new,
+        diff=diffs.diff(old, new),
+        initial=initial,
+        resource=None,
+        indices=None,
+        logger=None,
+        patch=patches.Patch(),
+        memo=None,
+    ).reason
+
+
+def handled(memory: EssenceMemory, now: kopf.Body) -> patches.Patch:
+    patch = patches.Patch()
+    memory.store(body=now, patch=patch, essence=memory.build(body=now))
+    return patch
+
+
+def changed_fields(memory: EssenceMemory, now: kopf.Body) -> set[tuple[str, ...]]:
+    old, new = memory.fetch(body=now), memory.build(body=now)
+    return {tuple(d[1]) for d in diffs.diff(old, new)}
+
+
+def test_a_resource_not_handled_by_this_process_is_a_creation() -> None:
+    assert cause(EssenceMemory(), body()) is causes.Reason.CREATE
+    assert cause(EssenceMemory(), body(), initial=True) is causes.Reason.CREATE
+
+
+def test_storing_writes_nothing_to_the_resource() -> None:
+    memory = EssenceMemory()
+    assert handled(memory, body()) == {}
+    assert len(memory) == 1
+
+
+def test_the_operators_own_status_writes_are_nothing_new() -> None:
+    memory = EssenceMemory()
+    handled(memory, body())
+    later = body(status={"phase": "Running", "slurmJobId": 7}, metadata__resourceVersion="11")
+    assert cause(memory, later) is causes.Reason.NOOP
+    assert cause(memory, later, initial=True) is causes.Reason.RESUME
+
+
+def test_a_spec_change_is_an_update_of_the_spec_only() -> None:
+    memory = EssenceMemory()
+    handled(memory, body())
+    edited = body(spec={"command": ["python", "other.py"]}, metadata__generation=2)
+    assert cause(memory, edited) is causes.Reason.UPDATE
+    assert changed_fields(memory, edited) == {("spec",)}
+
+
+def test_a_label_change_wakes_the_resource_though_the_generation_stays() -> None:
+    memory = EssenceMemory()
+    handled(memory, body())
+    relabelled = body(metadata__labels={"kueue.x-k8s.io/queue-name": "cpu"})
+    assert cause(memory, relabelled) is causes.Reason.UPDATE
+    assert changed_fields(memory, relabelled) == {("metadata", "labels")}
+    unlabelled = body(metadata__labels={})
+    assert changed_fields(memory, unlabelled) == {("metadata", "labels")}
+
+
+def test_a_part_added_since_is_a_change_of_that_part() -> None:
+    memory = EssenceMemory()
+    bare = body()
+    del bare["metadata"]["labels"]  # type: ignore[attr-defined]
+    handled(memory, bare)
+    assert changed_fields(memory, body()) == {("metadata", "labels")}
+
+
+def test_after_handling_a_change_it_is_nothing_new_again() -> None:
+    memory = EssenceMemory()
+    handled(memory, body())
+    edited = body(spec={"command": ["x"]})
+    handled(memory, edited)
+    assert cause(memory, copy.deepcopy(edited)) is causes.Reason.NOOP
+
+
+def test_a_deleted_resource_is_forgotten_and_a_deleting_one_never_stored() -> None:
+    memory = EssenceMemory()
+    handled(memory, body())
+    memory.forget("u-1")
+    assert len(memory) == 0
+    handled(memory, body(metadata__deletionTimestamp="2026-12-04T00:00:00Z"))
+    assert len(memory) == 0
+
+
+def test_the_memory_keeps_digests_not_the_essence() -> None:
+    memory = EssenceMemory()
+    big = body(spec={"command": ["x" * 100_000]})
+    handled(memory, big)
+    stored = memory._digests["u-1"]
+    assert sum(len(d) for d in stored.values()) <= 16 * len(stored)
+
+
+def test_the_operator_keeps_its_diff_base_in_memory() -> None:
+    from slurmjob_operator.config import Settings
+    from slurmjob_operator.handlers.diffbase import ESSENCES
+    from slurmjob_operator.handlers.lifecycle import configure
+
+    settings = kopf.OperatorSettings()
+    configure(settings, Settings())
+    assert settings.persistence.diffbase_storage is ESSENCES
+    assert isinstance(bodies.Body({}), kopf.Body)
