@@ -46,6 +46,7 @@ ROWS: list[tuple[str, tuple[str, ...], float, str, bool]] = [
     ("apply → Submitted, per s", ("submit", "per_second"), 1, "/s", False),
     ("apply → Submitted p50", ("submit", "p50"), 1, " s", True),
     ("apply → Submitted p99", ("submit", "p99"), 1, " s", True),
+    ("apiserver requests per submission", ("submit", "apiserver_per_submission"), 1, "", True),
     ("slurmrestd requests per steady interval", ("steady", "slurm", "requests"), 1, "", True),
     ("slurmrestd body bytes per steady interval", ("steady", "slurm", "bytes"), 1e3, " kB", True),
     ("apiserver requests per steady interval", ("steady", "apiserver", "operator"), 1, "", True),
