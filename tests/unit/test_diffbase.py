@@ -141,12 +141,37 @@ def test_the_memory_keeps_digests_not_the_essence() -> None:
     assert sum(len(d) for d in stored.values()) <= 16 * len(stored)
 
 
+def test_a_handler_that_succeeds_at_once_leaves_nothing_to_patch() -> None:
+    """kopf stores the handler's success and purges it in the same cycle: with the marker left
+    out, the patch is empty and no PATCH goes out after a creation."""
+    from slurmjob_operator.handlers.diffbase import UnmarkedProgress
+
+    storage = UnmarkedProgress(prefix="slurmjob.io")
+    now = body()
+    patch = patches.Patch()
+    storage.store(
+        key="created",  # type: ignore[arg-type]
+        record={"started": "2026-12-04T00:00:00.000000Z", "success": True},  # type: ignore[typeddict-item]
+        body=now,
+        patch=patch,
+    )
+    assert "slurmjob.io/kopf-managed" not in patch.metadata.annotations
+    storage.purge(key="created", body=now, patch=patch)  # type: ignore[arg-type]
+    assert not patch.metadata.annotations
+    # kopf's own storage leaves its marker behind: the PATCH this saves.
+    marked, own = patches.Patch(), kopf.AnnotationsProgressStorage(prefix="slurmjob.io")
+    own.store(key="created", record={"success": True}, body=now, patch=marked)  # type: ignore[arg-type, typeddict-item]
+    own.purge(key="created", body=now, patch=marked)  # type: ignore[arg-type]
+    assert dict(marked.metadata.annotations) == {"slurmjob.io/kopf-managed": "yes"}
+
+
 def test_the_operator_keeps_its_diff_base_in_memory() -> None:
     from slurmjob_operator.config import Settings
-    from slurmjob_operator.handlers.diffbase import ESSENCES
+    from slurmjob_operator.handlers.diffbase import ESSENCES, UnmarkedProgress
     from slurmjob_operator.handlers.lifecycle import configure
 
     settings = kopf.OperatorSettings()
     configure(settings, Settings())
     assert settings.persistence.diffbase_storage is ESSENCES
+    assert isinstance(settings.persistence.progress_storage, UnmarkedProgress)
     assert isinstance(bodies.Body({}), kopf.Body)

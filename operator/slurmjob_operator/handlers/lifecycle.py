@@ -18,7 +18,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
-from slurmjob_operator.handlers.diffbase import ESSENCES
+from slurmjob_operator.handlers.diffbase import ESSENCES, UnmarkedProgress
 from slurmjob_operator.kube import KubeApi
 from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
@@ -34,7 +34,7 @@ def configure(settings: kopf.OperatorSettings, config: Settings) -> None:
     """Every kopf setting the operator changes, in one place."""
     # Our own prefix for everything kopf stores on the resources.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.progress_storage = UnmarkedProgress(prefix=GROUP)
     # What a change is compared against, in memory: no annotation PATCH after each handled
     # creation or change (`handlers.diffbase`).
     settings.persistence.diffbase_storage = ESSENCES
