@@ -782,6 +782,9 @@ def test_metrics_port_zero_renders_no_metrics_objects(kube: KubeTestbed) -> None
     ids=[
         "no-url",
         "no-secret",
+        "no-image",
+        "no-uid",
+        "two-monitors",
         "no-storage",
         "two-storages",
         "key-no-user",
