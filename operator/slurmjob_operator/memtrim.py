@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -23,13 +23,12 @@ log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _load_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+@functools.cache
+def _trim_function() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, by its soname (no `find_library`: that runs ldconfig, at every
+    start of every process that imports this); None without glibc."""
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -37,11 +36,8 @@ def _load_trim() -> Callable[[int], int] | None:
     return trim
 
 
-_TRIM = _load_trim()
-
-
 def available() -> bool:
-    return _TRIM is not None
+    return _trim_function() is not None
 
 
 def resident_bytes() -> int | None:
@@ -57,10 +53,11 @@ def trim() -> int:
     """Return the heap's free pages to the system; the resident bytes that went (0 when none,
     or where it cannot be measured or done). It takes the allocator's lock for as long as it
     walks the heap: milliseconds for a heap of a few hundred MB."""
-    if _TRIM is None:
+    trim_function = _trim_function()
+    if trim_function is None:
         return 0
     before = resident_bytes()
-    _TRIM(0)
+    trim_function(0)
     after = resident_bytes()
     if before is None or after is None:
         return 0
@@ -69,7 +66,7 @@ def trim() -> int:
 
 async def trim_periodically(interval: float, on_trim: Callable[[int], None]) -> None:
     """Trim every `interval` seconds until cancelled; `on_trim` gets the bytes returned."""
-    if interval <= 0 or _TRIM is None:
+    if interval <= 0 or _trim_function() is None:
         if interval > 0:
             log.info("memory trim: no glibc malloc_trim here, nothing to do")
         return
