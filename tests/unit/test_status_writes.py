@@ -93,3 +93,42 @@ async def test_a_resource_deleted_while_waiting_is_not_submitted(bed: Bed) -> No
     assert await from_watch(bed, ref, seen) is None
     assert "submit" not in bed.slurm.calls
     assert bed.store.status(ref).attempts == []
+
+
+async def test_a_status_changed_at_every_write_leaves_the_job_to_adoption_not_to_a_resubmit(
+    bed: Bed,
+) -> None:
+    """A tenant that rewrites its own resource at every operator write (three 409s on the
+    receipt): the id is not written now, the attempt is found again by its name, and Slurm
+    holds one job."""
+    ref = bed.store.create("train", cpu_spec())
+    submit, patch_status = bed.slurm.do_submit, bed.store.patch_status
+    posted = False
+
+    async def submitted(req: Any, user: str | None) -> Any:
+        nonlocal posted
+        receipt = await submit(req, user)
+        posted = True
+        return receipt
+
+    async def rewritten_each_time(
+        target: Any, change: Any, resource_version: str | None = None
+    ) -> Any:
+        if posted and resource_version is not None:
+            bed.store.touch(ref, churn=str(bed.store.conflicts))
+        return await patch_status(target, change, resource_version)
+
+    bed.slurm.do_submit = submitted  # type: ignore[method-assign]
+    bed.store.patch_status = rewritten_each_time  # type: ignore[method-assign]
+    assert await from_watch(bed, ref, bed.store.body(ref)) is not None
+    [attempt] = bed.store.status(ref).attempts
+    assert attempt.job_id is None
+    assert bed.store.conflicts == 3
+    # The resource stops changing: the next look adopts the job the POST made.
+    bed.store.patch_status = patch_status  # type: ignore[method-assign]
+    for _ in range(3):
+        await from_watch(bed, ref, bed.store.body(ref))
+    [attempt] = bed.store.status(ref).attempts
+    assert attempt.job_id == 100
+    assert bed.slurm.calls.count("submit") == 1
+    assert len(bed.slurm.jobs) == 1
