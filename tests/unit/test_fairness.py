@@ -92,6 +92,40 @@ async def test_one_waiter_is_not_delayed_by_a_thousand_of_another_key(limit: int
     assert order.count("a") == 1000
 
 
+async def test_a_slot_given_back_early_goes_to_the_next_waiter_and_is_not_freed_twice() -> None:
+    """A submit gives its slot back once its POST is answered and confirms after: the
+    waiter gets the slot while the holder's body still runs, and the body's end frees
+    nothing more (a second release would let a third holder in beyond the limit)."""
+    limiter = FairLimiter[str](1)
+    confirming = asyncio.Event()
+    done = asyncio.Event()
+
+    async def submit() -> None:
+        async with limiter.slot("a") as held:
+            assert held.held
+            held.release()
+            held.release()
+            assert not held.held
+            confirming.set()
+            await done.wait()
+
+    holder = asyncio.create_task(submit())
+    await confirming.wait()
+    assert limiter.held == 0
+    await limiter.acquire("b")
+    third = asyncio.create_task(limiter.acquire("c"))
+    await settle()
+    done.set()
+    await holder
+    await settle()
+    assert (limiter.held, limiter.waiting) == (1, 1)
+    assert not third.done()
+    limiter.release()
+    await third
+    limiter.release()
+    assert_empty(limiter)
+
+
 async def test_a_newcomer_does_not_take_a_slot_freed_for_a_waiter() -> None:
     limiter = FairLimiter[str](1)
     await limiter.acquire("a")

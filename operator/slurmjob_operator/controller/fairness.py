@@ -13,6 +13,8 @@ Properties the submission side relies on:
 * never more than `limit` holders; a slot freed while others wait is handed straight to the
   next waiter, so every slot is taken while anyone waits and a newcomer cannot jump the
   queue;
+* a holder may give its slot back before its body ends (`Held.release`, once; the end of the
+  body then releases nothing): a submit frees its slot as soon as its POST has been answered;
 * cancellation-safe: a waiter cancelled while waiting leaves nothing behind (nor its key,
   once that key has no other waiter); one cancelled just after it was granted passes the slot
   on; a holder that is cancelled releases its slot (`slot` is a context manager);
@@ -34,6 +36,24 @@ from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+class Held:
+    """One slot held: `release` gives it back, the first call only."""
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    @property
+    def held(self) -> bool:
+        return self._release is not None
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class FairLimiter(Generic[K]):
@@ -72,13 +92,15 @@ class FairLimiter(Generic[K]):
         return len(queue) if queue is not None else 0
 
     @asynccontextmanager
-    async def slot(self, key: K) -> AsyncIterator[None]:
-        """Hold one slot for the body, waiting in `key`'s queue when none is free."""
+    async def slot(self, key: K) -> AsyncIterator[Held]:
+        """Hold one slot for the body, waiting in `key`'s queue when none is free; the body
+        may give it back early through the `Held` it is given."""
         await self.acquire(key)
+        held = Held(self.release)
         try:
-            yield
+            yield held
         finally:
-            self.release()
+            held.release()
 
     async def acquire(self, key: K) -> None:
         """Take a slot (pair with `release`; `slot` does both)."""

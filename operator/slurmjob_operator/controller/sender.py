@@ -196,7 +196,11 @@ class Sender:
         view: ResourceView,
         upstream: tuple[AttemptDependency, ...] = (),
         admitted: Admitted | None = None,
+        *,
+        sent: Callable[[], None] = lambda: None,
     ) -> None:
+        """Render, record, stage and POST the next attempt, then confirm its receipt;
+        `sent()` is called once the POST is answered (or failed), before the confirmation."""
         number = len(view.status.attempts) + 1
         spec = view.spec
         # A job array's retry submits only the tasks that did not succeed (`core.arrays`).
@@ -261,7 +265,9 @@ class Sender:
             # As the tenant's Slurm user: the job is its, and runs as its uid.
             receipt = await client.submit(launch)
         except SEND_ERRORS as exc:
+            sent()
             await self.failed(view, exc, recorded=True, staging=staging)
             return
+        sent()
         self.metrics.count_submission("accepted")
         await self.adopter.confirm_receipt(view, receipt.job_id)

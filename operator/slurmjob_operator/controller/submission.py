@@ -21,7 +21,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.adopter import Adopter
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.evictions import Evictions
-from slurmjob_operator.controller.fairness import FairLimiter
+from slurmjob_operator.controller.fairness import FairLimiter, Held
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.gates import Chain, Pending
 from slurmjob_operator.controller.gates.queue import AdmissionGate, RequiredQueueGate
@@ -137,7 +137,9 @@ class Submission:
     async def reconcile(self, ref: ObjectRef, seen: ResourceView | None = None) -> None:
         """Drive a resource's submission side one step (create, resume and spec updates).
 
-        Only a submit (render, record, stage, POST, confirmation) holds a slot. The slot is
+        Only a submit (render, record, stage, POST) holds a slot, given back once the POST is
+        answered: the confirmation (a GET and the status write) is made after it, as
+        following a job is, so the slots pace what only a submit costs. The slot is
         taken first, then the lock: the first step only finds a submit due, and the lock is
         let go while the slot is awaited (a waiter blocks no finalizer or poller, and no slot
         is awaited under a lock: `controller.fairness`); the second step reads the resource
@@ -159,20 +161,20 @@ class Submission:
             if settled is not None:
                 if not settled:
                     return
-                async with self._limiter.slot(ref.namespace):
+                async with self._limiter.slot(ref.namespace) as held:
                     try:
                         await self._step(
-                            ref, slot=True, seen=seen if seen.resource_version else None
+                            ref, slot=held, seen=seen if seen.resource_version else None
                         )
                     except Stale:
                         # Changed since the watch saw it: read again and decide again (a
                         # second conflict is a wake, like any RetryLater).
-                        await self._step(ref, slot=True)
+                        await self._step(ref, slot=held)
                 return
-        if not await self._step(ref, slot=False):
+        if not await self._step(ref, slot=None):
             return
-        async with self._limiter.slot(ref.namespace):
-            await self._step(ref, slot=True)
+        async with self._limiter.slot(ref.namespace) as held:
+            await self._step(ref, slot=held)
 
     def _settled(self, seen: ResourceView) -> bool | None:
         """From the watch's copy alone: True when a submit is due now (not suspended, no
@@ -192,10 +194,13 @@ class Submission:
                 return True
         return None
 
-    async def _step(self, ref: ObjectRef, *, slot: bool, seen: ResourceView | None = None) -> bool:
+    async def _step(
+        self, ref: ObjectRef, *, slot: Held | None, seen: ResourceView | None = None
+    ) -> bool:
         """One step under the resource's lock, from `seen` (a conditioned copy: `Stale` when
-        it is not the apiserver's any more) or a fresh read. True: a submit is due and `slot`
-        (one is held) is False; nothing was sent."""
+        it is not the apiserver's any more) or a fresh read. True: a submit is due and no
+        `slot` is held; nothing was sent. A submit gives `slot` back once its POST is
+        answered."""
         async with self.edge.step(ref.uid):
             view = seen if seen is not None else await self.edge.fresh(ref)
             if view is None or view.deleting:
@@ -220,9 +225,11 @@ class Submission:
             pending = Pending(view, step)
             if not await self.gates.run(pending):
                 return False
-            if not slot:
+            if slot is None or not slot.held:
                 return True
-            await self.sender.submit(pending.view, pending.upstream, pending.admitted)
+            await self.sender.submit(
+                pending.view, pending.upstream, pending.admitted, sent=slot.release
+            )
             return False
 
     def _again(self, ref: ObjectRef, delay: float) -> None:
