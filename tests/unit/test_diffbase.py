@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import kopf
+import pytest
 from kopf._cogs.structs import bodies, diffs, patches
 from kopf._core.intents import causes
 
@@ -175,3 +176,33 @@ def test_the_operator_keeps_its_diff_base_in_memory() -> None:
     assert settings.persistence.diffbase_storage is ESSENCES
     assert isinstance(settings.persistence.progress_storage, UnmarkedProgress)
     assert isinstance(bodies.Body({}), kopf.Body)
+
+
+@pytest.mark.parametrize(
+    "extra_fields",
+    [
+        set(),
+        {("spec",), ("metadata", "labels")},
+        {("status", "phase")},
+        {"metadata.ownerReferences"},
+    ],
+)
+def test_the_essence_is_kopfs_though_the_status_and_metadata_are_not_copied(
+    extra_fields: set[Any],
+) -> None:
+    """The essence is built without deep-copying the status and managedFields first, and is
+    exactly kopf's own, also for a handler's field in the status or the metadata."""
+    now = body(
+        metadata__managedFields=[{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+        metadata__ownerReferences=[{"kind": "Workload", "name": "w"}],
+        metadata__annotations={
+            "team": "a",
+            "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        },
+        status={"phase": "Running", "attempts": [{"number": 1, "jobId": 7}]},
+    )
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="slurmjob.io", key="last-handled-configuration")
+    fields = [tuple(f.split(".")) if isinstance(f, str) else f for f in extra_fields]
+    ours = EssenceMemory().build(body=now, extra_fields=extra_fields)
+    assert ours == kopfs.build(body=now, extra_fields=fields)
+    assert ("status" in ours) == any(f[0] == "status" for f in fields)

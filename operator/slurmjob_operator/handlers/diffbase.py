@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
@@ -44,6 +45,25 @@ def _parts(essence: Any) -> dict[tuple[str, ...], Any]:
     return parts
 
 
+def _trimmed(body: kopf.Body, extra_fields: Iterable[Any]) -> kopf.Body:
+    """The body without what kopf's essence drops (the status, and metadata but labels and
+    annotations) unless a handler's field names it: kopf's `build` deep-copies the whole body
+    before it drops them (the status and managedFields are most of it), on every watch event,
+    twice (the old essence is built again here to be compared by digest)."""
+    paths = (f.split(".") if isinstance(f, str) else f for f in extra_fields)
+    roots = {tuple(path)[:2] for path in paths}
+    raw = {key: value for key, value in body.items() if key != "metadata"}
+    if not any(root[:1] == ("status",) for root in roots):
+        raw.pop("status", None)
+    metadata = body.get("metadata", {})
+    raw["metadata"] = {
+        key: value
+        for key, value in metadata.items()
+        if key in ("labels", "annotations") or ("metadata", key) in roots
+    }
+    return kopf.Body(cast(Any, raw))
+
+
 class EssenceMemory(kopf.DiffBaseStorage):
     """kopf's diff base, as digests in memory: no write to the resource."""
 
@@ -53,6 +73,12 @@ class EssenceMemory(kopf.DiffBaseStorage):
 
     def __len__(self) -> int:
         return len(self._digests)
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        extra = list(extra_fields or ())
+        return super().build(body=_trimmed(body, extra), extra_fields=extra)
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         known = self._digests.get(str(body.metadata.uid))
