@@ -138,7 +138,11 @@ class Process:
 
     def argv(self) -> list[str]:
         if self.kind == "operator":
-            return [sys.executable, "-m", "slurmjob_operator", "run", "-n", NAMESPACE]
+            # With BENCH_TRACEMALLOC set: the allocation profile's traced run (bench.scale.traced).
+            run = ["slurmjob_operator", "run", "-n", NAMESPACE]
+            if self.env.get("BENCH_TRACEMALLOC"):
+                return [sys.executable, "-m", "bench.scale.traced", *run]
+            return [sys.executable, "-m", *run]
         baseline = ROOT / "bench" / "baseline_operator.py"
         return [sys.executable, "-m", "kopf", "run", "--standalone", "-n", NAMESPACE, str(baseline)]
 
