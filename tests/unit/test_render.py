@@ -342,6 +342,11 @@ def test_shquote() -> None:
     assert shquote(3) == "3"
     assert shquote("a b") == "'a b'"
     assert shquote("it's") == "'it'\"'\"'s'"
+    # Words an array would show as a mistaken index assignment (shellcheck SC2191) are quoted;
+    # an option with a value is not.
+    assert shquote("=") == "'='"
+    assert shquote("LR=0.1") == "'LR=0.1'"
+    assert shquote("--lr=0.1") == "--lr=0.1"
     with pytest.raises(RenderError):
         shquote("nul\0")
     with pytest.raises(RenderError):

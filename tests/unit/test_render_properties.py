@@ -11,7 +11,6 @@ With validation switched off, a first word starting with `-` still lands after `
 
 from __future__ import annotations
 
-import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from slurmjob_operator.config import RuntimeProfile
 from slurmjob_operator.site import render
 from slurmjob_operator.site.preflight import find_shellcheck, shellcheck_script
 from slurmjob_operator.site.render import render_attempt
+from slurmjob_operator.site.templating import shquote
 
 from .test_render_support import (
     Step,
@@ -149,7 +149,7 @@ def _check(job: dict[str, Any], shape: str) -> None:
         )
         rendered = render_attempt(spec, ctx)
         script = rendered.launch.script
-        quoted = "".join(f"  {shlex.quote(word)}\n" for word in job["command"])
+        quoted = "".join(f"  {shquote(word)}\n" for word in job["command"])
         assert f"user_command=(\n{quoted})\n" in script
         if HAS_SHELLCHECK:
             assert shellcheck_script(script, severity="warning") == []

@@ -12,6 +12,7 @@ a single part.
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path, PurePath
@@ -31,6 +32,10 @@ class Quoted(str):
     __slots__ = ()
 
 
+#: A word bash's array syntax reads as a literal that looks like an assignment.
+_ASSIGNMENT_LIKE = re.compile(r"=|[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def shquote(value: object) -> Quoted:
     """Quote one value as one shell word (POSIX single quotes where needed)."""
     if isinstance(value, jinja2.Undefined):
@@ -40,6 +45,10 @@ def shquote(value: object) -> Quoted:
     text = str(value)
     if "\0" in text:
         raise RenderError("values cannot contain NUL bytes")
+    if _ASSIGNMENT_LIKE.match(text) and "'" not in text:
+        # shlex leaves `=` bare; inside a bash array a bare `name=value` or `=` word is read
+        # as a literal but flagged (SC2191) as a mistaken index assignment: quote it anyway.
+        return Quoted(f"'{text}'")
     return Quoted(shlex.quote(text))
 
 
