@@ -262,10 +262,35 @@ def test_cpu_job_succeeds_with_its_stdout_tail(op_2605: Operator) -> None:
     assert attempt["exitCode"] == 0
     assert obj["status"]["slurmJobId"] == attempt["jobId"]
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
-    # `kubectl wait` works on the condition.
-    op.kube.kubectl(
-        "wait", "--for=condition=Succeeded", "--timeout=5s", "slurmjob/cpu", "-n", op.namespace
-    )
+    # `kubectl wait` works on the condition, and on Finished whatever the outcome.
+    for condition in ("Succeeded", "Finished"):
+        op.kube.kubectl(
+            "wait",
+            f"--for=condition={condition}",
+            "--timeout=5s",
+            "slurmjob/cpu",
+            "-n",
+            op.namespace,
+        )
+    finished = _condition(obj, "Finished")
+    assert finished is not None
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+    # The columns, as the apiserver prints them (a JSONPath filter for Reason, the status
+    # fields for Attempt and Duration).
+    wide = op.kube.kubectl("get", "slurmjob/cpu", "-n", op.namespace, "-o", "wide").stdout
+    header, row = wide.splitlines()[:2]
+    names = ["NAME", "PHASE", "REASON", "SLURM JOB", "ATTEMPT", "QUEUE", "AGE", "CLUSTER"]
+    names += ["NODES", "STARTED", "DURATION"]
+    starts = [header.index(name) for name in names]  # kubectl aligns the cells under them
+    cells = {
+        name: row[start:end].strip()
+        for name, start, end in zip(names, starts, [*starts[1:], None], strict=True)
+    }
+    assert cells["PHASE"] == "Succeeded"
+    assert cells["REASON"] == _condition(obj, "Ready")["reason"]  # type: ignore[index]
+    assert cells["SLURM JOB"] == str(attempt["jobId"])
+    assert cells["ATTEMPT"] == "1"
+    assert cells["DURATION"] == obj["status"]["duration"]
     reasons = [e["reason"] for e in op.events("cpu")]
     assert "Submitted" in reasons
     assert "Succeeded" in reasons
@@ -315,6 +340,9 @@ def test_exit_3_fails_with_exit_code_and_stderr_tail(op_2605: Operator) -> None:
     failed = _condition(obj, "Failed")
     assert failed is not None
     assert failed["status"] == "True"
+    finished = _condition(obj, "Finished")
+    assert finished is not None
+    assert (finished["status"], finished["reason"]) == ("True", "Failed")
 
 
 @pytest.mark.slurm2605
@@ -428,6 +456,10 @@ def test_invalid_manifests_reach_nothing_in_slurm(op_2605: Operator) -> None:
     assert ready is not None
     assert ready["status"] == "False"
     assert "spec.pools[1].gpuSeries" in ready["message"]
+    # Decided again when the spec is edited: not Finished, so `kubectl wait` keeps waiting.
+    finished = _condition(obj, "Finished")
+    assert finished is not None
+    assert (finished["status"], finished["reason"]) == ("False", "InvalidSpec")
     assert obj["status"].get("attempts", []) == []
     uid8 = obj["metadata"]["uid"][:8]
     assert op.slurm_jobs_named(f"sj-{op.namespace}-no-constraint-{uid8}-a1") == []

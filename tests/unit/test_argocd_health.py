@@ -142,6 +142,54 @@ def cond(type_: str, status: str, reason: str, message: str = "") -> dict[str, s
         ),
         pytest.param(
             {
+                "phase": "Succeeded",
+                "message": "done",
+                "conditions": [cond("Finished", "True", "Succeeded")],
+            },
+            ("Healthy", "done"),
+            id="finished-succeeded",
+        ),
+        pytest.param(
+            {
+                "phase": "Cancelled",
+                "message": "scancel",
+                "conditions": [cond("Finished", "True", "Cancelled")],
+            },
+            ("Degraded", "scancel"),
+            id="finished-cancelled",
+        ),
+        pytest.param(
+            {
+                "phase": "Unknown",
+                "message": "lost",
+                "conditions": [cond("Finished", "True", "Unknown")],
+            },
+            ("Degraded", "lost"),
+            id="finished-lost",
+        ),
+        pytest.param(
+            {
+                "phase": "Failed",
+                "message": "timeLimit over MaxTime",
+                "conditions": [
+                    cond("Failed", "True", "LimitExceeded", "timeLimit 48:00:00 over 24:00:00"),
+                    cond("Finished", "False", "LimitExceeded", "timeLimit 48:00:00 over 24:00:00"),
+                ],
+            },
+            ("Degraded", "timeLimit 48:00:00 over 24:00:00"),
+            id="refused-until-edited",
+        ),
+        pytest.param(
+            {
+                "phase": "Pending",
+                "message": "retry in 30 s",
+                "conditions": [cond("Finished", "False", "NotFinished")],
+            },
+            ("Progressing", "retry in 30 s"),
+            id="not-finished-any-more",
+        ),
+        pytest.param(
+            {
                 "phase": "Pending",
                 "message": "spec.suspend is true: nothing is submitted",
                 "conditions": [cond("Suspended", "True", "Suspended")],

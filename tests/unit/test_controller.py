@@ -135,6 +135,29 @@ async def test_a_refused_submit_is_final(bed: Bed) -> None:
     assert "Invalid partition" in (bed.store.status(ref).message or "")
 
 
+async def test_a_final_job_says_finished_and_one_ended_under_the_last_release_gets_it(
+    bed: Bed,
+) -> None:
+    """Finished=True with the phase as its reason on the write that makes the job final; a
+    final status written by the previous release (no Finished) gets it on its next reconcile,
+    once: a status already in step is not written again."""
+    bed.slurm.faults = ["rejected"]
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Finished") == ("True", "Failed")
+    body = bed.store.body(ref)
+    body["status"]["conditions"] = [
+        c for c in body["status"]["conditions"] if c["type"] != "Finished"
+    ]
+    patches = bed.store.patches
+    await reconcile(bed, ref)
+    assert condition(bed, ref, "Finished") == ("True", "Failed")
+    assert bed.store.patches == patches + 1
+    await reconcile(bed, ref)
+    assert bed.store.patches == patches + 1
+    assert bed.slurm.calls == ["submit"]
+
+
 PREPARE_FAILURES = [
     # what is wrong, phase, Ready reason, retried later
     ("spec", Phase.FAILED, "InvalidSpec", False),

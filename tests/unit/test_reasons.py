@@ -15,11 +15,13 @@ from slurmjob_operator.core import (
     following_kueue,
     reconcile,
 )
+from slurmjob_operator.core.finality import with_finished
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
 from slurmjob_operator.core.kueue.admission import Admission, Verdict
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
     FROM_KUEUE,
+    FROM_PHASE,
     FROM_SLURM,
     REASON_MEANINGS,
     WRITTEN,
@@ -118,10 +120,19 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
 
 
 def _written() -> set[tuple[str, str, str]]:
+    """What the transitions write, with `Finished` kept in step as every write does
+    (`controller.resource.ResourceEdge.apply`), and a final job that becomes not final."""
     found: set[tuple[str, str, str]] = set()
-    for status, from_slurm in _statuses():
+    statuses = [(with_finished(status, 1, NOW), slurm) for status, slurm in _statuses()]
+    final = with_finished(following.lost(QUEUED, "gone", 1, NOW).status, 1, NOW)
+    decision = RetryDecision(RetryAction.RETRY, "rules[0]", "again", 5)
+    again = following.retry_scheduled(final, decision, 1, NOW).status
+    statuses.append((with_finished(again, 1, NOW), False))
+    for status, from_slurm in statuses:
         for cond in status.conditions:
             reason = cond.reason
+            if cond.type == "Finished" and cond.status == "True":
+                reason = FROM_PHASE
             if from_slurm and cond.type in ("Running", "Ready", "Succeeded", "Failed"):
                 reason = FROM_SLURM
             if cond.type in ("QuotaReserved", "Admitted", "Evicted"):
@@ -140,7 +151,7 @@ def test_the_transitions_write_exactly_the_declared_table() -> None:
 def test_every_reason_and_condition_has_a_meaning() -> None:
     assert set(REASON_MEANINGS) == set(Reason)
     assert {c for c, _, _ in WRITTEN} == set(CONDITION_MEANINGS)
-    assert {r for _, _, r in WRITTEN} == {*Reason, FROM_SLURM, FROM_KUEUE}
+    assert {r for _, _, r in WRITTEN} == {*Reason, FROM_SLURM, FROM_KUEUE, FROM_PHASE}
 
 
 def test_a_queued_phase_still_counts_as_a_slurm_reason() -> None:

@@ -307,6 +307,23 @@ class SlurmJobStatus(_Model):
         json_schema_extra=_RFC3339,
         description="When the scheduled retry will be submitted.",
     )
+    attempt: int | None = Field(
+        default=None,
+        ge=1,
+        description="Number of the current attempt (kept with every write, for kubectl get).",
+    )
+    cluster: str | None = Field(
+        default=None,
+        description="Slurm cluster of the current attempt, where the attempt names one.",
+    )
+    duration: str | None = Field(
+        default=None,
+        max_length=32,
+        description=(
+            "How long the current attempt ran, from startTime to completionTime (e.g. 1h2m3s), "
+            "written when it ends (kubectl get -o wide)."
+        ),
+    )
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any] | None) -> SlurmJobStatus:

@@ -21,6 +21,7 @@ from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import shown_index
 from slurmjob_operator.core.decisions import belongs
+from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.jobview import by_leader
 from slurmjob_operator.core.transition import Transition
@@ -61,7 +62,7 @@ class Deletion:
             view = await self.edge.fresh(ref) or view
             status = view.status
             attempt = status.current_attempt
-            live = status.phase is None or not status.phase.is_terminal
+            live = not is_final(status)
             if attempt is not None and live:
                 client = await self.slurm()
                 await self._end_job(view, client, attempt)

@@ -52,6 +52,7 @@ from slurmjob_operator.core.dependencies import (
     resolve,
     upstream_of,
 )
+from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import ResourceStore
@@ -136,7 +137,7 @@ class Dependencies:
         gone = deleted if gone is None else gone
         ref = view.ref
         self._keep(view, gone)
-        final = view.status.phase is not None and view.status.phase.is_terminal
+        final = is_final(view.status)
         names = () if deleted or final or view.deleting else view.depends_on
         self._index(ref, names)
         self._self_check(view, deleted)

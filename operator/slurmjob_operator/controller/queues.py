@@ -17,6 +17,7 @@ from slurmjob_operator import GROUP, VERSION
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, SlurmJobStatus, get_condition
+from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.core.following import QUOTA_RESERVED
 from slurmjob_operator.core.kueue import (
     KUEUE_UNAVAILABLE,
@@ -159,7 +160,7 @@ class Queues:
             return
         if status.phase is Phase.RUNNING:
             await self._mark(view, "PodsReady", "Running", "the Slurm job runs")
-        elif status.phase.is_terminal and status.next_attempt_at is None:
+        elif is_final(status):
             await self._mark(
                 view, "Finished", status.phase.value, status.message or status.phase.value
             )

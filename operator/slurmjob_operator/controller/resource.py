@@ -19,9 +19,11 @@ from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.registry import Registry
 from slurmjob_operator.core import verified
 from slurmjob_operator.core.redact import MIN_REDACT_LENGTH
+from slurmjob_operator.core.summary import with_summary
 from slurmjob_operator.core.transition import Transition, changed
 from slurmjob_operator.kube import ResourceStore, SecretError, StatusConflict
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,10 @@ class ResourceEdge:
     async def apply(self, view: ResourceView, transition: Transition) -> ResourceView:
         """Patch the status when something visible changed, post the Events, keep the
         registry in step; the view returned carries the new status."""
-        ref, old, new = view.ref, view.status, transition.status
+        ref, old = view.ref, view.status
+        # The columns' fields and `Finished` follow the status on every write, whichever
+        # transition made it (`core.summary`).
+        new = with_summary(transition.status, view.generation, utc_now())
         version = view.resource_version
         if changed(old, new):
             # A merge patch replaces a list whole (status.attempts): from a conditioned view

@@ -42,6 +42,7 @@ from slurmjob_operator.core.dependencies import waiting_interval
 from slurmjob_operator.core.kueue import queue_of
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reconcile import Step, next_step
+from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.times import utc_now
@@ -217,6 +218,10 @@ class Submission:
             if step is Step.CONFIRM:
                 await self.adopter.confirm(view)
                 return False
+            if step is Step.DONE:
+                # Written only when out of step: a job that ended under a release without
+                # the `Finished` condition gets it on its first reconcile after the upgrade.
+                view = await self.edge.apply(view, Transition(view.status))
             if step not in (Step.SUBMIT, Step.RETRY):
                 self.edge.observe(ref, view.status)
                 if step is Step.TRACK:

@@ -26,6 +26,7 @@ from enum import Enum
 
 from slurmjob_operator.api.spec import Dependency, DependencyCondition
 from slurmjob_operator.api.status import AttemptDependency, Phase, SlurmJobStatus
+from slurmjob_operator.core.finality import is_final
 
 AFTER_OK = "afterok"
 #: How far a cycle is looked for (upstreams of upstreams), and how many SlurmJobs at most.
@@ -61,7 +62,7 @@ def upstream_of(
 ) -> Upstream:
     attempt = status.current_attempt
     phase = status.phase
-    final = phase is not None and phase.is_terminal and status.next_attempt_at is None
+    final = is_final(status)
     active = (
         attempt is not None
         and attempt.job_id is not None
@@ -86,7 +87,7 @@ def satisfied(condition: DependencyCondition, phase: Phase | None) -> bool:
         return phase is Phase.SUCCEEDED
     if condition is DependencyCondition.FAILED:
         return phase in (Phase.FAILED, Phase.CANCELLED)
-    return phase is not None and phase.is_terminal
+    return phase is not None  # any final phase: Unknown too, when Slurm lost the job
 
 
 class Kind(Enum):

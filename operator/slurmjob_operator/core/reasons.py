@@ -22,6 +22,7 @@ class ConditionType(StrEnum):
     QUOTA_RESERVED = "QuotaReserved"
     ADMITTED = "Admitted"
     EVICTED = "Evicted"
+    FINISHED = "Finished"
 
 
 CONDITION_MEANINGS: dict[ConditionType, str] = {
@@ -61,6 +62,12 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
         "True when Kueue evicted the Workload, with Kueue's reason (Preempted, "
         "InactiveWorkload, PodsReadyTimeout, ...); False once it is admitted again."
     ),
+    ConditionType.FINISHED: (
+        "True once the job is over for good, on every outcome, with the phase as its reason "
+        "(Succeeded, Failed, Cancelled, or Unknown when Slurm lost the job); False on a refusal "
+        "an edit decides again (InvalidSpec, LimitExceeded, DependencyFailed) and on a job that "
+        "was final and is not any more (NotFinished). `kubectl wait --for=condition=Finished`."
+    ),
 }
 
 
@@ -96,6 +103,7 @@ class Reason(StrEnum):
     DEPENDENCY_FAILED = "DependencyFailed"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
     EVICTED = "Evicted"
+    NOT_FINISHED = "NotFinished"
 
 
 #: What each reason tells a user.
@@ -162,6 +170,10 @@ REASON_MEANINGS: dict[Reason, str] = {
         "given back; the next attempt, not counted against the retry limit, is submitted "
         "once Kueue admits it again."
     ),
+    Reason.NOT_FINISHED: (
+        "The job was final and is not any more (an edit made its refusal be decided again, a "
+        "retry is due): the phase says what it waits for."
+    ),
     Reason.DEPENDENCY_FAILED: (
         "An upstream SlurmJob ended in a way that cannot satisfy spec.dependsOn (after its "
         "retries): nothing is submitted, or the job waiting on it in Slurm is cancelled."
@@ -177,6 +189,8 @@ REASON_MEANINGS: dict[Reason, str] = {
 FROM_SLURM = "(from Slurm)"
 #: A condition whose reason is Kueue's, from the Workload's own condition.
 FROM_KUEUE = "(from Kueue)"
+#: `Finished`=True's reason: the final phase itself (Succeeded, Failed, Cancelled, Unknown).
+FROM_PHASE = "(the phase)"
 
 #: (condition type, status, reason); the reason is a `Reason` or `FROM_SLURM`.
 Written = tuple[str, str, str]
@@ -254,6 +268,11 @@ WRITTEN: frozenset[Written] = frozenset(
             (cond, status, FROM_SLURM)
             for cond in (C.RUNNING, C.READY, C.SUCCEEDED, C.FAILED)
             for status in (_T, _F)
+        ),
+        (C.FINISHED, _T, FROM_PHASE),
+        *(
+            (C.FINISHED, _F, reason)
+            for reason in (R.INVALID_SPEC, R.LIMIT_EXCEEDED, R.DEPENDENCY_FAILED, R.NOT_FINISHED)
         ),
         *(
             (cond, status, FROM_KUEUE)

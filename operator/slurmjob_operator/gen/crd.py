@@ -287,32 +287,33 @@ def status_schema() -> dict[str, Any]:
     return _schema(SlurmJobStatus, defaults=False)
 
 
+def _column(name: str, kind: str, path: str, text: str, *, wide: bool = False) -> dict[str, Any]:
+    column = {"name": name, "type": kind, "jsonPath": path, "description": text}
+    return {**column, "priority": 1} if wide else column
+
+
+#: `kubectl get` (and `-o wide` for the wide ones); the status keeps the fields they read.
 PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "Phase",
-        "type": "string",
-        "jsonPath": ".status.phase",
-        "description": "One-word summary of the job's state.",
-    },
-    {
-        "name": "Slurm Job",
-        "type": "integer",
-        "jsonPath": ".status.slurmJobId",
-        "description": "Slurm job id of the current attempt.",
-    },
-    {
-        "name": "Nodes",
-        "type": "string",
-        "jsonPath": ".status.nodes",
-        "description": "Nodes allocated to the current attempt.",
-    },
-    {
-        "name": "Queue",
-        "type": "string",
-        "jsonPath": ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
-        "description": "The Kueue LocalQueue the job is admitted through, if any.",
-    },
+    _column("Phase", "string", ".status.phase", "One-word summary of the job's state."),
+    _column(
+        "Reason",
+        "string",
+        '.status.conditions[?(@.type=="Ready")].reason',
+        "Why it waits, runs or failed: the Ready condition's reason.",
+    ),
+    _column("Slurm Job", "integer", ".status.slurmJobId", "Slurm job id of the current attempt."),
+    _column("Attempt", "integer", ".status.attempt", "Number of the current attempt."),
+    _column(
+        "Queue",
+        "string",
+        ".metadata.labels.kueue\\.x-k8s\\.io/queue-name",
+        "The Kueue LocalQueue the job is admitted through, if any.",
+    ),
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    _column("Cluster", "string", ".status.cluster", "Slurm cluster of the attempt.", wide=True),
+    _column("Nodes", "string", ".status.nodes", "Nodes of the current attempt.", wide=True),
+    _column("Started", "date", ".status.startTime", "When the attempt started.", wide=True),
+    _column("Duration", "string", ".status.duration", "How long it ran, once ended.", wide=True),
 )
 
 

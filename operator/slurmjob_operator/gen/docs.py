@@ -17,6 +17,7 @@ from typing import Any
 
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
+    FROM_PHASE,
     FROM_SLURM,
     REASON_MEANINGS,
     WRITTEN,
@@ -210,7 +211,7 @@ def _conditions_section() -> list[str]:
     ]
     order = list(CONDITION_MEANINGS)
     status_order = {"True": 0, "False": 1, "Unknown": 2}
-    for reason in [*REASON_MEANINGS, FROM_SLURM]:
+    for reason in [*REASON_MEANINGS, FROM_SLURM, FROM_PHASE]:
         uses = sorted(
             ((c, s) for c, s, r in WRITTEN if r == reason),
             key=lambda u: (order.index(ConditionType(u[0])), status_order[u[1]]),
@@ -220,6 +221,8 @@ def _conditions_section() -> list[str]:
         where = ", ".join(f"`{c}`={s}" for c, s in uses)
         if reason == FROM_SLURM:
             out.append(f"| {FROM_SLURM} | the phase's reason from Slurm | {where} |")
+        elif reason == FROM_PHASE:
+            out.append(f"| {FROM_PHASE} | the final phase itself | {where} |")
         else:
             meaning = REASON_MEANINGS[Reason(reason)]
             out.append(f"| `{reason}` | {_cell(meaning)} | {where} |")
