@@ -155,6 +155,10 @@ async def test_a_final_job_says_finished_and_one_ended_under_the_last_release_ge
     assert bed.store.patches == patches + 1
     await reconcile(bed, ref)
     assert bed.store.patches == patches + 1
+    # From the watch's copy (a restart's resume): a final job in step costs no read at all.
+    gets = bed.store.gets
+    await bed.controller.reconcile(ref, copy.deepcopy(bed.store.body(ref)))
+    assert (bed.store.gets, bed.store.patches) == (gets, patches + 1)
     assert bed.slurm.calls == ["submit"]
 
 

@@ -42,6 +42,7 @@ from slurmjob_operator.core.dependencies import waiting_interval
 from slurmjob_operator.core.kueue import queue_of
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reconcile import Step, next_step
+from slurmjob_operator.core.summary import with_summary
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import SlurmClient
@@ -189,6 +190,12 @@ class Submission:
         if step is Step.TRACK and hold_action(seen.status, seen.suspend) is Hold.NOTHING:
             self.edge.observe(seen.ref, seen.status)
             return False
+        if (
+            step is Step.DONE
+            and with_summary(seen.status, seen.generation, utc_now()) == seen.status
+        ):
+            self.edge.observe(seen.ref, seen.status)
+            return False  # final and written in step: a restart reads none of them again
         if step is Step.SUBMIT and not seen.suspend:
             blocked, transition = gate(seen.status, False, seen.generation, utc_now())
             if not blocked and transition is None:
