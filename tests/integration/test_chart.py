@@ -11,6 +11,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -254,6 +255,8 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
         ("ClusterRole", "ci-slurmjob-operator-apiservice"),
         ("ClusterRole", "ci-slurmjob-operator-logs-reader"),
         ("ClusterRole", "ci-slurmjob-operator-reviews"),
+        ("ClusterRole", "slurmjob-editor"),
+        ("ClusterRole", "slurmjob-viewer"),
         ("ClusterRoleBinding", "ci-slurmjob-operator"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-apiservice"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
@@ -1124,6 +1127,75 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     assert not allowed
 
 
+def test_namespace_users_get_slurmjobs_through_edit_and_view_never_their_status(
+    kube: KubeTestbed,
+) -> None:
+    """The users' ClusterRoles carry the built-in roles' aggregation labels (this apiserver
+    runs no controller-manager to aggregate them, so they are bound directly here): an editor
+    creates, changes and deletes SlurmJobs and reads their logs, a viewer reads them; neither
+    touches the status, nor anything in another namespace."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, other = f"roles-{suffix}", f"roles-other-{suffix}"
+    docs = render(kube, "-f", str(CHART / "ci/default-values.yaml"))
+    editor, viewer = (
+        named(docs, "ClusterRole", "slurmjob-editor"),
+        named(docs, "ClusterRole", "slurmjob-viewer"),
+    )
+    aggregated = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in editor["metadata"]["labels"].items() if v == "true"} >= {
+        f"{aggregated}edit",
+        f"{aggregated}admin",
+    }
+    assert viewer["metadata"]["labels"][f"{aggregated}view"] == "true"
+    for role in (editor, viewer):
+        assert all("slurmjobs/status" not in r["resources"] for r in role["rules"])
+    logs = named(docs, "ClusterRole", "-logs-reader")
+    text = kube.helm(
+        "template", "ci", str(CHART), "-n", CI_NAMESPACE,
+        "-f", str(CHART / "ci/default-values.yaml"), "--show-only", "templates/userroles.yaml",
+    ).stdout  # fmt: skip
+    for name in (ns, other):
+        kube.kubectl("create", "namespace", name)
+    try:
+        kube.apply(text)
+        for user, role in (("alice", "slurmjob-editor"), ("bob", "slurmjob-viewer")):
+            for granted in (role, logs["metadata"]["name"]):
+                kube.kubectl(
+                    "create", "rolebinding", f"{user}-{granted}", "-n", ns,
+                    f"--clusterrole={granted}", f"--user={user}",
+                )  # fmt: skip
+
+        def may(user: str, verb: str, namespace: str = ns, sub: str = "") -> bool:
+            return _allowed(kube, user, verb, "slurmjobs", namespace, sub, group="slurmjob.io")
+
+        def may_read_logs(user: str) -> bool:
+            return _allowed(kube, user, "get", "slurmjobs", ns, "log", group="logs.slurmjob.io")
+
+        # The apiserver's authorizer sees new bindings through its informers: a moment later.
+        deadline = time.monotonic() + 15
+        while not (may("alice", "get") and may("bob", "get")):
+            assert time.monotonic() < deadline, "the bindings never took effect"
+            time.sleep(0.2)
+        for verb in ("create", "get", "list", "watch", "update", "patch", "delete"):
+            assert may("alice", verb), verb
+        for verb in ("get", "list", "watch"):
+            assert may("bob", verb), verb
+        for user in ("alice", "bob"):
+            assert may_read_logs(user)
+            assert not may(user, "patch", sub="status")
+            assert not may(user, "update", sub="status")
+            assert not may(user, "get", namespace=other)
+        for verb in ("create", "patch", "delete"):
+            assert not may("bob", verb), verb
+    finally:
+        kube.kubectl(
+            "delete", "clusterrole", "slurmjob-editor", "slurmjob-viewer", "--ignore-not-found",
+            check=False,
+        )  # fmt: skip
+        for name in (ns, other):
+            kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
     suffix = uuid.uuid4().hex[:6]
     release, ns = f"sjcw-{suffix}", f"chart-cw-{suffix}"
@@ -1151,11 +1223,18 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
 
 
 def _allowed(
-    kube: KubeTestbed, user: str, verb: str, resource: str, namespace: str = "", sub: str = ""
+    kube: KubeTestbed,
+    user: str,
+    verb: str,
+    resource: str,
+    namespace: str = "",
+    sub: str = "",
+    *,
+    group: str = "kueue.x-k8s.io",
 ) -> bool:
-    """A SubjectAccessReview in group kueue.x-k8s.io: unlike `kubectl auth can-i`, it needs no
-    discovery of Kueue's CRDs, which may not be installed yet."""
-    attrs = {"verb": verb, "group": "kueue.x-k8s.io", "resource": resource}
+    """A SubjectAccessReview (in group kueue.x-k8s.io unless told): unlike `kubectl auth
+    can-i`, it needs no discovery of the CRDs, which may not be installed yet."""
+    attrs = {"verb": verb, "group": group, "resource": resource}
     if namespace:
         attrs["namespace"] = namespace
     if sub:

@@ -242,7 +242,8 @@ def test_the_charts_apiservice_is_the_log_apis() -> None:
     assert f"  name: {API_SERVICE_NAME}\n" in logs
     assert f"  group: {API_GROUP}\n  version: {API_VERSION}\n" in logs
     assert "targetPort: logs" in logs
-    assert f"apiGroups: [{API_GROUP}]\n    resources: [slurmjobs/log]\n    verbs: [get]" in logs
+    users = (CHART / "templates" / "userroles.yaml").read_text()
+    assert f"apiGroups: [{API_GROUP}]\n    resources: [slurmjobs/log]\n    verbs: [get]" in users
     rbac = (CHART / "templates" / "rbac.yaml").read_text()
     assert f"resourceNames: [{API_SERVICE_NAME}]\n    verbs: [get, patch]" in rbac
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
