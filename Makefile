@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 SLURM ?= 26.05
 
-.PHONY: test venv testbed lint unit pytest timings crd docs clean dev-up dev-down demo demo-down bench-scale
+.PHONY: test venv testbed lint unit pytest timings crd docs clean dev-up dev-down demo demo-down bench-scale release
 
 test: venv testbed lint pytest
 
@@ -92,6 +92,14 @@ bench-scale: venv testbed
 	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m tests.testbed.dev up --slurm 26.05
 	PYTHONPATH=$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m bench.scale --sizes $(BENCH_SIZES)
+
+# The wheel, the sdist, the chart package and the image build context of the version in
+# slurmjob_operator/__init__.py, into dist/ (refused when the chart, the Dockerfile or
+# CHANGELOG.md do not carry that version, or the tree is dirty).
+HELM ?= $(shell command -v helm || ls /var/cache/slurmjob-testbed/k8s/helm-*/helm 2>/dev/null | head -1)
+release: venv
+	@test -n "$(HELM)" || { echo "helm not found: make testbed, or HELM=/path/to/helm" >&2; exit 1; }
+	$(BIN)/python .ci/release.py --helm $(HELM)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from slurmjob_operator import GROUP, KIND, VERSION
+from slurmjob_operator import GROUP, KIND, VERSION, __version__
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.site.catalogs import CatalogError
@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="slurmjob-operator",
         description="Run Slurm jobs from Kubernetes through slurmrestd.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     render = sub.add_parser(
