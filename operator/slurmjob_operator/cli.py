@@ -77,8 +77,17 @@ def _cmd_crd(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
 def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from slurmjob_operator.doctor import run_doctor
 
+    if not args.no_probe:
+        # Said before it happens: the probes are real Slurm jobs, in the site's accounting.
+        print(
+            "doctor: submits probe jobs to Slurm (a few seconds each, as the configured users) "
+            "to check the staging directory is writable by the jobs; --no-probe skips them",
+            file=args.err,
+        )
     report = asyncio.run(run_doctor(probe=not args.no_probe))
     out.write(report.render(json_output=args.json))
+    if report.invalid:
+        return EXIT_INVALID
     return EXIT_OK if report.ok else EXIT_ERROR
 
 

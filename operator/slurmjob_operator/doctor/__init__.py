@@ -31,11 +31,13 @@ async def run_doctor(environ: dict[str, str] | None = None, *, probe: bool = Tru
         settings = Settings.from_env(os.environ if environ is None else environ)
     except ConfigError as exc:
         report.add("settings", Outcome.FAIL, str(exc))
+        report.invalid = True
         return report
     try:
         sites = load_clusters(settings)
     except ConfigError as exc:
-        report.add("clusters", Outcome.FAIL, str(exc))
+        report.add("clusters", Outcome.FAIL, f"{exc} (SLURMJOB_CLUSTERS_FILE)")
+        report.invalid = True
         return report
     names = [site.name for site in sites]
     if len(sites) == 1:
@@ -61,7 +63,12 @@ async def _check_cluster(
         registry = load_runtime_registry(settings.runtime_registry_file)
         series = load_gpu_series(settings.gpu_series_file)
     except CatalogError as exc:
-        report.add("catalogs", Outcome.FAIL, str(exc))
+        report.add(
+            "catalogs",
+            Outcome.FAIL,
+            f"{exc} (set SLURMJOB_RUNTIME_REGISTRY_FILE and SLURMJOB_GPU_SERIES_FILE, or fix "
+            "the files they name)",
+        )
         catalogs_ok = False
     else:
         report.add(

@@ -24,6 +24,9 @@ class Check:
 @dataclass
 class Report:
     checks: list[Check] = field(default_factory=list)
+    #: A setting or the clusters file is malformed: nothing else was checked (exit code 2,
+    #: as for every command, docs/configuration.md).
+    invalid: bool = False
 
     def add(self, name: str, outcome: Outcome, detail: str) -> None:
         self.checks.append(Check(name, outcome, detail))

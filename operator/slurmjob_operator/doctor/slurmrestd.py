@@ -14,7 +14,7 @@ from slurmjob_operator.site.catalogs import GpuSeriesCatalog
 from slurmjob_operator.slurm.auth import TokenError, TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, make_token_provider, open_transport
-from slurmjob_operator.slurm.errors import SlurmError
+from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmError
 from slurmjob_operator.slurm.nodes import NodeInfo
 from slurmjob_operator.times import rfc3339
 
@@ -67,11 +67,24 @@ def _expiry_text(token: TokenProvider) -> str:
     return f"token expires {rfc3339(expires)} (in {left} s)"
 
 
-async def _step(report: Report, name: str, action: Callable[[], Awaitable[str]]) -> bool:
+#: What a credential that cannot be made, or is refused, is fixed by.
+_AUTH_SETTINGS = (
+    "the credentials: SLURMJOB_SLURM_JWT_KEY_FILE (the key slurmctld signs with) or "
+    "SLURMJOB_SLURM_JWT_FILE (a token for SLURMJOB_SLURM_REST_USER), readable by this pod"
+)
+
+
+async def _step(
+    report: Report, name: str, action: Callable[[], Awaitable[str]], fix: str = ""
+) -> bool:
+    """Run one check; a failure says what to change (`fix`) besides what went wrong."""
     try:
         detail = await action()
     except (SlurmError, TokenError, ConfigError, OSError) as exc:
-        report.add(name, Outcome.FAIL, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, TokenError | SlurmAuthError):
+            name, fix = "auth", _AUTH_SETTINGS  # slurmrestd is reached, or never asked
+        hint = f" ({fix})" if fix else ""
+        report.add(name, Outcome.FAIL, f"{type(exc).__name__}: {exc}{hint}")
         return False
     report.add(name, Outcome.OK, detail)
     return True
@@ -81,7 +94,11 @@ async def check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Repo
     try:
         token = make_token_provider(settings)
     except ConfigError as exc:
-        report.add("auth", Outcome.FAIL, str(exc))
+        report.add(
+            "auth",
+            Outcome.FAIL,
+            f"{exc} ({_AUTH_SETTINGS})",
+        )
         return
     async with open_transport(settings) as transport:
         client: SlurmClient | None = None
@@ -92,7 +109,11 @@ async def check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Repo
             how = "discovered" if settings.slurm_rest_api_version == AUTO else "configured"
             return f"{settings.slurm_rest_url} speaks {client.version} ({how})"
 
-        if not await _step(report, "slurmrestd", _connect) or client is None:
+        reach = (
+            "is slurmrestd reachable at SLURMJOB_SLURM_REST_URL from this pod "
+            "(SLURMJOB_SLURM_CA_BUNDLE for a private CA)?"
+        )
+        if not await _step(report, "slurmrestd", _connect, reach) or client is None:
             return
         ready: SlurmClient = client
 
@@ -102,7 +123,7 @@ async def check_slurm(settings: Settings, series: GpuSeriesCatalog, report: Repo
             cluster = f"cluster {result.cluster}; " if result.cluster else ""
             return f"{release}{cluster}{_expiry_text(token)}"
 
-        if not await _step(report, "auth", _ping):
+        if not await _step(report, "auth", _ping, _AUTH_SETTINGS):
             return
 
         async def _partition() -> str:

@@ -18,7 +18,12 @@ def check_storage(settings: Settings, report: Report) -> None:
         with tempfile.NamedTemporaryFile(dir=root, prefix=".slurmjob-doctor-"):
             pass
     except OSError as exc:
-        report.add("storage root", Outcome.FAIL, f"{root} is not writable: {exc.strerror}")
+        report.add(
+            "storage root",
+            Outcome.FAIL,
+            f"{root} is not writable: {exc.strerror} (SLURMJOB_STORAGE_ROOT: the shared "
+            "filesystem's mount in this pod)",
+        )
         return
     detail = f"{root} is writable"
     if settings.slurm_storage_root:
@@ -46,6 +51,6 @@ async def check_runtimes(settings: Settings, registry: RuntimeRegistry, report: 
             path = artifact_path(settings, runtime)
             await asyncio.to_thread(verify_artifact, path, runtime)
         except ArtifactError as exc:
-            report.add(name, Outcome.FAIL, str(exc))
+            report.add(name, Outcome.FAIL, f"{exc} (its entry in SLURMJOB_RUNTIME_REGISTRY_FILE)")
         else:
             report.add(name, Outcome.OK, f"{path}: {runtime.format.value}, sha256 verified")
