@@ -337,6 +337,24 @@ def test_strict_undefined() -> None:
         env.from_string("{{ nope | shquote }}").render()
 
 
+@pytest.mark.parametrize(
+    "word",
+    ["=", "A=$(touch pwned)", "X=`id`;rm -rf /", "LR=0.1 --x", "a=b\nc", "B=${HOME}", "C='q'"],
+)
+def test_an_assignment_like_word_a_tenant_wrote_reaches_bash_as_itself(
+    word: str, tmp_path: Path
+) -> None:
+    """Inside the script's arrays as in a plain command: bash reads back the very word,
+    expands nothing and runs nothing (no file appears)."""
+    script = (
+        f'cd {shquote(str(tmp_path))}\nwords=(\n  {shquote(word)}\n)\nprintf %s "${{words[0]}}"'
+    )
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == word
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_shquote() -> None:
     assert shquote("plain") == "plain"
     assert shquote(3) == "3"

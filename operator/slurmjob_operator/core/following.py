@@ -19,6 +19,7 @@ from slurmjob_operator.api.status import (
     SlurmJobStatus,
 )
 from slurmjob_operator.core.arrays import ArrayObservation, array_total
+from slurmjob_operator.core.finality import is_lost
 from slurmjob_operator.core.following_dependencies import dependency_failed, dependency_repointed
 from slurmjob_operator.core.following_kueue import (
     ADMITTED,
@@ -255,12 +256,6 @@ def reachability(
     new = with_conditions(status, [(SLURM_REACHABLE, value, reason, message)], generation, now)
     event = Event(NORMAL if reachable else WARNING, reason, message)
     return Transition(new, flip_event(status, SLURM_REACHABLE, value, event))
-
-
-def is_lost(status: SlurmJobStatus) -> bool:
-    """Slurm forgot the job without a trace (`lost`): Unknown for good, nobody asks again."""
-    ready = next((c for c in status.conditions if c.type == READY), None)
-    return status.phase is Phase.UNKNOWN and ready is not None and ready.reason == Reason.JOB_LOST
 
 
 def lost(status: SlurmJobStatus, message: str, generation: int | None, now: datetime) -> Transition:
