@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,10 +13,10 @@ from typing import Any, TypeVar
 from tests.integration.sitefiles import runtime_id
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core.jobview import SlurmJobView
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
-from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.slurm.errors import SlurmNotFound, SlurmTransient
 
 OPERATOR = Path(sys.executable).parent / "slurmjob-operator"
 
@@ -97,3 +98,31 @@ def slurm_job(env: dict[str, str], job_id: int) -> list[SlurmJobView]:
 def slurm_jobs_named(env: dict[str, str], job_name: str) -> list[SlurmJobView]:
     """Every Slurm job named ``job_name``."""
     return ask_slurm(env, lambda client: client.find_by_name(job_name))
+
+
+async def wait_for_job(
+    client: SlurmClient, ref: int | str, *, final: bool = True, within: float = 45.0
+) -> list[SlurmJobView]:
+    """Read job ``ref`` until all its components are final (or running, with ``final=False``).
+
+    A read that fails in transit (slurmrestd 22.05 resets a connection now and then when the
+    host is loaded) is read again at the next tick, as the operator's poller does; the last
+    such failure is named if the deadline passes."""
+    deadline = time.monotonic() + within
+    jobs: list[SlurmJobView] = []
+    failure: SlurmTransient | None = None
+    while time.monotonic() < deadline:
+        try:
+            jobs = await client.get_job(ref)
+        except SlurmTransient as exc:
+            failure = exc
+            await asyncio.sleep(0.25)
+            continue
+        if jobs and final and all(j.is_final for j in jobs):
+            return jobs
+        if jobs and not final and all(j.base_state is BaseState.RUNNING for j in jobs):
+            return jobs
+        await asyncio.sleep(0.25)
+    raise AssertionError(
+        f"job {ref} did not get there in {within} s: {jobs} (last read failure: {failure})"
+    )

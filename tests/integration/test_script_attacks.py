@@ -19,11 +19,9 @@ the options each step got; the apptainer stand-in records its argv).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import cpu_spec
+from tests.integration.helpers import cpu_spec, wait_for_job
 from tests.integration.sitefiles import SIF_BYTES, SQSH_BYTES, site_env
 from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
@@ -135,18 +133,9 @@ def _prepare(bed: Bed, client: SlurmClient, spec: SlurmJobSpec, name: str) -> Pr
 
 
 async def _wait(
-    client: SlurmClient, job_id: int, *, final: bool = True, within: float = 60.0
+    client: SlurmClient, ref: int | str, *, final: bool = True, within: float = 60.0
 ) -> list[SlurmJobView]:
-    deadline = time.monotonic() + within
-    jobs: list[SlurmJobView] = []
-    while time.monotonic() < deadline:
-        jobs = await client.get_job(job_id)
-        if jobs and final and all(j.is_final for j in jobs):
-            return jobs
-        if jobs and not final and all(j.base_state is BaseState.RUNNING for j in jobs):
-            return jobs
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"job {job_id} did not get there in {within} s: {jobs}")
+    return await wait_for_job(client, ref, final=final, within=within)
 
 
 def _records(bed: Bed, kind: str) -> list[dict[str, Any]]:

@@ -7,10 +7,8 @@ container runtimes are the testbed's stand-ins (see tests/testbed/).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 from tests.integration import leaks
-from tests.integration.helpers import cpu_spec, het_pools
+from tests.integration.helpers import cpu_spec, het_pools, wait_for_job
 from tests.integration.sitefiles import site_env
 from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
@@ -109,16 +107,7 @@ def _prepare(
 async def _wait(
     client: SlurmClient, ref: int | str, *, final: bool = True, within: float = 45.0
 ) -> list[SlurmJobView]:
-    deadline = time.monotonic() + within
-    jobs: list[SlurmJobView] = []
-    while time.monotonic() < deadline:
-        jobs = await client.get_job(ref)
-        if final and all(j.is_final for j in jobs):
-            return jobs
-        if not final and all(j.base_state is BaseState.RUNNING for j in jobs):
-            return jobs
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"job {ref} did not get there in {within} s: {jobs}")
+    return await wait_for_job(client, ref, final=final, within=within)
 
 
 def _records(bed: Bed, kind: str, prepared: PreparedAttempt) -> list[dict[str, Any]]:
