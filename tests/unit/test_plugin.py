@@ -9,6 +9,7 @@ import io
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -608,10 +609,42 @@ async def test_get_lists_the_namespace_or_all() -> None:
         await run_plugin(empty, "describe", "nope")
 
 
+@pytest.mark.parametrize(
+    ("argv", "namespace", "context", "kubeconfig"),
+    [
+        (["get"], None, None, None),
+        (["-n", "a", "--context", "c", "--kubeconfig", "/k", "get"], "a", "c", "/k"),
+        (["get", "-n", "a", "--context", "c", "--kubeconfig", "/k"], "a", "c", "/k"),
+        (["-n", "a", "--kubeconfig", "/k", "logs", "train", "-n", "b"], "b", None, "/k"),
+        (["--context", "c", "leader"], None, "c", None),
+    ],
+)
+def test_kubectls_flags_go_before_or_after_the_subcommand(
+    argv: list[str], namespace: str | None, context: str | None, kubeconfig: str | None
+) -> None:
+    args = build_parser({}).parse_args(argv)
+    assert (args.namespace, args.context, args.kubeconfig) == (namespace, context, kubeconfig)
+
+
+def test_without_a_kubeconfig_one_line_says_what_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["get"]) == EXIT_ERROR
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err == (
+        "error: no kubeconfig (~/.kube/config absent) and not inside a pod: "
+        "set KUBECONFIG or pass --kubeconfig\n"
+    )
+
+
 def test_main_reports_errors_with_exit_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def refuse(context: str | None) -> FakeCluster:
+    async def refuse(context: str | None, **_: object) -> FakeCluster:
         raise PluginError("no usable kubeconfig")
 
     monkeypatch.setattr(kubeclient.Session, "open", refuse)

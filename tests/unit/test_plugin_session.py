@@ -12,12 +12,14 @@ import base64
 import datetime
 import ipaddress
 import os
+import re
 import signal
 import ssl
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -34,6 +36,7 @@ from slurmjob_operator.plugin.kubeclient import (
     PluginError,
     Session,
     Unauthorized,
+    kubeconfig_files,
 )
 
 LOG_ROUTE = "/apis/logs.slurmjob.io/v1alpha1/namespaces/{ns}/slurmjobs/{name}/log"
@@ -307,10 +310,46 @@ async def test_no_kubeconfig_and_no_pod_is_an_error(
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(PluginError, match="no usable kubeconfig"):
+    with pytest.raises(
+        PluginError, match=r"no kubeconfig \(KUBECONFIG=.*\) and not inside a pod: set KUBECONFIG"
+    ):
         await Session.open()
-    with pytest.raises(PluginError, match="cannot use context 'elsewhere'"):
+    with pytest.raises(PluginError, match="cannot use context 'elsewhere': no kubeconfig"):
         await Session.open("elsewhere")
+    with pytest.raises(PluginError, match="--kubeconfig /nowhere: no such file"):
+        await Session.open(kubeconfig="/nowhere")
+    broken = tmp_path / "broken"
+    broken.write_text("kind: Config\n")
+    with pytest.raises(PluginError, match=re.escape(f"cannot use the kubeconfig {broken}:")):
+        await Session.open(kubeconfig=str(broken))
+
+
+async def test_kubeconfig_flag_then_the_list_in_kubeconfig_then_home(
+    apiserver: tuple[Apiserver, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As kubectl: --kubeconfig first; else every existing file of $KUBECONFIG, the first
+    naming the current context; else ~/.kube/config."""
+    _, url = apiserver
+    flag = kubeconfig(tmp_path / "flag", url, {"token": "t"}, "from-flag")
+    listed = kubeconfig(tmp_path / "listed", url, {"token": "t"}, "from-list")
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True, exist_ok=True)
+    kubeconfig(home / ".kube/config", url, {"token": "t"}, "from-home")
+    monkeypatch.setenv("HOME", str(home))
+    absent = str(tmp_path / "absent")
+    for environ, option, namespace in [
+        ({"KUBECONFIG": str(listed)}, str(flag), "from-flag"),
+        ({"KUBECONFIG": os.pathsep.join([absent, str(listed)])}, None, "from-list"),
+        ({}, None, "from-home"),
+        ({"KUBECONFIG": ""}, None, "from-home"),
+    ]:
+        session = await Session.open(kubeconfig=option, environ=environ)
+        try:
+            assert session.namespace == namespace, environ
+        finally:
+            await session.close()
+    assert kubeconfig_files(None, {"KUBECONFIG": absent}) == ([], f"KUBECONFIG={absent}")
+    assert kubeconfig_files("~/.kube/config", {}) == ([str(home / ".kube/config")], mock.ANY)
 
 
 async def test_ctrl_c_ends_a_follower_quietly(

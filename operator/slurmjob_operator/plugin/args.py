@@ -37,18 +37,35 @@ def _count(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _kubectl_flags(parser: argparse.ArgumentParser, *, default: object) -> None:
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        type=_namespace,
+        default=default,
+        help="the namespace (default: the context's)",
+    )
+    parser.add_argument("--context", default=default, help="the kubeconfig context to use")
+    parser.add_argument(
+        "--kubeconfig",
+        default=default,
+        metavar="PATH",
+        help="the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+
+
 def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if environ is None else environ
+    # kubectl's own flags go before or after the subcommand; given after it, they win. The
+    # subcommands' copies default to "not given" so that they never undo the first ones.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-n", "--namespace", type=_namespace, help="the namespace (default: the context's)"
-    )
-    common.add_argument("--context", help="the kubeconfig context to use")
+    _kubectl_flags(common, default=argparse.SUPPRESS)
 
     parser = argparse.ArgumentParser(
         prog="kubectl slurmjob",
         description="SlurmJobs from the user's side: logs, get, describe, cancel; the leader.",
     )
+    _kubectl_flags(parser, default=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     logs = commands.add_parser(

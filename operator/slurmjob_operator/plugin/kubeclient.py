@@ -95,26 +95,45 @@ class Session:
         self._custom = k8s.CustomObjectsApi(api)
 
     @classmethod
-    async def open(cls, context: str | None = None) -> Session:
+    async def open(
+        cls,
+        context: str | None = None,
+        *,
+        kubeconfig: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Session:
+        """The session kubectl would have: `--kubeconfig`, else `$KUBECONFIG` (a list, as
+        kubectl merges it), else `~/.kube/config`; inside a pod without any of them, its
+        ServiceAccount. Nothing is printed here: a failure is one PluginError saying what to
+        set."""
+        env = os.environ if environ is None else environ
+        files, source = kubeconfig_files(kubeconfig, env)
         configuration = k8s.Configuration()
-        paths = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        if not files:
+            if kubeconfig is not None:
+                raise PluginError(f"--kubeconfig {kubeconfig}: no such file")
+            if context is not None:
+                raise PluginError(f"cannot use context {context!r}: no kubeconfig ({source})")
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except k8s_config.ConfigException:
+                raise PluginError(
+                    f"no kubeconfig ({source}) and not inside a pod: "
+                    "set KUBECONFIG or pass --kubeconfig"
+                ) from None
+            return cls(k8s.ApiClient(configuration), _pod_namespace())
         try:
             loader = await k8s_config.load_kube_config(
-                config_file=paths,
+                config_file=os.pathsep.join(files),
                 context=context,
                 client_configuration=configuration,
                 persist_config=False,
             )
         except (k8s_config.ConfigException, OSError, ValueError, KeyError) as exc:
+            where = ", ".join(files)
             if context is not None:
-                raise PluginError(f"cannot use context {context!r}: {exc}") from None
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            except k8s_config.ConfigException:
-                raise PluginError(
-                    f"no usable kubeconfig ({paths}: {exc}) and not inside a pod"
-                ) from None
-            return cls(k8s.ApiClient(configuration), _pod_namespace())
+                raise PluginError(f"cannot use context {context!r} of {where}: {exc}") from None
+            raise PluginError(f"cannot use the kubeconfig {where}: {exc}") from None
         current = loader.current_context or {}
         namespace = (current.get("context") or {}).get("namespace") or "default"
         return cls(k8s.ApiClient(configuration), str(namespace), loader)
@@ -310,6 +329,19 @@ def _api_error(exc: ApiException, what: str) -> str:
     if exc.status == 404:
         return f"{what} not found"
     return f"{what}: HTTP {exc.status} {message or exc.reason}"
+
+
+def kubeconfig_files(flag: str | None, environ: Mapping[str, str]) -> tuple[list[str], str]:
+    """The kubeconfig files that exist, in kubectl's order, and where they were looked for."""
+    if flag is not None:
+        candidates, source = [flag], f"--kubeconfig {flag}"
+    elif environ.get("KUBECONFIG"):
+        candidates = [p for p in environ["KUBECONFIG"].split(os.pathsep) if p]
+        source = f"KUBECONFIG={environ['KUBECONFIG']}"
+    else:
+        candidates, source = ["~/.kube/config"], "~/.kube/config absent"
+    files = [os.path.expanduser(p) for p in candidates]
+    return [f for f in files if os.path.isfile(f)], source
 
 
 def _pod_namespace() -> str:

@@ -6,7 +6,8 @@
     kubectl slurmjob cancel NAME [--suspend] [--wait]
     kubectl slurmjob leader [--operator-namespace NS] [--lease NAME]
 
-(each with `-n NAMESPACE` and `--context CONTEXT`). kubectl finds the console script
+(each with kubectl's `-n NAMESPACE`, `--context CONTEXT` and `--kubeconfig PATH`, before or
+after the subcommand). kubectl finds the console script
 `kubectl-slurmjob` on the PATH and runs it with the words after `slurmjob`.
 
 The command line is `plugin.args`; `logs` (where the log comes from, and what is printed when
@@ -42,7 +43,10 @@ async def run(
     sleep: Sleep = asyncio.sleep,
     now: Callable[[], datetime] = utc_now,
 ) -> int:
-    cluster = await (connect or Session.open)(args.context)
+    if connect is None:
+        cluster: Cluster = await Session.open(args.context, kubeconfig=args.kubeconfig)
+    else:
+        cluster = await connect(args.context)
     try:
         if args.command == "logs":
             return await cmd_logs(args, cluster, out, err, sleep)
