@@ -321,7 +321,7 @@ async def test_hostile_node_answers_refuse_nothing_they_do_not_show(bed: Bed) ->
 # -- a job whose output could not be opened ------------------------------------------------
 
 
-def _failed_on_node(bed: Bed, job_id: int) -> None:
+def _failed_on_node(bed: Bed, job_id: int, user_id: int | None = None) -> None:
     from datetime import UTC, datetime
 
     bed.slurm.set_state(job_id, "FAILED")
@@ -331,6 +331,7 @@ def _failed_on_node(bed: Bed, job_id: int) -> None:
             "start_time": started,
             "end_time": started,
             "user": "slurmci",
+            "user_id": user_id,
             "reason": "RaisedSignal",
             "description": "RaisedSignal:53(Real-time signal 19)",
         }
@@ -355,6 +356,19 @@ async def test_a_job_that_could_not_open_its_output_says_so(bed: Bed) -> None:
         f"slurmci (uid {uid}): {staging} is owned by {uid}:{gid} with mode {mode:04o}."
     )
     assert "RaisedSignal" in failed.message
+
+
+async def test_the_uid_named_is_the_one_slurm_ran_the_job_as(bed: Bed) -> None:
+    """Not the staging owner the site expects (the operator's own uid 0 without one): Slurm's
+    word for the uid the job ran as."""
+    ref = bed.store.create("train", cpu_spec())
+    await bed.controller.reconcile(ref)
+    _failed_on_node(bed, 100, user_id=1000)
+    item = next(t for t in bed.controller.followed() if t.ref == ref)
+    await bed.controller.refresh(item, await bed.slurm.get_job(100))
+    failed = next(c for c in bed.store.status(ref).conditions if c.type == "Failed")
+    assert failed.reason == Reason.STAGING_NOT_WRITABLE
+    assert "as the job user slurmci (uid 1000):" in failed.message
 
 
 async def test_a_failed_job_that_wrote_its_output_keeps_slurms_reason(bed: Bed) -> None:

@@ -9,7 +9,9 @@ sender classifies (`core.decisions.FAILURES` says what it becomes) and writes on
 5. the Secret values the environment names (read in the resource's own namespace only);
 6. render and the script checks (`site.render`, `site.preflight`);
 7. the cluster's limits (judged again on a fresh read before anything is refused);
-8. the runtime artifact.
+8. the runtime artifact;
+9. the staging tree: the directories on the way to the attempt's must be the operator's (or
+   the staging owner's) and take a new entry, else StagingNotWritable before any record.
 
 A new check is a method here and a line in `ORDER`.
 """
@@ -36,6 +38,7 @@ from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import check, enforce
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.slurm.client import SlurmClient
+from slurmjob_operator.storage.stagingtree import check_tree
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Checks:
             self.render,
             self.cluster_limits,
             self.runtime,
+            self.staging_tree,
         )
 
     async def run(self, preparing: Preparing) -> PreparedAttempt:
@@ -152,3 +156,13 @@ class Checks:
     async def runtime(self, p: Preparing) -> None:
         assert p.prepared is not None
         await asyncio.to_thread(verify_runtime, p.prepared, self.settings)
+
+    async def staging_tree(self, p: Preparing) -> None:
+        assert p.prepared is not None
+        tenant = p.prepared.resolution.tenant
+        await asyncio.to_thread(
+            check_tree,
+            self.settings,
+            p.prepared.rendered.staging_dir,
+            job_uid=tenant.uid if tenant is not None else None,
+        )

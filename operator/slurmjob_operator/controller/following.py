@@ -252,10 +252,13 @@ class Following:
         )
         uid = self._job_uid(view.ref.namespace)
         owner = await asyncio.to_thread(attempt_dir_owner, self.settings, base, uid)
+        ran_as = leader(views)
+        expected = job_owner(self.settings) if uid is None else uid
         return OutputTarget(
             path=str(base / log_files(index)[0]),
-            user=leader(views).user,
-            uid=job_owner(self.settings) if uid is None else uid,
+            user=ran_as.user,
+            # Slurm's word for who the job ran as; the site's only when Slurm gave none.
+            uid=ran_as.user_id if ran_as.user_id is not None else expected,
             directory=str(base),
             owner=owner,
         )

@@ -31,7 +31,7 @@ from slurmjob_operator.controller.pipeline import (
 )
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import next_indices
-from slurmjob_operator.core.decisions import Failure, Retry, failed_step
+from slurmjob_operator.core.decisions import Failure, Retry, failed_step, growing_delay
 from slurmjob_operator.core.dependencies import slurm_dependency
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable
@@ -47,7 +47,8 @@ from slurmjob_operator.site.tenants import TenantUnknown
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAmbiguous, SlurmAuthError, SlurmError, SlurmRejected
-from slurmjob_operator.storage.staging import StagingError, remove_attempt
+from slurmjob_operator.storage.staging import remove_attempt
+from slurmjob_operator.storage.stagingtree import StagingError, StagingNotWritable
 from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,11 @@ PREPARE_ERRORS = (
     TokenError,
     LimitExceeded,
     PartitionUnavailable,
+    StagingNotWritable,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
+#: SlurmJobs whose run of site failures is remembered (each entry is a few dozen bytes).
+MAX_TRACKED_SITE_FAILURES = 10_000
 
 
 def classify(exc: Exception, *, recorded: bool) -> Failure:
@@ -82,6 +86,8 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.LIMIT_EXCEEDED
         if isinstance(exc, PartitionUnavailable):
             return Failure.PARTITION_UNAVAILABLE
+        if isinstance(exc, StagingNotWritable):
+            return Failure.STAGING_NOT_WRITABLE
         if isinstance(exc, SlurmAuthError):
             return Failure.SLURM_REFUSED_CREDENTIALS
         return Failure.SLURM_UNREACHABLE
@@ -91,6 +97,8 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
         return Failure.AMBIGUOUS
     if isinstance(exc, SlurmAuthError | TokenError):
         return Failure.SEND_REFUSED_CREDENTIALS
+    if isinstance(exc, StagingNotWritable):
+        return Failure.SEND_STAGING_NOT_WRITABLE
     return Failure.SEND_FAILED
 
 
@@ -125,6 +133,9 @@ class Sender:
         self.identity = identity
         self.adopter = adopter
         self._backoff = backoff
+        # SlurmJob uid -> failures in a row that only the site can fix (Retry.GROWING); an
+        # entry goes when its job gets past them, the oldest when there are too many.
+        self._site_failures: dict[str, int] = {}
         self.checks = Checks(settings, site, edge, slurm, clusters, limits)
 
     @property
@@ -160,6 +171,12 @@ class Sender:
         if plan.discard_attempt and staging is not None:
             await asyncio.to_thread(remove_attempt, self.settings, staging)
         await self.edge.apply(view, transition)
+        if plan.retry is Retry.GROWING:
+            earlier = self._site_failures.pop(view.ref.uid, 0)
+            if len(self._site_failures) >= MAX_TRACKED_SITE_FAILURES:
+                del self._site_failures[next(iter(self._site_failures))]
+            self._site_failures[view.ref.uid] = earlier + 1
+            raise RetryLater(str(exc), growing_delay(earlier, self._backoff)) from exc
         if plan.retry is Retry.BACKOFF:
             raise RetryLater(str(exc), self._backoff) from exc
         if plan.retry is Retry.POLL:
@@ -269,5 +286,6 @@ class Sender:
             await self.failed(view, exc, recorded=True, staging=staging)
             return
         sent()
+        self._site_failures.pop(view.ref.uid, None)
         self.metrics.count_submission("accepted")
         await self.adopter.confirm_receipt(view, receipt.job_id)

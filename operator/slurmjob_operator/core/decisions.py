@@ -46,17 +46,20 @@ class Failure(StrEnum):
     PARTITION_UNAVAILABLE = "PartitionUnavailable"  # the partition takes no jobs now
     SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
     SLURM_UNREACHABLE = "SlurmUnreachable"  # while connecting
+    STAGING_NOT_WRITABLE = "StagingNotWritable"  # the site's staging tree refuses the attempt
     # After the attempt is recorded.
     REJECTED = "Rejected"  # Slurm refused the job description
     AMBIGUOUS = "Ambiguous"  # the POST may have created a job
     SEND_REFUSED_CREDENTIALS = "SendRefusedCredentials"  # nothing was created
     SEND_FAILED = "SendFailed"  # staging or the request failed before Slurm had it
+    SEND_STAGING_NOT_WRITABLE = "SendStagingNotWritable"  # the tree changed after the check
 
 
 class Retry(Enum):
     NEVER = "never"  # final until the spec changes
     BACKOFF = "backoff"  # a few poll intervals
     POLL = "poll"  # one poll interval (an adoption lookup)
+    GROWING = "growing"  # the backoff, doubled after each failure in a row (capped)
 
 
 #: The label values of the submissions counter.
@@ -84,6 +87,7 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.PARTITION_UNAVAILABLE: FailurePlan(Reason.PARTITION_UNAVAILABLE, Retry.POLL),
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
+    Failure.STAGING_NOT_WRITABLE: FailurePlan(Reason.STAGING_NOT_WRITABLE, Retry.GROWING),
     Failure.REJECTED: FailurePlan(
         Reason.SUBMIT_REJECTED,
         Retry.NEVER,
@@ -98,7 +102,21 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.SEND_FAILED: FailurePlan(
         Reason.SUBMIT_FAILED, Retry.BACKOFF, metric="transient", discard_attempt=True
     ),
+    Failure.SEND_STAGING_NOT_WRITABLE: FailurePlan(
+        Reason.STAGING_NOT_WRITABLE, Retry.GROWING, metric="transient", discard_attempt=True
+    ),
 }
+
+#: The longest a growing retry waits: a fix is noticed within this much.
+GROWING_RETRY_CAP = 300.0
+
+
+def growing_delay(earlier: int, base: float) -> float:
+    """How long to wait before trying again a failure that only the site can fix, after
+    `earlier` such failures in a row: `base`, then twice as long each time, at most
+    GROWING_RETRY_CAP (the condition stays as it is meanwhile: one Event, no flapping)."""
+    factor: int = 2 ** min(max(earlier, 0), 16)
+    return min(GROWING_RETRY_CAP, base * factor)
 
 
 def failed_step(

@@ -162,6 +162,8 @@ class SlurmJobView(BaseModel):
     name: str = ""
     comment: str | None = None
     user: str | None = None
+    user_id: Uint32 | None = None
+    """The uid Slurm runs the job as (controller records only); named in messages."""
     partition: str | None = None
     cluster: str | None = None
     raw_state: tuple[str, ...] = ()

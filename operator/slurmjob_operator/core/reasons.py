@@ -179,9 +179,16 @@ REASON_MEANINGS: dict[Reason, str] = {
         "retries): nothing is submitted, or the job waiting on it in Slurm is cancelled."
     ),
     Reason.STAGING_NOT_WRITABLE: (
-        "The job failed on its node without its standard output ever being created: Slurm "
-        "could not open the log files in the staging directory as the job user. The message "
-        "names the path, the job user and the directory's owner and mode."
+        "Pending: a directory on the way to the attempt's staging directory is not the "
+        "operator's (or the staging owner's) or does not let it add the attempt; nothing is "
+        "submitted, and the operator tries again after its usual wait (5 poll intervals, 1 to "
+        "30 s), doubled after each failure up to 5 minutes, with one Event while the message "
+        "stays the same. The message names the "
+        "directory, its owner and mode, the uid the operator runs as and the one the job runs "
+        "as. Failed: the job failed on its node without its standard output ever being "
+        "created: Slurm could not open the log files in the staging directory as the job "
+        "user. The message names the path, the job user (with the uid Slurm ran it as) and "
+        "the directory's owner and mode."
     ),
 }
 
@@ -222,6 +229,7 @@ WRITTEN: frozenset[Written] = frozenset(
                 R.SLURM_UNAVAILABLE,
                 R.SUBMIT_FAILED,
                 R.SUBMIT_INTERRUPTED,
+                R.STAGING_NOT_WRITABLE,
             )
         ),
         *(

@@ -27,7 +27,8 @@ from slurmjob_operator.slurm.errors import SlurmError
 from slurmjob_operator.slurm.http import HttpTransport
 from slurmjob_operator.storage.logs import attempt_dir_owner
 from slurmjob_operator.storage.nofollow import below, lstat_at, open_file, read_at_most, walk
-from slurmjob_operator.storage.staging import StagingError, stage_attempt
+from slurmjob_operator.storage.staging import stage_attempt
+from slurmjob_operator.storage.stagingtree import StagingError
 
 #: The probe's directory may hold whatever the job user made; it is only read, never followed.
 _ANY_OWNER = range(0, 1 << 32)

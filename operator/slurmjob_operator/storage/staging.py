@@ -67,6 +67,7 @@ from slurmjob_operator.storage.nofollow import (
     read_at_most,
     walk,
 )
+from slurmjob_operator.storage.stagingtree import StagingError, StagingNotWritable, not_writable
 
 PARENT_MODE = 0o755
 ATTEMPT_MODE = 0o755
@@ -76,10 +77,6 @@ _ATTEMPT_RE = re.compile(r"^attempt-[1-9][0-9]*$")
 _TEMPORARY_RE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
 
 log = logging.getLogger(__name__)
-
-
-class StagingError(RuntimeError):
-    """The staging directory cannot be (re)written as asked; the message says why."""
 
 
 def _parts(settings: Settings, staging_dir: Path) -> tuple[str, ...]:
@@ -239,7 +236,10 @@ def stage_attempt(
             _write(attempt, where, name, files[name], owner, job_uid)
         os.fsync(attempt)
     except UnsafePath as exc:
-        raise StagingError(f"{exc}; refusing to stage through it") from None
+        raise StagingNotWritable(f"{exc}; refusing to stage through it") from None
+    except PermissionError as exc:
+        found = f"cannot be made or entered ({exc.strerror})"
+        raise StagingNotWritable(not_writable(where, found, settings, job_uid)) from None
     finally:
         for fd in reversed(fds):
             os.close(fd)

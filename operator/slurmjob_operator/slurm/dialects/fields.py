@@ -58,7 +58,20 @@ def _text(value: Any) -> Any:
     return value if value not in ("", None) else None
 
 
+def _uid(value: Any) -> Any:
+    """A uid as Slurm reports it; anything that is not one (negative, NO_VAL, not a number,
+    a string of digits too long to convert) is unknown: it is only ever named in a message,
+    so it never costs the record."""
+    raw = no_val(value)
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 10:
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 0xFFFFFFFF:
+        return raw
+    return None
+
+
 NoValInt = Annotated[int | None, BeforeValidator(no_val)]
+Uid = Annotated[int | None, BeforeValidator(_uid)]
 Timestamp = Annotated[datetime | None, BeforeValidator(_timestamp)]
 OptStr = Annotated[str | None, BeforeValidator(_text)]
 

@@ -45,6 +45,7 @@ from slurmjob_operator.slurm.dialects.fields import (
     OptStr,
     Response,
     Timestamp,
+    Uid,
     reason_text,
     zero_as_none,
 )
@@ -59,6 +60,7 @@ class _JobInfo38(Response):
     name: str | None = None
     comment: OptStr = None
     user_name: OptStr = None
+    user_id: Uid = None
     partition: OptStr = None
     cluster: OptStr = None
     job_state: str | None = None
@@ -112,6 +114,7 @@ def job_view_38(raw: _JobInfo38) -> SlurmJobView:
         name=raw.name or "",
         comment=raw.comment,
         user=raw.user_name,
+        user_id=raw.user_id,
         partition=raw.partition,
         cluster=raw.cluster,
         raw_state=(raw.job_state,) if raw.job_state else (),

@@ -39,6 +39,7 @@ from slurmjob_operator.slurm.dialects.fields import (
     OptStr,
     Response,
     Timestamp,
+    Uid,
     reason_text,
     zero_as_none,
 )
@@ -81,6 +82,7 @@ class _JobInfo(Response):
     name: str | None = None
     comment: OptStr = None
     user_name: OptStr = None
+    user_id: Uid = None
     partition: OptStr = None
     cluster: OptStr = None
     job_state: list[str] | str | None = None
@@ -205,6 +207,7 @@ def job_view(raw: _JobInfo) -> SlurmJobView:
         name=raw.name or "",
         comment=raw.comment,
         user=raw.user_name,
+        user_id=raw.user_id,
         partition=raw.partition,
         cluster=raw.cluster,
         raw_state=states,
