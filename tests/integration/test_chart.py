@@ -195,6 +195,87 @@ def test_the_readmes_values_render_two_replicas_and_two_clusters(
     ]
 
 
+WEST: dict[str, Any] = {
+    "name": "west",
+    "restUrl": "https://slurmrestd.west.internal:6820",
+    "messageTimeout": 20,
+    "stagingOwner": "1000:1000",
+    "caBundle": {"secret": {"name": "west-ca"}},
+    "auth": {"mode": "signingKey", "existingSecret": "west-key", "jwtLifespan": 600},
+    "catalogs": {
+        "runtimes": [{"id": "w", "format": "sif", "path": "w/w.sif", "sha256": "ab" * 32}],
+        "gpuSeries": [{"name": "h100", "slurmConstraint": "h100", "gpusPerNode": 8}],
+    },
+    "templates": {"files": {"job.sh.j2": "# west\n", "runtime/apptainer.sh.j2": "# sif\n"}},
+}
+
+
+def test_a_second_cluster_gets_its_own_ca_lifespan_catalogs_templates_and_owner(
+    kube: KubeTestbed, tmp_path: Path
+) -> None:
+    """Everything the clusters file takes per cluster is a chart value too (issue 25), and
+    lands in that cluster's folder: a second slurmrestd behind its own private CA verifies
+    TLS with that CA, never the first cluster's."""
+    values = tmp_path / "west.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "slurm": {"caBundle": {"configMap": {"name": "hpc-ca"}}},
+                "clusters": [WEST],
+            }
+        )
+    )
+    defaults = str(CHART / "ci/default-values.yaml")
+    docs = render(kube, "-f", defaults, "-f", str(values))
+    (clusters_map,) = [
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-clusters")
+    ]
+    data = clusters_map["data"]
+    rendered = tmp_path / "clusters.yaml"
+    rendered.write_text(data["clusters.yaml"])
+    base = Settings(
+        slurm_rest_url="https://slurmrestd.hpc.internal:6820",
+        slurm_ca_bundle=Path("/etc/slurmjob/ca/ca.crt"),
+        clusters_file=rendered,
+    )
+    first, west = load_clusters(base)
+    folder = Path("/etc/slurmjob/clusters/west")
+    assert first.settings.slurm_ca_bundle == Path("/etc/slurmjob/ca/ca.crt")
+    w = west.settings
+    assert w.slurm_ca_bundle == folder / "ca.crt"
+    assert (w.slurm_jwt_key_file, w.slurm_jwt_lifespan) == (folder / "jwt.key", 600)
+    assert (w.slurm_message_timeout, w.staging_owner) == (20, "1000:1000")
+    assert w.runtime_registry_file == folder / "runtime-registry.yaml"
+    assert w.gpu_series_file == folder / "gpu-series.yaml"
+    assert w.templates_dir == folder / "templates"
+    # What the files hold, and where the volume puts them.
+    assert yaml.safe_load(data["west.runtime-registry.yaml"]) == {
+        "runtimes": WEST["catalogs"]["runtimes"]
+    }
+    assert yaml.safe_load(data["west.gpu-series.yaml"]) == {"series": WEST["catalogs"]["gpuSeries"]}
+    projected: dict[str, tuple[str, str]] = {}
+    for source in volumes(docs)["clusters"]["projected"]["sources"]:
+        [ref] = source.values()
+        for item in ref["items"]:
+            projected[item["path"]] = (ref["name"], item["key"])
+    mapped = clusters_map["metadata"]["name"]
+    assert projected["west/ca.crt"] == ("west-ca", "ca.crt")
+    assert projected["west/jwt.key"] == ("west-key", "jwt_hs256.key")
+    assert projected["west/templates/runtime/apptainer.sh.j2"] == (
+        mapped,
+        "west.templates.runtime__apptainer.sh.j2",
+    )
+    assert data["west.templates.runtime__apptainer.sh.j2"] == "# sif\n"
+    assert projected["west/runtime-registry.yaml"] == (mapped, "west.runtime-registry.yaml")
+    # Two CA sources for one cluster, or a key the schema does not know, are refused.
+    both = {**WEST, "caBundle": {"secret": {"name": "a"}, "configMap": {"name": "b"}}}
+    values.write_text(yaml.safe_dump({"clusters": [both]}))
+    refused = render_error(kube, "-f", defaults, "-f", str(values))
+    assert "clusters[west].caBundle: set only one" in refused
+    values.write_text(yaml.safe_dump({"clusters": [{**WEST, "caBundel": {}}]}))
+    assert "caBundel" in render_error(kube, "-f", defaults, "-f", str(values))
+
+
 @pytest.mark.parametrize("values", CI_VALUES, ids=_ids)
 def test_helm_lint_strict(kube: KubeTestbed, values: Path) -> None:
     kube.helm("lint", "--strict", str(CHART), "-f", str(values))

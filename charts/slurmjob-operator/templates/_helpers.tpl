@@ -477,13 +477,51 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
             - key: clusters.yaml
               path: clusters.yaml
       {{- range .Values.clusters }}
+      {{- $name := .name }}
       {{- if .auth }}
       {{- $signing := eq (.auth.mode | default "tokenFile") "signingKey" }}
       - secret:
           name: {{ required "clusters[].auth.existingSecret is required with auth" .auth.existingSecret }}
           items:
             - key: {{ .auth.key | default (ternary "jwt_hs256.key" "token" $signing) }}
-              path: {{ .name }}/{{ ternary "jwt.key" "token" $signing }}
+              path: {{ $name }}/{{ ternary "jwt.key" "token" $signing }}
+      {{- end }}
+      {{- $cab := .caBundle | default dict }}
+      {{- $cabMap := $cab.configMap | default dict }}
+      {{- $cabSecret := $cab.secret | default dict }}
+      {{- if and $cabMap.name $cabSecret.name }}
+      {{- fail (printf "clusters[%s].caBundle: set only one of configMap.name and secret.name" $name) }}
+      {{- end }}
+      {{- if $cabMap.name }}
+      - configMap:
+          name: {{ $cabMap.name }}
+          items:
+            - key: {{ $cabMap.key | default "ca.crt" }}
+              path: {{ $name }}/ca.crt
+      {{- else if $cabSecret.name }}
+      - secret:
+          name: {{ $cabSecret.name }}
+          items:
+            - key: {{ $cabSecret.key | default "ca.crt" }}
+              path: {{ $name }}/ca.crt
+      {{- end }}
+      {{- $catalogs := .catalogs | default dict }}
+      {{- if or $catalogs.runtimes $catalogs.gpuSeries (.templates | default dict).files }}
+      - configMap:
+          name: {{ $fullname }}-clusters
+          items:
+            {{- if $catalogs.runtimes }}
+            - key: {{ $name }}.runtime-registry.yaml
+              path: {{ $name }}/runtime-registry.yaml
+            {{- end }}
+            {{- if $catalogs.gpuSeries }}
+            - key: {{ $name }}.gpu-series.yaml
+              path: {{ $name }}/gpu-series.yaml
+            {{- end }}
+            {{- range $path, $_ := (.templates | default dict).files }}
+            - key: {{ $name }}.templates.{{ $path | replace "/" "__" }}
+              path: {{ $name }}/templates/{{ $path }}
+            {{- end }}
       {{- end }}
       {{- end }}
 {{- end }}
