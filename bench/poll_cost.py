@@ -205,7 +205,9 @@ async def poll_cycle(
     sample = await metered(transport, poller.cycle)
     if controller.failures:
         raise RuntimeError(f"poll cycle failed: {controller.failures[-1]}")
-    reported = controller.metrics.sample("slurmjob_operator_poll_requests")
+    reported = controller.metrics.sample(
+        "slurmjob_operator_poll_requests", {"cluster": controller.settings.cluster_name}
+    )
     sample.reported = int(reported) if reported is not None else None
     sample.refreshed = controller.refreshed - before
     if not controller.client.dialect.supports_jobs_state:

@@ -14,9 +14,10 @@ handler does not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Final, get_args
@@ -76,13 +77,19 @@ class Metrics:
     * `job_changes_refused_total{why}`: changes to a job refused for want of a verified
       handle (`core.verified`): `identity`, `owner` or `cluster`.
     * `transitions_total{phase}`: phase changes, by the new phase.
-    * `slurmrestd_request_seconds{endpoint,method,status_class}`: latency histogram; endpoint
-      is the path template, status_class "2xx".."5xx", "timeout" or "error".
-    * `poll_cycle_seconds`: histogram of poll cycle durations.
-    * `poll_requests`: slurmrestd requests made by the last finished poll cycle.
-    * `jobs{phase}`: tracked SlurmJobs by phase (`set_jobs_by_phase`).
-    * `token_expiry_seconds`: seconds until the slurmrestd token expires (`set_token_expiry`,
-      or `.set()` directly); NaN when unknown.
+    * `slurmrestd_request_seconds{cluster,endpoint,method,status_class}`: latency histogram;
+      endpoint is the path template, status_class "2xx".."5xx", "timeout" or "error".
+    * `poll_cycle_seconds{cluster}`: histogram of poll cycle durations.
+    * `poll_requests{cluster}`: slurmrestd requests made by the last finished poll cycle.
+    * `jobs{phase}`: tracked SlurmJobs by phase, every cluster's (`set_jobs_by_phase`).
+    * `token_expiry_seconds{cluster}`: seconds until the cluster's slurmrestd token expires
+      (`set_token_expiry`); NaN when unknown.
+    * `slurmrestd_reachable{cluster}`: 1 when the cluster's slurmrestd answered the last poll,
+      0 when it failed or refused the credentials (`set_reachable`).
+
+    Every slurmrestd, poll and token metric carries the `cluster` label (the name `spec.cluster`
+    uses; `SLURMJOB_CLUSTER_NAME` with one cluster), so that several clusters never overwrite
+    each other's figures.
     * `waiting_submissions`: submissions waiting for a slot (`SLURMJOB_SUBMIT_CONCURRENCY`
       bounds those in progress; set by the controller's `FairLimiter`).
     """
@@ -160,20 +167,23 @@ class Metrics:
         )
         self.slurmrestd_request_seconds = Histogram(
             f"{PREFIX}_slurmrestd_request_seconds",
-            "Latency of slurmrestd requests, by endpoint template, method and status class.",
-            ["endpoint", "method", "status_class"],
+            "Latency of slurmrestd requests, by cluster, endpoint template, method and status "
+            "class.",
+            ["cluster", "endpoint", "method", "status_class"],
             buckets=REQUEST_BUCKETS,
             registry=reg,
         )
         self.poll_cycle_seconds = Histogram(
             f"{PREFIX}_poll_cycle_seconds",
-            "Duration of one poll cycle over all tracked jobs.",
+            "Duration of one poll cycle over the cluster's tracked jobs.",
+            ["cluster"],
             buckets=CYCLE_BUCKETS,
             registry=reg,
         )
         self.poll_requests = Gauge(
             f"{PREFIX}_poll_requests",
-            "slurmrestd requests made by the last poll cycle.",
+            "slurmrestd requests made by the cluster's last poll cycle.",
+            ["cluster"],
             registry=reg,
         )
         self.jobs = Gauge(
@@ -184,10 +194,17 @@ class Metrics:
         )
         self.token_expiry_seconds = Gauge(
             f"{PREFIX}_token_expiry_seconds",
-            "Seconds until the slurmrestd token expires (NaN when unknown).",
+            "Seconds until the cluster's slurmrestd token expires (NaN when unknown).",
+            ["cluster"],
             registry=reg,
         )
-        self.token_expiry_seconds.set(float("nan"))
+        self.slurmrestd_reachable = Gauge(
+            f"{PREFIX}_slurmrestd_reachable",
+            "1 when the cluster's slurmrestd answered the last poll, 0 when it failed or "
+            "refused the credentials.",
+            ["cluster"],
+            registry=reg,
+        )
         self.waiting_submissions = Gauge(
             f"{PREFIX}_waiting_submissions",
             "Submissions (render, stage, POST) waiting for one of the SLURMJOB_SUBMIT_CONCURRENCY "
@@ -224,17 +241,23 @@ class Metrics:
 
     # -- slurmrestd requests and poll cycles ---------------------------------------------
 
-    def on_request(self, endpoint: str, method: str, status_class: str, seconds: float) -> None:
-        """The slurmrestd client's `OnRequest` callback."""
+    def on_request(
+        self, endpoint: str, method: str, status_class: str, seconds: float, *, cluster: str
+    ) -> None:
+        """One slurmrestd request of `cluster` (see `requests_of`)."""
         self.slurmrestd_request_seconds.labels(
-            endpoint=endpoint, method=method.upper(), status_class=status_class
+            cluster=cluster, endpoint=endpoint, method=method.upper(), status_class=status_class
         ).observe(max(0.0, seconds))
         current = self._cycle.get()
         if current is not None:
             current.count()
 
+    def requests_of(self, cluster: str) -> Callable[[str, str, str, float], None]:
+        """The slurmrestd client's `OnRequest` callback for the clients of `cluster`."""
+        return functools.partial(self.on_request, cluster=cluster)
+
     @contextlib.contextmanager
-    def cycle(self) -> Iterator[PollCycle]:
+    def cycle(self, cluster: str) -> Iterator[PollCycle]:
         """Measure one poll cycle: its duration goes to `poll_cycle_seconds` and the number of
         slurmrestd requests made inside it (this context and tasks started from it) to
         `poll_requests`. Also recorded when the body raises. Usable around `await`s."""
@@ -245,8 +268,8 @@ class Metrics:
         finally:
             self._cycle.reset(token)
             current.seconds = time.monotonic() - current.started
-            self.poll_cycle_seconds.observe(current.seconds)
-            self.poll_requests.set(current.requests)
+            self.poll_cycle_seconds.labels(cluster=cluster).observe(current.seconds)
+            self.poll_requests.labels(cluster=cluster).set(current.requests)
 
     # -- gauges ------------------------------------------------------------------------
 
@@ -259,16 +282,22 @@ class Metrics:
             self.jobs.labels(phase=phase).set(n)
         self._job_phases |= given.keys()
 
-    def set_token_expiry(self, expires_at: datetime | None, *, now: datetime | None = None) -> None:
-        """`token_expiry_seconds` = expires_at - now (negative once expired); NaN when the
-        expiry is unknown. Call it every poll cycle."""
+    def set_token_expiry(
+        self, expires_at: datetime | None, *, cluster: str, now: datetime | None = None
+    ) -> None:
+        """`token_expiry_seconds{cluster}` = expires_at - now (negative once expired); NaN
+        when the expiry is unknown. Call it every poll cycle."""
+        gauge = self.token_expiry_seconds.labels(cluster=cluster)
         if expires_at is None:
-            self.token_expiry_seconds.set(float("nan"))
+            gauge.set(float("nan"))
             return
         if expires_at.tzinfo is None:
             raise ValueError("expires_at must be timezone-aware")
         moment = now if now is not None else datetime.now(tz=UTC)
-        self.token_expiry_seconds.set((expires_at - moment).total_seconds())
+        gauge.set((expires_at - moment).total_seconds())
+
+    def set_reachable(self, cluster: str, reachable: bool) -> None:
+        self.slurmrestd_reachable.labels(cluster=cluster).set(1 if reachable else 0)
 
     def sample(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """One sample's current value (full name, e.g. `slurmjob_operator_jobs`), for tests

@@ -4,6 +4,7 @@ and Slurm jobs asked straight from slurmrestd through the project's own client."
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -126,3 +127,11 @@ async def wait_for_job(
     raise AssertionError(
         f"job {ref} did not get there in {within} s: {jobs} (last read failure: {failure})"
     )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for an operator's listener)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

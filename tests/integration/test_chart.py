@@ -687,7 +687,10 @@ def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) ->
     # Every series name and label in the expressions exists in the operator's registry (plus
     # `namespace`, which the ServiceMonitor's scrape adds).
     metrics = Metrics()
-    metrics.on_request("/slurm/v0.0.45/ping", "GET", "2xx", 0.01)
+    metrics.on_request("/slurm/v0.0.45/ping", "GET", "2xx", 0.01, cluster="hpc")
+    with metrics.cycle("hpc"):
+        metrics.set_token_expiry(None, cluster="hpc")
+        metrics.set_reachable("hpc", True)
     metrics.count_adoption("name")
     known: dict[str, set[str]] = {}
     for family in metrics.registry.collect():

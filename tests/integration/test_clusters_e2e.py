@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import OPERATOR, slurm_jobs_named
+from tests.integration.helpers import OPERATOR, free_port, slurm_jobs_named
 from tests.integration.sitefiles import site_env
 from tests.integration.test_operator_e2e import CRD, Operator, cpu_spec
 from tests.k8s.kube import KubeTestbed
@@ -76,7 +78,8 @@ def fleet_op(
         **kube.env(),
         **clusters_env(slurm_2605, slurm_2205, tmp),
         "SLURMJOB_POLL_INTERVAL": "1",
-        "SLURMJOB_METRICS_PORT": "0",
+        "SLURMJOB_METRICS_PORT": str(free_port()),
+        "SLURMJOB_METRICS_ADDRESS": "127.0.0.1",
         "SLURMJOB_DELETE_TIMEOUT": "20",
     }
     op = Operator(kube, slurm_2605, namespace, env, tmp / "operator.log")
@@ -103,6 +106,26 @@ def _reachable(obj: dict[str, Any]) -> tuple[str, str] | None:
         if cond["type"] == "SlurmReachable":
             return cond["status"], cond["reason"]
     return None
+
+
+def _per_cluster(op: Operator, metric: str) -> dict[str, float]:
+    """The operator's `/metrics` series of `metric`, by their cluster label."""
+    url = f"http://127.0.0.1:{op.env['SLURMJOB_METRICS_PORT']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.findall(rf'^slurmjob_operator_{metric}\{{cluster="([^"]+)"\}} (\S+)$', text, re.M)
+    return {cluster: float(value) for cluster, value in found}
+
+
+def _until_metrics(op: Operator, metric: str, wanted: dict[str, float]) -> None:
+    deadline = time.monotonic() + 20
+    seen: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        seen = _per_cluster(op, metric)
+        if seen == wanted:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{metric}: {seen}, not {wanted}")
 
 
 def test_a_cluster_down_stops_only_its_own_jobs(
@@ -139,6 +162,11 @@ def test_a_cluster_down_stops_only_its_own_jobs(
         assert "tb2205" in next(
             c["message"] for c in down["status"]["conditions"] if c["type"] == "SlurmReachable"
         )
+        # Each cluster's poller reports under its own name: neither hides the other.
+        _until_metrics(op, "slurmrestd_reachable", {FIRST: 1.0, SECOND: 0.0})
+        tokens = _per_cluster(op, "token_expiry_seconds")
+        assert tokens.keys() == {FIRST, SECOND}
+        assert all(seconds > 0 for seconds in tokens.values()), tokens
         # The other cluster's job goes on to its end, never told its cluster is away.
         done = op.wait_phase("on-first", "Succeeded", "Failed", "Cancelled", within=60)
         assert done["status"]["phase"] == "Succeeded", done["status"]
@@ -151,6 +179,7 @@ def test_a_cluster_down_stops_only_its_own_jobs(
     assert back["status"]["phase"] == "Succeeded", back["status"]
     assert "second-done" in back["status"]["logs"]["stdout"]["tail"]
     assert _reachable(back) == ("True", "SlurmAnswering")
+    _until_metrics(op, "slurmrestd_reachable", {FIRST: 1.0, SECOND: 1.0})
     assert _attempt(back)["jobId"] == _attempt(second)["jobId"]  # the same job, picked up
     assert len((back.get("status") or {}).get("attempts") or []) == 1
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tests.integration.helpers import OPERATOR, cpu_spec
+from tests.integration.helpers import OPERATOR, cpu_spec, free_port
 from tests.integration.sitefiles import site_env
 from tests.integration.test_operator_e2e import Operator
 from tests.k8s.kube import KubeTestbed
@@ -54,15 +54,6 @@ GROWTH_LIMIT = 30 * 1024 * 1024  # bytes of peak RSS growth allowed per listener
 #: and whatever the operator accepts in one go before it closes those over its cap.
 NOFILE = 8192
 PLUGIN = Path(sys.executable).parent / "kubectl-slurmjob"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def rss(pid: int, field_name: str = "VmRSS") -> int:

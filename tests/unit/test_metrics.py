@@ -45,7 +45,8 @@ def test_given_registry_is_used() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
     assert m.registry is reg
-    assert reg.get_sample_value("slurmjob_operator_poll_requests") == 0
+    m.set_reachable("east", True)
+    assert reg.get_sample_value("slurmjob_operator_slurmrestd_reachable", {"cluster": "east"})
 
 
 def test_submissions_by_result(metrics: Metrics) -> None:
@@ -72,11 +73,12 @@ def test_adoptions_and_transitions(metrics: Metrics) -> None:
 
 
 def test_on_request_matches_the_client_callback(metrics: Metrics) -> None:
-    callback: OnRequest = metrics.on_request
+    callback: OnRequest = metrics.requests_of("east")
     callback(JOB, "GET", "2xx", 0.02)
     callback(JOB, "get", "2xx", 0.2)
     callback(JOB, "DELETE", "timeout", 30.0)
-    labels = {"endpoint": JOB, "method": "GET", "status_class": "2xx"}
+    metrics.requests_of("west")(JOB, "GET", "2xx", 0.5)
+    labels = {"cluster": "east", "endpoint": JOB, "method": "GET", "status_class": "2xx"}
     assert value(metrics, "slurmjob_operator_slurmrestd_request_seconds_count", **labels) == 2
     assert value(
         metrics, "slurmjob_operator_slurmrestd_request_seconds_sum", **labels
@@ -94,61 +96,67 @@ def test_on_request_matches_the_client_callback(metrics: Metrics) -> None:
         value(
             metrics,
             "slurmjob_operator_slurmrestd_request_seconds_count",
+            cluster="east",
             endpoint=JOB,
             method="DELETE",
             status_class="timeout",
         )
         == 1
     )
+    west = {**labels, "cluster": "west"}
+    assert value(metrics, "slurmjob_operator_slurmrestd_request_seconds_count", **west) == 1
     # Outside a poll cycle requests are timed but not counted for a cycle.
-    assert value(metrics, "slurmjob_operator_poll_requests") == 0
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="east") is None
 
 
 def test_poll_cycle_counts_its_requests(metrics: Metrics) -> None:
-    with metrics.cycle() as cycle:
+    with metrics.cycle("east") as cycle:
         for _ in range(3):
-            metrics.on_request("/slurm/v0.0.45/jobs/state", "GET", "2xx", 0.1)
+            metrics.on_request("/slurm/v0.0.45/jobs/state", "GET", "2xx", 0.1, cluster="east")
     assert cycle.requests == 3
     assert cycle.seconds is not None
-    assert value(metrics, "slurmjob_operator_poll_requests") == 3
-    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count") == 1
-    with metrics.cycle():
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="east") == 3
+    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count", cluster="east") == 1
+    with metrics.cycle("west"):
         pass
-    assert value(metrics, "slurmjob_operator_poll_requests") == 0
-    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count") == 2
+    # Each cluster's poller has its own figures: west's empty cycle leaves east's alone.
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="west") == 0
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="east") == 3
+    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count", cluster="east") == 1
 
 
 def test_poll_cycle_is_recorded_when_it_fails(metrics: Metrics) -> None:
     def failing_cycle() -> None:
-        with metrics.cycle():
-            metrics.on_request(JOB, "GET", "5xx", 0.1)
+        with metrics.cycle("east"):
+            metrics.on_request(JOB, "GET", "5xx", 0.1, cluster="east")
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         failing_cycle()
-    assert value(metrics, "slurmjob_operator_poll_requests") == 1
-    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count") == 1
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="east") == 1
+    assert value(metrics, "slurmjob_operator_poll_cycle_seconds_count", cluster="east") == 1
 
 
 async def test_poll_cycle_counts_only_its_own_tasks(metrics: Metrics) -> None:
     release = asyncio.Event()
+    request = metrics.requests_of("east")
 
     async def handler() -> None:  # e.g. a submit in a kopf handler, running meanwhile
         await release.wait()
-        metrics.on_request("/slurm/v0.0.45/job/submit", "POST", "2xx", 0.1)
+        request("/slurm/v0.0.45/job/submit", "POST", "2xx", 0.1)
 
     async def fetch() -> None:
         await asyncio.sleep(0)
-        metrics.on_request(JOB, "GET", "2xx", 0.1)
+        request(JOB, "GET", "2xx", 0.1)
 
     other = asyncio.create_task(handler())
-    with metrics.cycle() as cycle:
+    with metrics.cycle("east") as cycle:
         await asyncio.gather(fetch(), fetch())
         release.set()
         await other
-        metrics.on_request("/slurm/v0.0.45/jobs/state", "GET", "2xx", 0.1)
+        request("/slurm/v0.0.45/jobs/state", "GET", "2xx", 0.1)
     assert cycle.requests == 3
-    assert value(metrics, "slurmjob_operator_poll_requests") == 3
+    assert value(metrics, "slurmjob_operator_poll_requests", cluster="east") == 3
 
 
 def test_jobs_by_phase_zeroes_phases_no_longer_present(metrics: Metrics) -> None:
@@ -167,23 +175,25 @@ def test_jobs_by_phase_zeroes_phases_no_longer_present(metrics: Metrics) -> None
     assert value(metrics, "slurmjob_operator_jobs", phase="Succeeded") == 0
 
 
-def test_token_expiry(metrics: Metrics) -> None:
-    got = value(metrics, "slurmjob_operator_token_expiry_seconds")
-    assert got is not None
-    assert math.isnan(got)
+def test_token_expiry_and_reachability_by_cluster(metrics: Metrics) -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    metrics.set_token_expiry(now + timedelta(minutes=5), now=now)
-    assert value(metrics, "slurmjob_operator_token_expiry_seconds") == 300
-    metrics.set_token_expiry(now - timedelta(seconds=10), now=now)
-    assert value(metrics, "slurmjob_operator_token_expiry_seconds") == -10
-    metrics.set_token_expiry(None)
-    got = value(metrics, "slurmjob_operator_token_expiry_seconds")
+    metrics.set_token_expiry(now + timedelta(minutes=5), cluster="east", now=now)
+    metrics.set_token_expiry(now + timedelta(minutes=1), cluster="west", now=now)
+    assert value(metrics, "slurmjob_operator_token_expiry_seconds", cluster="east") == 300
+    assert value(metrics, "slurmjob_operator_token_expiry_seconds", cluster="west") == 60
+    metrics.set_token_expiry(now - timedelta(seconds=10), cluster="east", now=now)
+    assert value(metrics, "slurmjob_operator_token_expiry_seconds", cluster="east") == -10
+    metrics.set_token_expiry(None, cluster="east")
+    got = value(metrics, "slurmjob_operator_token_expiry_seconds", cluster="east")
     assert got is not None
     assert math.isnan(got)
+    assert value(metrics, "slurmjob_operator_token_expiry_seconds", cluster="west") == 60
     with pytest.raises(ValueError, match="timezone-aware"):
-        metrics.set_token_expiry(datetime(2026, 1, 1))  # noqa: DTZ001
-    metrics.token_expiry_seconds.set(42)
-    assert value(metrics, "slurmjob_operator_token_expiry_seconds") == 42
+        metrics.set_token_expiry(datetime(2026, 1, 1), cluster="east")  # noqa: DTZ001
+    metrics.set_reachable("east", False)
+    metrics.set_reachable("west", True)
+    assert value(metrics, "slurmjob_operator_slurmrestd_reachable", cluster="east") == 0
+    assert value(metrics, "slurmjob_operator_slurmrestd_reachable", cluster="west") == 1
 
 
 def test_every_metric_is_prefixed(metrics: Metrics) -> None:
@@ -205,6 +215,7 @@ def test_every_metric_is_prefixed(metrics: Metrics) -> None:
         "slurmjob_operator_poll_requests",
         "slurmjob_operator_jobs",
         "slurmjob_operator_token_expiry_seconds",
+        "slurmjob_operator_slurmrestd_reachable",
         "slurmjob_operator_waiting_submissions",
         "slurmjob_operator_leader",
     }

@@ -37,7 +37,9 @@ class FakeClient:
         # The real client reports every request through its on_request callback.
         self.calls.append(name)
         if self.metrics is not None:
-            self.metrics.on_request(f"/slurm/v0.0.45/{name}", "GET", "2xx", 0.001)
+            self.metrics.on_request(
+                f"/slurm/v0.0.45/{name}", "GET", "2xx", 0.001, cluster="default"
+            )
 
     @property
     def dialect(self) -> Any:
@@ -145,7 +147,7 @@ async def test_unchanged_jobs_cost_one_request_per_cycle(n: int, sweep: str) -> 
         await poller.cycle()
     assert client.calls == [sweep] * 3
     assert controller.refreshed == []
-    assert controller.metrics.sample("slurmjob_operator_poll_requests") == 1
+    assert controller.metrics.sample("slurmjob_operator_poll_requests", {"cluster": "default"}) == 1
 
 
 @pytest.mark.parametrize(("n", "requests"), [(500, 1), (1000, 2), (1001, 1)])

@@ -67,7 +67,11 @@ class Controller:
         self.site.check_tenant_users()
         self.registry = Registry()
         self._link = link or SlurmLink(
-            settings, transport, self.token, metrics.on_request, users=self.site.slurm_users
+            settings,
+            transport,
+            self.token,
+            metrics.requests_of(self.name),
+            users=self.site.slurm_users,
         )
         self._edge = ResourceEdge(kube, metrics, self.registry)
         # The one door to changing a Slurm job: read now, proven the resource's, as its owner.

@@ -85,12 +85,13 @@ class Poller:
     async def cycle(self) -> None:
         controller = self.controller
         metrics = controller.metrics
-        with metrics.cycle():
+        cluster = controller.name
+        with metrics.cycle(cluster):
+            try:
+                metrics.set_token_expiry(controller.token.expires_at, cluster=cluster)
+            except TokenError:  # reported below, when slurmrestd is asked
+                metrics.set_token_expiry(None, cluster=cluster)
             if self._primary:
-                try:
-                    metrics.set_token_expiry(controller.token.expires_at)
-                except TokenError:
-                    metrics.set_token_expiry(None)  # reported below, when slurmrestd is asked
                 metrics.set_jobs_by_phase(self._phase_counts())
             # By job id, and a list: two resources may claim one job id (a status is only a
             # claim); each is refreshed, and the identity check decides which one it is.
@@ -107,12 +108,14 @@ class Poller:
             except (SlurmError, TokenError) as exc:
                 log.warning("poll: %s: %s", self._what, exc)
                 auth = isinstance(exc, SlurmAuthError | TokenError)
+                metrics.set_reachable(cluster, False)
                 await controller.report_reachability(
                     False,
                     Reason.SLURM_AUTH_FAILED if auth else Reason.SLURM_UNAVAILABLE,
                     f"{self._what} {'refused the credentials' if auth else 'failed'}: {exc}",
                 )
                 return
+            metrics.set_reachable(cluster, True)
             await controller.report_reachability(
                 True, Reason.SLURM_ANSWERING, f"{self._what} answers"
             )
