@@ -1134,7 +1134,7 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     op = sa_operator
     kube, who, ns = op.kube, op.subject, op.namespace
     sj = "slurmjobs.slurmjob.io"
-    for verb in ("get", "list", "watch", "patch"):
+    for verb in ("get", "list", "watch", "patch", "delete"):  # delete: the TTL after the end
         assert can_i(kube, who, verb, sj, "-n", ns), verb
     assert can_i(kube, who, "patch", sj, "--subresource=status", "-n", ns)
     assert can_i(kube, who, "create", "events", "-n", ns)
@@ -1180,7 +1180,7 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
         ("list", "leases.coordination.k8s.io", "-n", op.op_namespace),
         ("create", "leases.coordination.k8s.io", "-n", ns),
         ("get", lease, "-n", "default"),
-        ("delete", sj, "-n", ns),
+        ("deletecollection", sj, "-n", ns),
         ("create", sj, "-n", ns),
         ("update", sj, "-n", ns),
         ("update", sj, "--subresource=status", "-n", ns),
@@ -1288,13 +1288,13 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
         apply_rbac(kube, release, ns, "--set", "rbac.secrets=false")
         who = f"system:serviceaccount:{ns}:{release}-slurmjob-operator"
         sj = "slurmjobs.slurmjob.io"
-        for verb in ("get", "list", "watch", "patch"):
+        for verb in ("get", "list", "watch", "patch", "delete"):
             assert can_i(kube, who, verb, sj, "--all-namespaces"), verb
         assert can_i(kube, who, "patch", sj, "--subresource=status", "-n", "default")
         assert can_i(kube, who, "create", "events", "-n", "default")
         for args in [
             ("get", "secrets", "-n", "default"),  # rbac.secrets=false
-            ("delete", sj, "-n", "default"),
+            ("deletecollection", sj, "-n", "default"),
             ("create", "pods", "-n", "default"),
             ("get", "configmaps", "-n", "default"),
             ("list", "nodes"),

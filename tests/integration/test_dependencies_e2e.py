@@ -5,11 +5,14 @@
 - The retry case: the first fails once (exit 3, retried by its rules); the second, pending
   in Slurm on the first attempt's job, is repointed to the retry's job and runs after it.
 - An upstream that fails for good: the dependent's job is cancelled, it ends DependencyFailed.
+- The TTL after the end: an upstream due for deletion is kept while its dependent runs.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,3 +130,47 @@ def test_a_missing_upstream_waits(deps_op: Operator) -> None:
     assert op.wait_phase("orphan", "Succeeded", "Failed", within=120)["status"]["phase"] == (
         "Succeeded"
     )
+
+
+def _until_gone(op: Operator, name: str, within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if op.get(name) is None:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{name} still there after {within} s: {op.get(name)}")
+
+
+def test_the_ttl_deletes_a_finished_chain_but_never_an_upstream_still_needed(
+    deps_op: Operator,
+) -> None:
+    """spec.ttlSecondsAfterFinished on the real apiserver (issue 25): the upstream, due at
+    once, stays while its dependent runs; both go once the dependent finished, through the
+    finalizer (its staging files with them)."""
+    op = deps_op
+    if op.testbed.name != "26.05":
+        pytest.skip("the TTL is the apiserver's side alone: one Slurm release proves it")
+    # The dependent first: the upstream must never be deleted before anyone names it.
+    op.apply(
+        "ttl-train",
+        cpu_spec(
+            ["bash", "-c", "sleep 6; echo train-done"],
+            dependsOn=[{"name": "ttl-prep"}],
+            ttlSecondsAfterFinished=2,
+        ),
+    )
+    op.apply("ttl-prep", cpu_spec(["echo", "prep-done"], ttlSecondsAfterFinished=0))
+    op.wait_phase("ttl-prep", "Succeeded", within=60)
+    running = op.wait_phase("ttl-train", "Running", "Succeeded", within=60)
+    staging = _attempts(running)[-1]["stagingDir"]
+    prep = op.get("ttl-prep")
+    assert prep is not None, "its TTL passed, but a running SlurmJob depends on it"
+    assert not (prep.get("metadata") or {}).get("deletionTimestamp")
+    done = op.wait_phase("ttl-train", "Succeeded", "Failed", within=60)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    finished = _condition(done, "Finished")
+    assert finished is not None
+    assert finished["status"] == "True"
+    _until_gone(op, "ttl-train", 40)
+    _until_gone(op, "ttl-prep", 60)
+    assert not Path(staging).exists(), "the finalizer removed the staging files"

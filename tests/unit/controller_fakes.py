@@ -85,6 +85,7 @@ class MemoryStore:
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
         self.patches = 0
         self.gets = 0
+        self.deleted: list[str] = []  # names deleted by the TTL after the end
 
     def create(self, name: str, spec: Mapping[str, Any], namespace: str = "team-a") -> ObjectRef:
         body = {
@@ -158,6 +159,20 @@ class MemoryStore:
 
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
+
+    async def delete_slurmjob(self, ref: ObjectRef, resource_version: str) -> bool:
+        """A delete with uid and resourceVersion preconditions; the finalizer keeps the object,
+        marked as being deleted."""
+        body = self.objects.get((ref.namespace, ref.name))
+        if body is None or body["metadata"]["uid"] != ref.uid:
+            return False
+        if body["metadata"].get("resourceVersion") != resource_version:
+            self.conflicts += 1
+            return False
+        body["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.deleted.append(ref.name)
+        return True
 
     async def close(self) -> None:
         return None

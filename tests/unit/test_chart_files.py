@@ -198,7 +198,10 @@ def test_rbac_rules_are_exactly_the_operators_calls() -> None:
         for verb in rule["verbs"]
     }
     assert granted == {
-        *(("slurmjob.io", "slurmjobs", verb) for verb in ("get", "list", "watch", "patch")),
+        *(
+            ("slurmjob.io", "slurmjobs", verb)
+            for verb in ("get", "list", "watch", "patch", "delete")
+        ),
         ("slurmjob.io", "slurmjobs/status", "patch"),
         ("", "events", "create"),
         ("", "secrets", "get"),

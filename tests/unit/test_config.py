@@ -40,6 +40,8 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_POLL_INTERVAL", "5", "poll_interval", 5.0),
     ("SLURMJOB_POLL_INTERVAL", " 0.5 ", "poll_interval", 0.5),
     ("SLURMJOB_DELETE_TIMEOUT", "30", "delete_timeout", 30.0),
+    ("SLURMJOB_TTL_AFTER_FINISHED_DEFAULT", "3600", "ttl_after_finished_default", 3600),
+    ("SLURMJOB_TTL_AFTER_FINISHED_MAX", "86400", "ttl_after_finished_max", 86400),
     ("SLURMJOB_SUBMIT_CONCURRENCY", "2", "submit_concurrency", 2),
     ("SLURMJOB_REFRESH_CONCURRENCY", "4", "refresh_concurrency", 4),
     ("SLURMJOB_LOG_REFRESH", "0", "log_refresh", 0.0),

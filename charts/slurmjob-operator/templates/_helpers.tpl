@@ -113,10 +113,11 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 */}}
 {{- define "slurmjob-operator.rules" -}}
 # kopf: watch SlurmJobs, patch its finalizer and progress annotations on them; the operator
-# reads the live object before every write.
+# reads the live object before every write, and deletes a finished one whose
+# ttlSecondsAfterFinished passed (conditioned on its uid and resourceVersion).
 - apiGroups: ["slurmjob.io"]
   resources: ["slurmjobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # kopf and the operator write status through the status subresource.
 - apiGroups: ["slurmjob.io"]
   resources: ["slurmjobs/status"]
@@ -313,6 +314,16 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.pollInterval | quote }}
 - name: SLURMJOB_DELETE_TIMEOUT
   value: {{ .Values.deleteTimeout | quote }}
+{{- with .Values.ttlAfterFinished }}
+{{- if not (kindIs "invalid" .default) }}
+- name: SLURMJOB_TTL_AFTER_FINISHED_DEFAULT
+  value: {{ .default | int | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .max) }}
+- name: SLURMJOB_TTL_AFTER_FINISHED_MAX
+  value: {{ .max | int | quote }}
+{{- end }}
+{{- end }}
 - name: SLURMJOB_SUBMIT_CONCURRENCY
   value: {{ .Values.submitConcurrency | quote }}
 - name: SLURMJOB_REFRESH_CONCURRENCY

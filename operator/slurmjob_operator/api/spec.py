@@ -76,6 +76,10 @@ __all__ = [
 CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # = config.CLUSTER_NAME_RE
 
 
+#: The longest spec.ttlSecondsAfterFinished: a year (a longer wait is no clean-up).
+MAX_TTL_SECONDS = 366 * 24 * 3600
+
+
 class SlurmJobSpec(_Model):
     """Desired state of a SlurmJob."""
 
@@ -145,6 +149,19 @@ class SlurmJobSpec(_Model):
         description=(
             "While true nothing is submitted, and a queued job is held in Slurm; setting it back "
             "to false submits or releases it (the gate Kueue and GitOps tools use)."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TTL_SECONDS,
+        description=(
+            "Seconds after the SlurmJob finished (condition Finished=True) when the operator "
+            "deletes it, as a batch/v1 Job's field: 0 deletes it at once. Unset: the site's "
+            "default (none unless the admin sets one); never longer than the site's maximum. "
+            "A SlurmJob that a SlurmJob still to finish names in its dependsOn is kept until "
+            "that one finished. A GitOps tool that syncs automatically creates a deleted "
+            "SlurmJob again."
         ),
     )
 

@@ -15,6 +15,24 @@ class PacingSettings(BaseSettings):
         gt=0,
         description="Seconds between two polls of slurmrestd for every tracked job.",
     )
+    ttl_after_finished_default: int | None = Field(
+        default=None,
+        ge=0,
+        le=366 * 24 * 3600,
+        description=(
+            "Seconds after it finished when a SlurmJob without spec.ttlSecondsAfterFinished is "
+            "deleted; unset: never."
+        ),
+    )
+    ttl_after_finished_max: int | None = Field(
+        default=None,
+        ge=0,
+        le=366 * 24 * 3600,
+        description=(
+            "The longest a finished SlurmJob is kept: a larger spec.ttlSecondsAfterFinished "
+            "counts as this; unset: no maximum (a SlurmJob without a TTL is still kept)."
+        ),
+    )
     delete_timeout: float = Field(
         default=120.0,
         gt=0,

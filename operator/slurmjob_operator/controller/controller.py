@@ -14,6 +14,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.deletion import Deletion
 from slurmjob_operator.controller.dependencies import Dependencies
+from slurmjob_operator.controller.expiry import Expiry
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
@@ -26,10 +27,12 @@ from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
 from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.core.dependencies import waiting_interval
+from slurmjob_operator.core.expiry import TtlPolicy
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
+from slurmjob_operator.kube.ports import ResourceDeleter
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
@@ -126,10 +129,23 @@ class Controller:
             queues=self._queues,
             identity=self.identity,
         )
+        self.expiry = Expiry(
+            self._edge,
+            kube if isinstance(kube, ResourceDeleter) else None,
+            TtlPolicy(settings.ttl_after_finished_default, settings.ttl_after_finished_max),
+            self.wakes,
+            self.depended_on,
+            recheck=waiting_interval(settings.poll_interval),
+        )
+        self._submission.expiry = self.expiry
         self._deletion = Deletion(
             settings, self._edge, self.slurm, self._following, self.identity, self.slurm_as
         )
         self._deletion.queues = self._queues
+
+    def depended_on(self, namespace: str, name: str) -> bool:
+        """Whether a SlurmJob of this cluster still to finish names this one in dependsOn."""
+        return bool(self._dependencies.dependents_of(namespace, name))
 
     async def slurm(self) -> SlurmClient:
         """The operator's own client, connected (and the version chosen) on first use."""
@@ -184,6 +200,7 @@ class Controller:
             self._edge.forget(view.ref)
         else:
             self._edge.observe(view.ref, view.status)
+            self.expiry.noticed(view)
         self._dependencies.noticed(view, deleted=deleted, gone=gone)
 
     def followed(self) -> list[Tracked]:

@@ -38,6 +38,13 @@ class Fleet:
         self.wakes = members[0].wakes
         self.wakes.bind(self.wake)
         self._told: set[str] = set()  # uids whose unplaced attempt was reported
+        # A dependent may be any cluster's: a finished SlurmJob is kept while one of any
+        # cluster still needs it.
+        for member in members:
+            member.expiry.upstream_of = self.depended_on
+
+    def depended_on(self, namespace: str, name: str) -> bool:
+        return any(m.depended_on(namespace, name) for m in self.members)
 
     @property
     def default(self) -> Controller:

@@ -21,6 +21,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.adopter import Adopter
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.evictions import Evictions
+from slurmjob_operator.controller.expiry import Expiry
 from slurmjob_operator.controller.fairness import FairLimiter, Held
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.gates import Chain, Pending
@@ -108,6 +109,8 @@ class Submission:
             else None
         )
         self.suspend_hold = SuspendHold(edge, identity)
+        # Set by the controller where finished SlurmJobs may be deleted (`controller.expiry`).
+        self.expiry: Expiry | None = None
         self.repointing = Repointing(dependencies, edge, identity, backoff)
         admission = AdmissionGate(queues, edge, self.evictions, self._again, admission_wait)
         # How soon a dependent that waits looks again, besides being woken by a change.
@@ -162,6 +165,8 @@ class Submission:
             settled = self._settled(seen)
             if settled is not None:
                 if not settled:
+                    if self.expiry is not None and next_step(seen.status) is Step.DONE:
+                        await self.expiry.look(seen)
                     return
                 async with self._limiter.slot(ref.namespace) as held:
                     try:
@@ -229,6 +234,8 @@ class Submission:
                 # Written only when out of step: a job that ended under a release without
                 # the `Finished` condition gets it on its first reconcile after the upgrade.
                 view = await self.edge.apply(view, Transition(view.status))
+                if self.expiry is not None:
+                    await self.expiry.look(view)
             if step not in (Step.SUBMIT, Step.RETRY):
                 self.edge.observe(ref, view.status)
                 if step is Step.TRACK:

@@ -64,6 +64,13 @@ class AccessReviewer(Protocol):
     ) -> tuple[bool, str]: ...
 
 
+@runtime_checkable
+class ResourceDeleter(Protocol):
+    """Deletes a finished SlurmJob whose TTL passed (`KubeApi`; the local runner keeps all)."""
+
+    async def delete_slurmjob(self, ref: ObjectRef, resource_version: str) -> bool: ...
+
+
 class ResourceStore(Protocol):
     """Where the controller reads SlurmJobs and Secrets and writes status and Events: the
     Kubernetes API (`KubeApi`) or, for `slurmjob-operator submit`, local files (`LocalStore`)."""

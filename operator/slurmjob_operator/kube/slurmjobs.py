@@ -1,4 +1,5 @@
-"""SlurmJobs on the apiserver: read one, merge-patch its status, post an Event on it."""
+"""SlurmJobs on the apiserver: read one, merge-patch its status, post an Event on it, delete
+one whose TTL after it finished has passed."""
 
 from __future__ import annotations
 
@@ -58,6 +59,26 @@ class SlurmJobs(Edge):
             raise
         result: dict[str, Any] = obj
         return result
+
+    async def delete_slurmjob(self, ref: ObjectRef, resource_version: str) -> bool:
+        """Delete the SlurmJob as it was at `resource_version` (its finalizer then runs);
+        False when it is gone or changed since (uid and resourceVersion preconditions: a
+        SlurmJob made again under the name, or edited, is not deleted)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"uid": ref.uid, "resourceVersion": resource_version},
+            "propagationPolicy": "Background",
+        }
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, body=body
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the SlurmJob (`kubectl describe` shows it)."""
