@@ -195,6 +195,44 @@ def test_the_readmes_values_render_two_replicas_and_two_clusters(
     ]
 
 
+def test_the_readmes_quick_start_renders_the_example_it_applies(
+    kube: KubeTestbed, tmp_path: Path
+) -> None:
+    """The README's Helm quick start as a newcomer runs it: its values, installed by the chart,
+    must accept the example it then applies (runtime, partition, mounts): the catalogs the
+    chart renders and the settings it sets, given to `slurmjob-operator render`."""
+    readme = (REPO / "README.md").read_text()
+    applied = re.findall(r"^kubectl apply -f (examples/\S+\.yaml)", readme, re.M)
+    assert applied, "the quick start applies an example"
+    docs = render(kube, "-f", str(_readme_values(tmp_path)))
+    (catalogs,) = [
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-catalogs")
+    ]
+    env = {k: v for k, v in env_of(docs).items() if k.startswith("SLURMJOB_")}
+    for key, setting in (
+        ("runtime-registry.yaml", "SLURMJOB_RUNTIME_REGISTRY_FILE"),
+        ("gpu-series.yaml", "SLURMJOB_GPU_SERIES_FILE"),
+    ):
+        path = tmp_path / key
+        path.write_text(catalogs["data"][key])
+        env[setting] = str(path)
+    # The pod's files that do not exist here: the credentials and the clusters file are not
+    # what `render` reads.
+    for setting in ("SLURMJOB_SLURM_JWT_FILE", "SLURMJOB_CLUSTERS_FILE", "SLURMJOB_TEMPLATES_DIR"):
+        env.pop(setting, None)
+    for example in applied:
+        proc = subprocess.run(
+            [str(OPERATOR), "render", "-f", str(REPO / example)],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{example} with the README's values: {proc.stderr}"
+        assert json.loads(proc.stdout)["job"]["partition"]
+
+
 WEST: dict[str, Any] = {
     "name": "west",
     "restUrl": "https://slurmrestd.west.internal:6820",
