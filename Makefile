@@ -62,7 +62,8 @@ endif
 
 crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
-	cp crds/slurmjob.io_slurmjobs.yaml charts/slurmjob-operator/crds/slurmjob.io_slurmjobs.yaml
+	$(BIN)/python -m slurmjob_operator.gen.chartcrd < crds/slurmjob.io_slurmjobs.yaml \
+		> charts/slurmjob-operator/templates/crd.yaml
 
 docs: venv
 	$(BIN)/python -m slurmjob_operator.gen.docs > docs/crd.md

@@ -954,7 +954,7 @@ def test_rendered_manifests_pass_server_dry_run(
     text = kube.helm("template", "ci", str(CHART), "-n", CI_NAMESPACE, "-f", str(values)).stdout
     docs = [d for d in yaml.safe_load_all(text) if d]
     # Every namespaced object names its namespace, so no `-n` here.
-    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "APIService")
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "APIService", "CustomResourceDefinition")
     assert all(d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped)
     proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from slurmjob_operator.config import Settings
+from slurmjob_operator.gen.chartcrd import chart_template
 from slurmjob_operator.site.tenantentry import Tenant
 from slurmjob_operator.site.tenants import Tenants
 
@@ -54,14 +55,21 @@ def errors(values: dict[str, Any]) -> list[str]:
     ]
 
 
-def test_chart_crd_is_the_canonical_crd_byte_for_byte() -> None:
-    canonical = REPO / "crds" / "slurmjob.io_slurmjobs.yaml"
-    copies = sorted((CHART / "crds").iterdir())
-    assert [p.name for p in copies] == [canonical.name]
-    assert copies[0].read_bytes() == canonical.read_bytes(), (
-        "charts/slurmjob-operator/crds/ differs from crds/: "
-        "cp crds/slurmjob.io_slurmjobs.yaml charts/slurmjob-operator/crds/"
+def test_chart_crd_is_the_canonical_crd_as_a_kept_template() -> None:
+    """The chart has no crds/ folder (Helm would install it before the template, which would
+    then fail) and its template is the canonical CRD, kept on uninstall and prune."""
+    canonical = (REPO / "crds" / "slurmjob.io_slurmjobs.yaml").read_text()
+    assert not (CHART / "crds").exists()
+    assert (CHART / "templates" / "crd.yaml").read_text() == chart_template(canonical), (
+        "charts/slurmjob-operator/templates/crd.yaml is stale: make crd"
     )
+    text = chart_template(canonical)
+    assert "helm.sh/resource-policy: keep" in text
+    assert "argocd.argoproj.io/sync-options: Prune=false,Delete=false" in text
+    with pytest.raises(ValueError, match="delimiters"):
+        chart_template(canonical.replace("listKind", "{{ listKind }}"))
+    with pytest.raises(ValueError, match="not the CRD"):
+        chart_template("kind: ConfigMap\n")
 
 
 def test_schema_is_a_valid_draft7_schema() -> None:

@@ -268,7 +268,8 @@ class Sender:
             text = (
                 "the installed SlurmJob CRD drops status.attempts[].cluster, which several "
                 "clusters need: apply the CRD of this release (kubectl apply --server-side -f "
-                "charts/slurmjob-operator/crds/); nothing was sent"
+                "crds/slurmjob.io_slurmjobs.yaml, or helm upgrade with crds.install); nothing "
+                "was sent"
             )
             log.error("%s/%s: %s", view.ref.namespace, view.ref.name, text)
             # Before anything is staged or sent: the attempt is forgotten, as if never made.
