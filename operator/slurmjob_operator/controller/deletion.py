@@ -18,7 +18,7 @@ from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.queues import Queues
-from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater, Stale
 from slurmjob_operator.core.arrays import shown_index
 from slurmjob_operator.core.decisions import belongs
 from slurmjob_operator.core.finality import is_final
@@ -66,20 +66,35 @@ class Deletion:
             if attempt is not None and live:
                 client = await self.slurm()
                 await self._end_job(view, client, attempt)
-                fresh = await self.edge.fresh(ref)
-                if fresh is not None and attempt.staging_dir:
-                    logs = await self.following.logs(
-                        fresh, attempt, index=shown_index(fresh.status)
-                    )
-                    if logs is not None:
-                        tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
-                        await self.edge.apply(fresh, Transition(tails))
+                await self._last_tails(view, attempt)
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )
             if self.queues is not None:
                 await self.queues.delete(view)  # the quota is released with the job
         self.edge.forget(ref)
+
+    async def _last_tails(self, view: ResourceView, attempt: Attempt) -> None:
+        """The ended job's last log tails into the status, on the version they were read
+        with (a status written meanwhile is read again, once; the tails are a courtesy, the
+        finalizer does not wait for them)."""
+        if not attempt.staging_dir:
+            return
+        for again in (False, True):
+            fresh = await self.edge.fresh(view.ref, conditioned=True)
+            if fresh is None:
+                return
+            logs = await self.following.logs(fresh, attempt, index=shown_index(fresh.status))
+            if logs is None:
+                return
+            tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
+            try:
+                await self.edge.apply(fresh, Transition(tails))
+            except Stale:
+                if again:
+                    return
+                continue
+            return
 
     async def _end_job(self, view: ResourceView, client: SlurmClient, attempt: Attempt) -> None:
         """Cancel the attempt's job, once a read shows it is the resource's to cancel, and

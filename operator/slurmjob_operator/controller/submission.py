@@ -215,7 +215,7 @@ class Submission:
         `slot` is held; nothing was sent. A submit gives `slot` back once its POST is
         answered."""
         async with self.edge.step(ref.uid):
-            view = seen if seen is not None else await self.edge.fresh(ref)
+            view = seen if seen is not None else await self.edge.fresh(ref, conditioned=True)
             if view is None or view.deleting:
                 return False
             step = next_step(view.status)
