@@ -4,16 +4,26 @@ on the job's own name and comment and owned by the user the client acts as."""
 
 from __future__ import annotations
 
+import asyncio
+
 from slurmjob_operator.core import verified
 from slurmjob_operator.core.jobview import leader
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.dialects import CancelResult
+from slurmjob_operator.slurm.errors import SlurmTransient
 
 
 async def own_job(client: SlurmClient, ref: int | str) -> verified.VerifiedJob:
     """A handle on job `ref` as Slurm shows it now; call inside `verified.step()`. Raises
     `SlurmNotFound` when Slurm does not know it, AssertionError when it is another user's."""
-    views = await client.get_job(ref)
+    for tries_left in (2, 1, 0):
+        try:
+            views = await client.get_job(ref)
+            break
+        except SlurmTransient:  # 22.05's slurmrestd resets a connection now and then
+            if not tries_left:
+                raise
+            await asyncio.sleep(0.5)
     head = leader(views)
     mine = frozenset({client.user} if client.user else ())
     made = verified.verify_named(views, head.name, head.comment, owners=mine, cluster="test")
