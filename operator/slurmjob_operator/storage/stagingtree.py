@@ -19,8 +19,15 @@ import os
 import stat
 from pathlib import Path
 
-from slurmjob_operator.config import Settings, parse_owner
-from slurmjob_operator.storage.nofollow import UnsafePath, below, dir_owners, open_dir, open_root
+from slurmjob_operator.config import Settings
+from slurmjob_operator.storage.nofollow import (
+    UnsafePath,
+    below,
+    dir_owners,
+    job_owner,
+    open_dir,
+    open_root,
+)
 
 
 class StagingError(RuntimeError):
@@ -37,8 +44,7 @@ def staging_uids(settings: Settings, job_uid: int | None) -> tuple[int, int]:
     operator's own uid."""
     if job_uid is not None:
         return os.geteuid(), job_uid
-    owner = parse_owner(settings.staging_owner)
-    uid = owner[0] if owner is not None else os.geteuid()
+    uid = job_owner(settings)
     return uid, uid
 
 
