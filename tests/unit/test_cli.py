@@ -155,9 +155,10 @@ def test_crd_prints_the_canonical_file() -> None:
     assert out == (REPO / "crds/slurmjob.io_slurmjobs.yaml").read_text()
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_every_setting_is_documented_in_the_configuration_reference() -> None:
+    # The README is the front door; the settings table lives in docs/configuration.md.
+    reference = (REPO / "docs" / "configuration.md").read_text()
     missing = [
-        Settings.env_name(f) for f in Settings.model_fields if Settings.env_name(f) not in readme
+        Settings.env_name(f) for f in Settings.model_fields if Settings.env_name(f) not in reference
     ]
     assert missing == []
