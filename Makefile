@@ -68,7 +68,7 @@ crd: venv
 docs: venv
 	$(BIN)/python -m slurmjob_operator.gen.docs > docs/crd.md
 
-# A person's own test clusters (see README, "Local development cluster"): the same installs and
+# A person's own test clusters (see docs/development.md, "Local development cluster"): the same installs and
 # builds as `make test`, then Slurm $(SLURM) and kube-apiserver started (or re-used) and .dev/env
 # written. dev-down stops only what dev-up started.
 dev-up: venv testbed

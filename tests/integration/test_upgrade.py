@@ -8,8 +8,8 @@ wrote; no attempt is submitted twice, and a retry decided by either release is h
 picks another one. That commit is built once, non-editable, into its own venv under
 ``/var/cache/slurmjob-testbed/upgrade/<sha>`` (``git archive`` + ``pip install``; a stamp file
 written last marks a finished build, a file lock keeps two runs from building at once). The
-upgrade installs the CRD the way README says: the old release's CRD first, this checkout's
-before the new operator starts.
+upgrade installs the CRD the way docs/operations.md says: the old release's CRD first, this
+checkout's before the new operator starts.
 """
 
 from __future__ import annotations
@@ -479,7 +479,7 @@ def test_upgrade_keeps_running_jobs(
         lost = _covers(SlurmJobStatus.parse(status).dump(), status)
         assert not lost, f"{job.name}: the new SlurmJobStatus drops {lost}"
 
-    kube.apply(CRD)  # the upgrade order README gives: CRD first, then the operator
+    kube.apply(CRD)  # the upgrade order docs/operations.md gives: CRD first, then the operator
     kube.wait_established(CRD_NAME)
     new.start()
     try:
