@@ -86,6 +86,11 @@ class MemoryStore:
         self.patches = 0
         self.gets = 0
         self.deleted: list[str] = []  # names deleted by the TTL after the end
+        self.namespace_uids: dict[str, str] = {}  # set one to "recreate" its namespace
+
+    async def namespace_uid(self, name: str) -> str | None:
+        """Every namespace exists, with a uid of its own until a test changes it."""
+        return self.namespace_uids.setdefault(name, str(uuid.uuid5(uuid.NAMESPACE_DNS, name)))
 
     def create(self, name: str, spec: Mapping[str, Any], namespace: str = "team-a") -> ObjectRef:
         body = {

@@ -314,6 +314,16 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.pollInterval | quote }}
 - name: SLURMJOB_DELETE_TIMEOUT
   value: {{ .Values.deleteTimeout | quote }}
+{{- if .Values.archive.enabled }}
+- name: SLURMJOB_ARCHIVE_ROOT
+  value: {{ .Values.archive.root | quote }}
+- name: SLURMJOB_ARCHIVE_RETENTION_DAYS
+  value: {{ .Values.archive.retentionDays | int | quote }}
+- name: SLURMJOB_ARCHIVE_MAX_BYTES
+  value: {{ .Values.archive.maxBytes | int64 | quote }}
+- name: SLURMJOB_ARCHIVE_FILE_MAX_BYTES
+  value: {{ .Values.archive.fileMaxBytes | int64 | quote }}
+{{- end }}
 {{- with .Values.ttlAfterFinished }}
 {{- if not (kindIs "invalid" .default) }}
 - name: SLURMJOB_TTL_AFTER_FINISHED_DEFAULT
@@ -403,6 +413,13 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   {{- with .Values.storage.subPath }}
   subPath: {{ . }}
   {{- end }}
+{{- if .Values.archive.enabled }}
+- name: archive
+  mountPath: {{ .Values.archive.root }}
+  {{- with .Values.archive.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end }}
 - name: slurm-auth
   mountPath: /etc/slurmjob/auth
   readOnly: true
@@ -452,6 +469,11 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
     path: {{ .Values.storage.hostPath.path }}
     type: {{ .Values.storage.hostPath.type }}
   {{- end }}
+{{- if .Values.archive.enabled }}
+- name: archive
+  persistentVolumeClaim:
+    claimName: {{ required "archive.existingClaim: the PersistentVolumeClaim of the log archive (a volume no compute node mounts)" .Values.archive.existingClaim }}
+{{- end }}
 # A Secret volume (not an env var): the kubelet updates the file when the Secret
 # changes and the operator re-reads it, so a rotated token needs no restart. The files
 # are root-owned; 0444 lets the non-root operator read them without an fsGroup (which

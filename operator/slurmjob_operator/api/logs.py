@@ -8,16 +8,17 @@ and proxies the request over TLS with its front-proxy client certificate, naming
 operator.
 
     GET /apis/logs.slurmjob.io/v1alpha1/namespaces/{namespace}/slurmjobs/{name}/log
-        ?stream=stdout|stderr&attempt=N&index=I&offset=B
+        ?stream=stdout|stderr&attempt=N&index=I&offset=B&uid=U
 
 Without `offset` the answer is the log's tail (at most 64 KiB and 2,000 lines, whole lines);
 with it, the bytes from `offset` on (at most 64 KiB, up to the last line break read), so a
 follower asks again from `nextOffset`. `GET /apis/logs.slurmjob.io/v1alpha1` is the API's
-discovery (an APIResourceList).
+discovery (an APIResourceList). With `uid`, a SlurmJob deleted since is read from the log
+archive (the one of that uid, while its namespace is the one it was archived from).
 
-The query is parsed strictly: only the four parameters, each at most once, numbers as plain
-decimal digits (`int()` would take "+1", " 1" and "1_000"), so what reaches a path is
-always a small int and never text.
+The query is parsed strictly: only these five parameters, each at most once, numbers as plain
+decimal digits (`int()` would take "+1", " 1" and "1_000") and the uid as a lower-case UUID,
+so what reaches a path is a small int or a checked uid, never free text.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ MAX_ARRAY_INDEX = 999_999
 ERROR_KIND: Literal["SlurmJobLogError"] = "SlurmJobLogError"
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
+UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _MAX_OFFSET = 2**62
 
@@ -82,6 +84,7 @@ class LogQuery(Model):
     attempt: int | None = Field(default=None, ge=1, le=1_000_000)
     index: int | None = Field(default=None, ge=0, le=MAX_ARRAY_INDEX)
     offset: int | None = Field(default=None, ge=0, le=_MAX_OFFSET)
+    uid: str | None = Field(default=None, pattern=UID_RE.pattern)
 
     @classmethod
     def parse(cls, items: Iterable[tuple[str, str]]) -> LogQuery:
@@ -99,6 +102,11 @@ class LogQuery(Model):
                 if value not in tuple(LogStream):
                     raise QueryError(f"stream: {value!r} is not stdout or stderr")
                 values[name] = LogStream(value)
+                continue
+            if name == "uid":
+                if not UID_RE.fullmatch(value):
+                    raise QueryError(f"uid: {value[:64]!r} is not a SlurmJob's uid")
+                values[name] = value
                 continue
             if not _DIGITS.fullmatch(value):
                 raise QueryError(f"{name}: {value!r} is not a non-negative decimal integer")
@@ -119,7 +127,7 @@ class LogQuery(Model):
         out = [("stream", self.stream.value)]
         out += [
             (name, str(value))
-            for name in ("attempt", "index", "offset")
+            for name in ("attempt", "index", "offset", "uid")
             if (value := getattr(self, name)) is not None
         ]
         return out

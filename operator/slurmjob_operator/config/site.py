@@ -66,3 +66,24 @@ class SiteSettings(BaseSettings):
     templates_dir: Path | None = Field(
         default=None, description="Directory with site copies of the batch-script templates."
     )
+    archive_root: Path | None = Field(
+        default=None,
+        description=(
+            "Directory, on a volume only the operator mounts, where a deleted SlurmJob's logs, "
+            "scripts and final status are kept (docs/states.md). Unset: they go with it."
+        ),
+    )
+    archive_retention_days: int = Field(
+        default=30, ge=1, le=3650, description="Days an archived SlurmJob is kept."
+    )
+    archive_max_bytes: int = Field(
+        default=10 * 1024**3,
+        ge=1024**2,
+        description="The archive's size cap in bytes: the oldest entries go first beyond it.",
+    )
+    archive_file_max_bytes: int = Field(
+        default=16 * 1024**2,
+        ge=64 * 1024,
+        le=1024**3,
+        description="Bytes kept of each archived file (its end, whole lines).",
+    )

@@ -12,6 +12,7 @@ from typing import Any
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.archiving import Archiver
 from slurmjob_operator.controller.deletion import Deletion
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.expiry import Expiry
@@ -32,7 +33,7 @@ from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
-from slurmjob_operator.kube.ports import ResourceDeleter
+from slurmjob_operator.kube.ports import NamespaceReader, ResourceDeleter
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
@@ -142,6 +143,13 @@ class Controller:
             settings, self._edge, self.slurm, self._following, self.identity, self.slurm_as
         )
         self._deletion.queues = self._queues
+        self.archiver = Archiver(
+            settings,
+            self._edge,
+            kube if isinstance(kube, NamespaceReader) else None,
+            self.site.job_uid,
+        )
+        self._deletion.archiver = self.archiver
 
     def depended_on(self, namespace: str, name: str) -> bool:
         """Whether a SlurmJob of this cluster still to finish names this one in dependsOn."""

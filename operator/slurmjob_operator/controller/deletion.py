@@ -1,5 +1,6 @@
-"""Deleting a resource: cancel its job unless it is final, wait for the end, archive the log
-tails into the status, remove the staging directory.
+"""Deleting a resource: cancel its job unless it is final, wait for the end, write the last
+log tails into the status, archive every attempt's files (`archiving.Archiver`, when the admin
+set an archive root), remove the staging directory.
 
 The cancel is sent as the Slurm user of the resource's tenant, found from its namespace (the
 tenants file), never from the status; looking the job up and waiting for its end is the
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.archiving import Archiver
 from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
@@ -50,6 +52,7 @@ class Deletion:
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
         self.queues: Queues | None = None
+        self.archiver: Archiver | None = None
 
     async def _client_as(self, user: str | None) -> SlurmClient:
         return await (self.slurm() if self._slurm_as is None else self._slurm_as(user))
@@ -67,6 +70,8 @@ class Deletion:
                 client = await self.slurm()
                 await self._end_job(view, client, attempt)
                 await self._last_tails(view, attempt)
+            if self.archiver is not None and self.archiver.enabled:
+                await self.archiver.archive(await self.edge.fresh(ref) or view)
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )

@@ -2,7 +2,8 @@
 rules as the status tails.
 
 The SlurmJob is read from the apiserver (with the operator's own credentials, once the
-caller has been authorised); its attempt's directory is derived from the resource
+caller has been authorised); a SlurmJob deleted since is read from the log archive when the
+query names its uid (`_archived`). Its attempt's directory is derived from the resource
 (`storage.locate.attempt_dir`: never the status's stagingDir), on the storage root of the
 cluster the attempt went to, and the file is reached without following a link and owned by
 the job's user (the tenant's uid, or the job user). Its text is redacted with the secret
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,9 +33,11 @@ from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.core.logview import attempt_ended, pick_attempt
 from slurmjob_operator.core.naming import log_file
 from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.core.redact import Redactor
 from slurmjob_operator.core.ttlcache import TtlCache
-from slurmjob_operator.kube import ResourceStore, SecretError
+from slurmjob_operator.kube import NamespaceReader, ResourceStore, SecretError
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
+from slurmjob_operator.storage.archive import archived_file, read_record
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import (
     READ_TIMEOUT,
@@ -87,9 +91,13 @@ class LogAccess:
         namespaces: Sequence[str] = (),
         concurrency: int = 8,
         clock: Callable[[], float] = time.monotonic,
+        archive_root: Path | None = None,
     ) -> None:
         """`clusters` by name; `names`: their order and the cluster of an attempt that names
-        none; `namespaces`: the ones the operator watches (empty: all)."""
+        none; `namespaces`: the ones the operator watches (empty: all); `archive_root`: the
+        log archive deleted SlurmJobs are read from (`storage.archive`)."""
+        self.archive_root = archive_root
+        self.namespace_uids = store if isinstance(store, NamespaceReader) else None
         self.store = store
         self.clusters = dict(clusters)
         self.names = names
@@ -112,12 +120,16 @@ class LogAccess:
             site.name: ClusterFiles(site.settings, Site.load(site.settings, names.names).job_uid)
             for site in sites
         }
-        return cls(store, files, names, namespaces=namespaces)
+        return cls(store, files, names, namespaces=namespaces, archive_root=settings.archive_root)
 
     async def read(self, namespace: str, name: str, query: LogQuery) -> LogAnswer:
         """One read (a tail without `query.offset`, else from it); LogFailure otherwise."""
         if self.namespaces and namespace not in self.namespaces:
             raise LogFailure(404, "NotWatched", f"namespace {namespace} is not watched here")
+        if query.uid is not None:
+            body = await self._body(namespace, name)
+            if body is None or ResourceView.of(body).ref.uid != query.uid:
+                return await self._archived(namespace, name, query.uid, query)
         view = await self._view(namespace, name)
         status = view.status
         attempt = pick_attempt(status, query.attempt)
@@ -144,48 +156,65 @@ class LogAccess:
 
         def read() -> dict[str, Any]:
             redactor = attempt_redactor(files.settings, base, current, owner)
-            root = files.settings.storage_root
-            if query.offset is None:
-                tail = read_tail(
-                    path,
-                    root=root,
-                    owner=owner,
-                    max_bytes=READ_BYTES,
-                    max_lines=READ_LINES,
-                    redact=redactor,
-                )
-                if tail is None:
-                    return {"found": False, "next_offset": 0, "size": 0}
-                return {
-                    "found": True,
-                    "text": tail.tail,
-                    "truncated": tail.truncated,
-                    "next_offset": tail.bytes,
-                    "size": tail.bytes,
-                }
-            chunk = read_from(
-                path,
-                query.offset,
-                root=root,
-                owner=owner,
-                complete=ended,
-                max_bytes=READ_BYTES,
-                redact=redactor,
-            )
-            if chunk is None:
-                return {"found": False, "next_offset": query.offset, "size": 0}
-            return {
-                "found": True,
-                "text": chunk.text,
-                "offset": chunk.start,
-                "next_offset": chunk.next_offset,
-                "size": chunk.size,
-            }
+            return _read_log(path, files.settings.storage_root, owner, redactor, query, ended)
 
+        result = await self._run(read, path, f"{namespace}/{name}", base, files.settings)
+        return LogAnswer.model_validate({**answer, **result})
+
+    async def _archived(self, namespace: str, name: str, uid: str, query: LogQuery) -> LogAnswer:
+        """A read of the archive entry of `uid`: only while it is the SlurmJob `name` of this
+        namespace, the very namespace it was archived from (a new one of the same name sees
+        nothing). Its files were redacted when they were archived."""
+        root = self.archive_root
+        gone = LogFailure(404, "NotFound", f"SlurmJob {namespace}/{name} of uid {uid} not found")
+        if root is None or self.namespace_uids is None:
+            raise gone
+        try:
+            record = await asyncio.to_thread(read_record, root, namespace, uid)
+        except (OSError, ValueError) as exc:
+            log.warning("refusing the archive of %s/%s (%s): %s", namespace, name, uid, exc)
+            raise gone from None
+        if record is None or record.name != name:
+            raise gone
+        if record.namespace_uid != await self.namespace_uids.namespace_uid(namespace):
+            raise gone
+        archived = record.attempt(query.attempt)
+        if archived is None:
+            which = f"attempt {query.attempt}" if query.attempt else "an attempt"
+            raise LogFailure(404, "NoAttempt", f"the archive of {namespace}/{name} has no {which}")
+        path = archived_file(
+            root, namespace, uid, archived.number, log_file(query.stream, query.index)
+        )
+        answer = {
+            "namespace": namespace,
+            "name": name,
+            "attempt": archived.number,
+            "latest_attempt": record.attempts[-1].number,
+            "stream": query.stream,
+            "index": query.index,
+            "ended": True,
+            "phase": record.phase,
+        }
+
+        def read() -> dict[str, Any]:
+            return _read_log(path, root, os.geteuid(), Redactor(()), query, True)
+
+        result = await self._run(read, path, f"{namespace}/{name}", path.parent, None)
+        return LogAnswer.model_validate({**answer, **result})
+
+    async def _run(
+        self,
+        read: Callable[[], dict[str, Any]],
+        path: Path,
+        what: str,
+        base: Path,
+        settings: Settings | None,
+    ) -> dict[str, Any]:
+        """`read` in a worker thread, bounded in time and number; its failures as LogFailure."""
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 async with self._reads:
-                    result = await asyncio.to_thread(read)
+                    return await asyncio.to_thread(read)
         except TimeoutError:  # an OSError too: first
             log.warning("reading %s took over %s s", path, READ_TIMEOUT)
             raise LogFailure(504, "ReadTimeout", "the log could not be read in time") from None
@@ -197,22 +226,27 @@ class LogAccess:
                 "rather than an unredacted log",
             ) from None
         except UnsafePath as exc:
-            log.warning("refusing the log of %s/%s: %s", namespace, name, exc)
-            where = _relative(exc, base, files.settings.storage_root)
+            log.warning("refusing the log of %s: %s", what, exc)
+            root = settings.storage_root if settings is not None else base
+            where = _relative(exc, base, root)
             raise LogFailure(422, "UnsafeFile", f"the log file is refused: {where}") from None
         except OSError as exc:
-            log.warning("cannot read the log of %s/%s: %s", namespace, name, exc)
+            log.warning("cannot read the log of %s: %s", what, exc)
             raise LogFailure(500, "ReadError", f"the log cannot be read: {exc.strerror}") from None
-        return LogAnswer.model_validate({**answer, **result})
 
-    async def _view(self, namespace: str, name: str) -> ResourceView:
+    async def _body(self, namespace: str, name: str) -> dict[str, Any] | None:
         key = (namespace, name)
         body = self._objects.get(key, self._clock())
         if body is None:
             body = await self.store.get(namespace, name)
-            if body is None:
-                raise LogFailure(404, "NotFound", f"SlurmJob {namespace}/{name} not found")
-            self._objects.put(key, body, self._clock())
+            if body is not None:
+                self._objects.put(key, body, self._clock())
+        return body
+
+    async def _view(self, namespace: str, name: str) -> ResourceView:
+        body = await self._body(namespace, name)
+        if body is None:
+            raise LogFailure(404, "NotFound", f"SlurmJob {namespace}/{name} not found")
         return ResourceView.of(body)
 
     def _files(self, attempt: Attempt) -> ClusterFiles:
@@ -251,3 +285,45 @@ def _relative(exc: UnsafePath, base: Path, root: Path) -> str:
     """The refusal without the storage root's path (the user needs the file, not the root):
     a file of the attempt by its name, a directory above it from below the root."""
     return str(exc).replace(str(base) + "/", "").replace(str(root) + "/", "")
+
+
+def _read_log(
+    path: Path, root: Path, owner: int, redactor: Redactor, query: LogQuery, ended: bool
+) -> dict[str, Any]:
+    """A tail of `path` without `query.offset`, else the bytes from it (see `LogAnswer`)."""
+    if query.offset is None:
+        tail = read_tail(
+            path,
+            root=root,
+            owner=owner,
+            max_bytes=READ_BYTES,
+            max_lines=READ_LINES,
+            redact=redactor,
+        )
+        if tail is None:
+            return {"found": False, "next_offset": 0, "size": 0}
+        return {
+            "found": True,
+            "text": tail.tail,
+            "truncated": tail.truncated,
+            "next_offset": tail.bytes,
+            "size": tail.bytes,
+        }
+    chunk = read_from(
+        path,
+        query.offset,
+        root=root,
+        owner=owner,
+        complete=ended,
+        max_bytes=READ_BYTES,
+        redact=redactor,
+    )
+    if chunk is None:
+        return {"found": False, "next_offset": query.offset, "size": 0}
+    return {
+        "found": True,
+        "text": chunk.text,
+        "offset": chunk.start,
+        "next_offset": chunk.next_offset,
+        "size": chunk.size,
+    }

@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 
 from slurmjob_operator.config import ConfigError, Settings
+from slurmjob_operator.doctor.archive import check_archive
 from slurmjob_operator.doctor.probe import check_staging_probe
 from slurmjob_operator.doctor.report import Check, Outcome, Report
 from slurmjob_operator.doctor.slurmrestd import check_slurm
@@ -40,6 +41,7 @@ async def run_doctor(environ: dict[str, str] | None = None, *, probe: bool = Tru
         report.invalid = True
         return report
     names = [site.name for site in sites]
+    check_archive(settings, [site.settings.storage_root for site in sites], report)
     if len(sites) == 1:
         await _check_cluster(sites[0].settings, report, names, probe=probe)
         return report

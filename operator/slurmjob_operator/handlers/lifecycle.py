@@ -120,6 +120,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         trim_periodically(config.memory_trim_interval, metrics.memory_returned_bytes_total.inc),
         name="slurmjob-memory-trim",
     )
+    # The leader keeps the archive to its retention and size cap (the first cluster's
+    # settings: the archive root is the operator's, not a cluster's).
+    memo.archive_sweep = (
+        asyncio.create_task(members[0].archiver.sweep_periodically(), name="slurmjob-archive")
+        if members[0].archiver.enabled
+        else None
+    )
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
@@ -139,7 +146,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in [*(memo.get("pollers") or []), memo.get("cert_keeper"), memo.get("memory_trim")]:
+    tasks = [memo.get("cert_keeper"), memo.get("memory_trim"), memo.get("archive_sweep")]
+    for task in [*(memo.get("pollers") or []), *tasks]:
         if task is None:
             continue
         task.cancel()

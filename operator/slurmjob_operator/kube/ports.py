@@ -71,6 +71,14 @@ class ResourceDeleter(Protocol):
     async def delete_slurmjob(self, ref: ObjectRef, resource_version: str) -> bool: ...
 
 
+@runtime_checkable
+class NamespaceReader(Protocol):
+    """The uid of a namespace (`KubeApi`): an archive is served only to the namespace it was
+    taken from, not to a new one of the same name."""
+
+    async def namespace_uid(self, name: str) -> str | None: ...
+
+
 class ResourceStore(Protocol):
     """Where the controller reads SlurmJobs and Secrets and writes status and Events: the
     Kubernetes API (`KubeApi`) or, for `slurmjob-operator submit`, local files (`LocalStore`)."""

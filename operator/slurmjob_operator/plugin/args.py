@@ -8,7 +8,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from slurmjob_operator.api.logs import dns_name
+from slurmjob_operator.api.logs import UID_RE, dns_name
 
 #: Where `leader` looks for the operator's Lease by default: the namespace the README installs
 #: the operator into (`logs` needs no such guess: the apiserver knows its APIService).
@@ -25,6 +25,12 @@ def _name(value: str) -> str:
 def _namespace(value: str) -> str:
     if not dns_name(value, 63, dots=False):
         raise argparse.ArgumentTypeError(f"{value!r} is not a namespace name")
+    return value
+
+
+def _uid(value: str) -> str:
+    if not UID_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a SlurmJob's uid")
     return value
 
 
@@ -79,6 +85,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     )
     logs.add_argument(
         "--index", type=_count(0, 999_999), help="the log of this task of a job array"
+    )
+    logs.add_argument(
+        "--all", action="store_true", help="the whole log from its start, not its last 64 KiB"
+    )
+    logs.add_argument(
+        "--uid",
+        type=_uid,
+        help="the SlurmJob of this uid, from the log archive once it is deleted",
     )
     logs.add_argument(
         "--raw",

@@ -75,7 +75,13 @@ async def cmd_logs(
             "--operator-namespace/--operator-service are ignored: logs come through the apiserver",
         )
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
-    query = LogQuery(stream=stream, attempt=args.attempt, index=args.index)
+    query = LogQuery(
+        stream=stream,
+        attempt=args.attempt,
+        index=args.index,
+        uid=args.uid,
+        offset=0 if args.all else None,
+    )
     writer = Writer(out, raw=args.raw or not _isatty(out))
     try:
         answer = await _first_read(cluster, namespace, name, query, args, err, sleep)
@@ -93,9 +99,11 @@ async def cmd_logs(
     elif answer.truncated:
         _note(err, f"{what}: its last 64 KiB / 2,000 lines, earlier lines left out")
     writer.write(answer.text)
+    pinned = query.model_copy(update={"attempt": answer.attempt})
+    if args.all and not args.follow:
+        await _rest(cluster, namespace, name, pinned, answer, writer)
     if not args.follow:
         return EXIT_OK
-    pinned = query.model_copy(update={"attempt": answer.attempt})
     current, offset, waited = answer, answer.next_offset, 0.0
     while not (current.ended and offset >= current.size):
         await sleep(FOLLOW_INTERVAL)
@@ -158,6 +166,24 @@ async def _first_read(
             _note(err, f"slurmjob {name} has no attempt yet; waiting for its submission")
             told = True
         await sleep(FOLLOW_INTERVAL)
+
+
+async def _rest(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    pinned: LogQuery,
+    answer: LogAnswer,
+    writer: Writer,
+) -> None:
+    """The log after the first read, up to its size then (`--all` without -f)."""
+    end = answer.size
+    while answer.found and answer.next_offset < end:
+        offset = answer.next_offset
+        answer = await _read(cluster, namespace, name, pinned.model_copy(update={"offset": offset}))
+        writer.write(answer.text)
+        if answer.next_offset <= offset:  # nothing more can be had (a partial last line)
+            return
 
 
 def _file(answer: LogAnswer) -> str:
