@@ -1336,12 +1336,49 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
             ("create", "pods", "-n", "default"),
             ("get", "configmaps", "-n", "default"),
             ("list", "nodes"),
+            ("get", "namespaces"),  # only with the log archive
             ("*", "*", "--all-namespaces"),
         ]:
             assert not can_i(kube, who, *args), args
+        archive = ("--set", "archive.enabled=true", "--set", "archive.existingClaim=logs")
+        apply_rbac(kube, release, ns, "--set", "rbac.secrets=false", *archive)
+        assert can_i(kube, who, "get", f"namespaces/{ns}")
+        assert not can_i(kube, who, "list", "namespaces")
+        assert not can_i(kube, who, "delete", f"namespaces/{ns}")
     finally:
         delete_release_rbac(kube, release)
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_the_log_archive_is_mounted_from_its_own_claim_with_its_settings(
+    kube: KubeTestbed,
+) -> None:
+    """archive.*: the archive's own claim at archive.root in the operator's pod only, its four
+    settings, and `get` on namespaces (only the watched ones when they are listed)."""
+    base = ("-f", str(CHART / "ci/default-values.yaml"))
+    assert "SLURMJOB_ARCHIVE_ROOT" not in env_of(render(kube, *base))
+    on = ("--set", "archive.enabled=true", "--set", "archive.existingClaim=slurmjob-logs")
+    docs = render(
+        kube, *base, *on, "--set", "archive.retentionDays=7", "--set", "archive.maxBytes=2147483648"
+    )
+    env = env_of(docs)
+    assert env["SLURMJOB_ARCHIVE_ROOT"] == "/var/lib/slurmjob-archive"
+    assert env["SLURMJOB_ARCHIVE_RETENTION_DAYS"] == "7"
+    assert env["SLURMJOB_ARCHIVE_MAX_BYTES"] == "2147483648"
+    assert env["SLURMJOB_ARCHIVE_FILE_MAX_BYTES"] == "16777216"
+    assert volumes(docs)["archive"]["persistentVolumeClaim"] == {"claimName": "slurmjob-logs"}
+    mounts = {m["name"]: m for m in container(docs)["volumeMounts"]}
+    assert mounts["archive"]["mountPath"] == "/var/lib/slurmjob-archive"
+    roles = {r["metadata"]["name"]: r for r in of_kind(docs, "ClusterRole")}
+    assert roles["ci-slurmjob-operator-archive"]["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}
+    ]
+    listed = render(kube, *base, *on, "--set", "watchNamespaces={team-a,team-b}")
+    roles = {r["metadata"]["name"]: r for r in of_kind(listed, "ClusterRole")}
+    [rule] = roles["ci-slurmjob-operator-archive"]["rules"]
+    assert rule["resourceNames"] == ["team-a", "team-b"]
+    error = render_error(kube, *base, "--set", "archive.enabled=true")
+    assert "existingClaim" in error
 
 
 def _allowed(

@@ -5,11 +5,13 @@
 - The retry case: the first fails once (exit 3, retried by its rules); the second, pending
   in Slurm on the first attempt's job, is repointed to the retry's job and runs after it.
 - An upstream that fails for good: the dependent's job is cancelled, it ends DependencyFailed.
-- The TTL after the end: an upstream due for deletion is kept while its dependent runs.
+- The TTL after the end: an upstream due for deletion is kept while its dependent runs; what
+  the TTL deletes is in the log archive afterwards (logs, script, status, namespace uid).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +38,11 @@ def deps_op(
     crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    yield from _operator(kube, release_testbed(request), tmp_path_factory.mktemp("deps"))
+    tmp = tmp_path_factory.mktemp("deps")
+    archive = tmp / "archive"
+    archive.mkdir(mode=0o700, exist_ok=True)
+    overrides = {"SLURMJOB_ARCHIVE_ROOT": str(archive)}
+    yield from _operator(kube, release_testbed(request), tmp, **overrides)
 
 
 def _attempts(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -146,7 +152,7 @@ def test_the_ttl_deletes_a_finished_chain_but_never_an_upstream_still_needed(
 ) -> None:
     """spec.ttlSecondsAfterFinished on the real apiserver (issue 25): the upstream, due at
     once, stays while its dependent runs; both go once the dependent finished, through the
-    finalizer (its staging files with them)."""
+    finalizer (its staging files with them), and the log archive keeps what they wrote."""
     op = deps_op
     if op.testbed.name != "26.05":
         pytest.skip("the TTL is the apiserver's side alone: one Slurm release proves it")
@@ -171,6 +177,20 @@ def test_the_ttl_deletes_a_finished_chain_but_never_an_upstream_still_needed(
     finished = _condition(done, "Finished")
     assert finished is not None
     assert finished["status"] == "True"
+    uids = {"ttl-train": done["metadata"]["uid"], "ttl-prep": prep["metadata"]["uid"]}
     _until_gone(op, "ttl-train", 40)
     _until_gone(op, "ttl-prep", 60)
     assert not Path(staging).exists(), "the finalizer removed the staging files"
+    namespace_uid = op.kube.kubectl(
+        "get", "namespace", op.namespace, "-o", "jsonpath={.metadata.uid}"
+    ).stdout.strip()
+    archive = Path(op.env["SLURMJOB_ARCHIVE_ROOT"])
+    for name, word in (("ttl-train", "train-done"), ("ttl-prep", "prep-done")):
+        entry = archive / op.namespace / uids[name]
+        record = json.loads((entry / "record.json").read_text())
+        assert (record["name"], record["namespaceUid"]) == (name, namespace_uid)
+        assert record["phase"] == "Succeeded"
+        assert word in (entry / "attempt-1" / "stdout.log").read_text()
+        assert (entry / "attempt-1" / "job.sh").read_text().startswith("#!")
+        assert json.loads((entry / "status.json").read_text())["phase"] == "Succeeded"
+        assert oct(entry.stat().st_mode & 0o777) == oct(0o700)

@@ -50,8 +50,9 @@ def staging(bed: Bed, ref: Any, attempt: int = 1) -> Path:
 
 
 def entry(bed: Bed, ref: Any) -> Path:
-    assert bed.settings.archive_root is not None
-    return bed.settings.archive_root / ref.namespace / ref.uid
+    root = bed.settings.archive_root
+    assert root is not None
+    return Path(root, ref.namespace, ref.uid)
 
 
 def reasons(bed: Bed) -> list[str]:
@@ -61,7 +62,7 @@ def reasons(bed: Bed) -> list[str]:
 def access(bed: Bed) -> LogAccess:
     files = {"default": ClusterFiles(bed.settings, lambda namespace: None)}
     return LogAccess(
-        bed.store,  # type: ignore[arg-type]
+        bed.store,
         files,
         Clusters(("default",)),
         archive_root=bed.settings.archive_root,
@@ -93,7 +94,8 @@ async def test_every_file_of_every_attempt_is_archived_before_the_staging_goes(b
     status = json.loads((where / "status.json").read_text())
     assert status["attempts"][0]["number"] == 1
     record = read_record(where.parent.parent, ref.namespace, ref.uid)
-    assert record is not None and record.name == ref.name
+    assert record is not None
+    assert record.name == ref.name
     assert record.namespace_uid == await bed.store.namespace_uid(ref.namespace)
     assert record.attempts[0].files[-1] == "job.sh"
     for path in [where, where / "attempt-1"]:
@@ -144,7 +146,8 @@ async def test_a_planted_link_is_left_out_not_followed(bed: Bed, tmp_path: Path)
     everything = "".join(p.read_text() for p in where.rglob("*") if p.is_file())
     assert MARKER not in everything
     record = read_record(where.parent.parent, ref.namespace, ref.uid)
-    assert record is not None and record.attempts[0].skipped == ["stdout.log"]
+    assert record is not None
+    assert record.attempts[0].skipped == ["stdout.log"]
     assert (where / "attempt-1" / "stderr.log").read_text() == "kept\n"
 
 
@@ -165,7 +168,9 @@ async def test_the_caps_keep_each_files_end_and_bound_the_entry(tmp_path: Path) 
     assert record is not None
     [attempt] = record.attempts
     kept = (entry(bed, ref) / "attempt-1" / "stdout.log").read_text()
-    assert len(kept) <= 65536 and kept.endswith("line 019999\n") and kept.startswith("line ")
+    assert len(kept) <= 65536
+    assert kept.endswith("line 019999\n")
+    assert kept.startswith("line ")
     assert "stdout.log" in attempt.truncated
     assert attempt.skipped, "the entry cap left files out"
     total = sum(p.stat().st_size for p in entry(bed, ref).rglob("*") if p.is_file())
@@ -178,13 +183,17 @@ async def test_the_log_api_serves_an_archive_only_to_its_name_and_namespace(bed:
     (staging(bed, ref) / "stdout.log").write_text("hello from the archive\n")
     logs = access(bed)
     live = await logs.read(ref.namespace, ref.name, LogQuery(uid=ref.uid))
-    assert live.text == "hello from the archive\n" and not live.ended
+    assert live.text == "hello from the archive\n"
+    assert not live.ended
     await deleted(bed, ref)
     logs = access(bed)
     answer = await logs.read(ref.namespace, ref.name, LogQuery(uid=ref.uid))
-    assert answer.text == "hello from the archive\n" and answer.ended and answer.found
+    assert answer.text == "hello from the archive\n"
+    assert answer.ended
+    assert answer.found
     status = json.loads((entry(bed, ref) / "status.json").read_text())
-    assert answer.phase is not None and answer.phase == status["phase"]
+    assert answer.phase is not None
+    assert answer.phase == status["phase"]
     whole = await logs.read(ref.namespace, ref.name, LogQuery(uid=ref.uid, offset=6))
     assert whole.text == "from the archive\n"
     with pytest.raises(LogFailure) as gone:
@@ -224,7 +233,8 @@ async def test_without_an_archive_root_nothing_is_archived_or_served(tmp_path: P
     bed.slurm.set_state(100, "RUNNING")
     (staging(bed, ref) / "stdout.log").write_text("gone\n")
     await deleted(bed, ref)
-    assert "LogsArchived" not in reasons(bed) and "LogsNotArchived" not in reasons(bed)
+    assert "LogsArchived" not in reasons(bed)
+    assert "LogsNotArchived" not in reasons(bed)
     with pytest.raises(LogFailure) as gone:
         await access(bed).read(ref.namespace, ref.name, LogQuery(uid=ref.uid))
     assert gone.value.code == 404
@@ -274,11 +284,14 @@ def test_the_sweep_keeps_retention_then_size_oldest_first(tmp_path: Path) -> Non
     crashed.mkdir()
     os.utime(crashed, (now - 7200, now - 7200))
     swept = sweep(root, now, 30 * DAY, 10**9)
-    assert swept.removed == 1 and not (root / "team-a" / old.uid).exists()
+    assert swept.removed == 1
+    assert not (root / "team-a" / old.uid).exists()
     assert not crashed.exists()
     swept = sweep(root, now, 30 * DAY, 400_000)
-    assert swept.removed == 1 and not (root / "team-a" / middle.uid).exists()
-    assert (root / "team-b" / recent.uid).exists() and swept.kept == 1
+    assert swept.removed == 1
+    assert not (root / "team-a" / middle.uid).exists()
+    assert (root / "team-b" / recent.uid).exists()
+    assert swept.kept == 1
 
 
 def test_the_sweep_never_follows_or_removes_what_is_not_the_operators(tmp_path: Path) -> None:
@@ -289,7 +302,8 @@ def test_the_sweep_never_follows_or_removes_what_is_not_the_operators(tmp_path: 
     (outside / "keep").write_text("keep\n")
     (root / "team-a").symlink_to(outside)
     swept = sweep(root, time.time(), 0.0, 0)
-    assert swept.removed == 0 and (outside / "keep").exists()
+    assert swept.removed == 0
+    assert (outside / "keep").exists()
 
 
 def test_a_record_of_another_entry_is_refused(tmp_path: Path) -> None:
@@ -299,7 +313,7 @@ def test_a_record_of_another_entry_is_refused(tmp_path: Path) -> None:
     _write(root, record, tmp_path / "s", 10)
     other = str(uuid.uuid4())
     (root / "team-a" / record.uid).rename(root / "team-a" / other)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="names team-a/"):
         read_record(root, "team-a", other)
     assert read_record(root, "team-a", "not-a-uid") is None
 
@@ -327,16 +341,19 @@ def test_doctor_says_what_is_wrong_with_the_archive_root(tmp_path: Path) -> None
     open_root.mkdir(mode=0o755)
     open_root.chmod(0o755)
     found = _doctor(tmp_path, archive_root=open_root)
-    assert found["outcome"] is Outcome.FAIL and "chmod 0700" in found["detail"]
+    assert found["outcome"] is Outcome.FAIL
+    assert "chmod 0700" in found["detail"]
     inside = tmp_path / "storage" / "archive"
     inside.mkdir(mode=0o700)
     found = _doctor(tmp_path, archive_root=inside)
-    assert found["outcome"] is Outcome.FAIL and "inside the storage root" in found["detail"]
+    assert found["outcome"] is Outcome.FAIL
+    assert "inside the storage root" in found["detail"]
     good = tmp_path / "good"
     good.mkdir(mode=0o700)
     found = _doctor(tmp_path, archive_root=good)
     # The tests run as the job user: the archive is only safe where no compute node mounts it.
-    assert found["outcome"] is Outcome.WARN and "no compute node mounts" in found["detail"]
+    assert found["outcome"] is Outcome.WARN
+    assert "no compute node mounts" in found["detail"]
     found = _doctor(tmp_path, archive_root=good, staging_owner="4242:4242")
     assert found["outcome"] is Outcome.OK
     assert "SLURMJOB_ARCHIVE_ROOT" in _doctor(tmp_path, archive_root=tmp_path / "none")["detail"]

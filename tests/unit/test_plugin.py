@@ -345,6 +345,39 @@ async def test_logs_prints_the_operators_tail() -> None:
     assert cluster.queries == [LogQuery()]
 
 
+async def test_logs_all_reads_a_whole_archived_file_from_its_start_by_uid() -> None:
+    """`--all --uid`: a SlurmJob deleted since, read from the archive in 64 KiB reads from
+    offset 0 until the size the first read saw (nothing of the live object is asked)."""
+    uid = "0b6d2c5e-7a31-4c2e-9d1f-3a4b5c6d7e8f"
+    cluster = FakeCluster({})
+    cluster.script = [
+        answer("one\n", offset=0, nextOffset=4, size=12, ended=True),
+        answer("two\n", offset=4, nextOffset=8, size=12, ended=True),
+        answer("six\n", offset=8, nextOffset=12, size=12, ended=True),
+    ]
+    code, out, err = await run_plugin(cluster, "logs", "train", "--all", "--uid", uid)
+    assert (code, out, err) == (EXIT_OK, "one\ntwo\nsix\n", "")
+    assert [q.offset for q in cluster.queries] == [0, 4, 8]
+    assert {q.uid for q in cluster.queries} == {uid}
+    assert cluster.script == []
+
+
+async def test_logs_all_stops_when_a_read_gets_no_further() -> None:
+    cluster = FakeCluster({"train": slurmjob()})
+    cluster.script = [
+        answer("one\n", offset=0, nextOffset=4, size=9),
+        answer("", offset=4, nextOffset=4, size=9),  # a last line without its newline yet
+    ]
+    code, out, _ = await run_plugin(cluster, "logs", "train", "--all")
+    assert (code, out) == (EXIT_OK, "one\n")
+    assert [q.offset for q in cluster.queries] == [0, 4]
+
+
+def test_a_uid_that_is_not_one_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["logs", "train", "--uid", "../../etc"])
+
+
 async def test_logs_follow_reads_on_until_the_attempt_ended_and_the_file_is_drained() -> None:
     cluster = FakeCluster({"train": slurmjob()})
     cluster.script = [
