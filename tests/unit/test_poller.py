@@ -229,6 +229,33 @@ async def test_log_files_of_queued_jobs_are_not_looked_at(tmp_path: Path) -> Non
     assert looked == ["uid-2"], "only the running job's files, and nothing else"
 
 
+async def test_a_line_written_while_the_tails_are_read_is_read_at_the_next_look() -> None:
+    """The files are signed before the read, not after it: a line the job writes between the
+    read and the signing (a job that writes one line and then waits, on a loaded machine) is
+    a change at the next look, never taken as read (CI: a tail missing for a minute)."""
+    poller, controller, client = make(1)
+    controller.settings = Settings(poll_interval=1.0, log_refresh=0)
+    version = [0]
+    poller._signature = lambda item: (version[0], None)  # type: ignore[method-assign]
+    controller.tracked["uid-1"] = dataclasses.replace(
+        controller.tracked["uid-1"], native=("PENDING",), running=True
+    )
+    refresh = controller.refresh
+
+    async def read_then_write(*args: Any, **kwargs: Any) -> None:
+        await refresh(*args, **kwargs)
+        version[0] += 1  # the job's line lands just after the read
+
+    controller.refresh = read_then_write  # type: ignore[method-assign]
+    await poller.cycle()  # PENDING -> RUNNING: read, and the line lands
+    assert controller.refreshed == [(1, False, False)]
+    controller.refresh = refresh  # type: ignore[method-assign]
+    await poller.cycle()
+    assert controller.refreshed[1:] == [(1, True, True)], "the tails are read again"
+    await poller.cycle()
+    assert len(controller.refreshed) == 2, "and not again while nothing changes"
+
+
 async def test_a_vanished_job_is_handed_over_as_gone() -> None:
     poller, controller, client = make(3)
     await poller.cycle()

@@ -239,6 +239,9 @@ class Poller:
         *,
         logs_only: bool = False,
     ) -> bool:
+        # Signed before the read: a line written while the tails are read (or between the
+        # read and the signing) must show as a change at the next look, not as already read.
+        signature = self._signature(item)
         try:
             await self.controller.refresh(item, views, logs_only=logs_only)
         except ResourceGone:  # deleted meanwhile: its watch event forgets it
@@ -250,7 +253,7 @@ class Poller:
         if views is not None and not logs_only:
             key = self._keys.get(item.job_id)
             self._seen[item.job_id] = key if key is not None else state_key(views)
-        self._logs[item.ref.uid] = self._signature(item)
+        self._logs[item.ref.uid] = signature
         self._logs_read[item.ref.uid] = time.monotonic()
         return True
 
