@@ -233,7 +233,7 @@ async def test_a_line_written_while_the_tails_are_read_is_read_at_the_next_look(
     """The files are signed before the read, not after it: a line the job writes between the
     read and the signing (a job that writes one line and then waits, on a loaded machine) is
     a change at the next look, never taken as read (CI: a tail missing for a minute)."""
-    poller, controller, client = make(1)
+    poller, controller, _ = make(1)
     controller.settings = Settings(poll_interval=1.0, log_refresh=0)
     version = [0]
     poller._signature = lambda item: (version[0], None)  # type: ignore[method-assign]
