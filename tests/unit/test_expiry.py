@@ -145,6 +145,26 @@ async def test_an_upstream_is_kept_while_a_dependent_has_not_finished(tmp_path: 
     assert bed.store.deleted == ["prep"]
 
 
+async def test_a_dependent_of_the_same_name_in_another_namespace_protects_nothing(
+    tmp_path: Path,
+) -> None:
+    """dependsOn names a SlurmJob of the dependent's own namespace: team-b's `train` waiting
+    on a `prep` of team-b never keeps team-a's `prep` (the index is keyed by namespace)."""
+    bed = make_bed(tmp_path)
+    upstream = _finished(bed, ttl=0, name="prep")
+    assert upstream.namespace == "team-a"
+    await reconcile(bed, upstream)
+    bed.slurm.faults = []
+    elsewhere = bed.store.create(
+        "train", cpu_spec(dependsOn=[{"name": "prep", "condition": "Finished"}]), namespace="team-b"
+    )
+    bed.controller.observe_body(copy.deepcopy(bed.store.body(elsewhere)))
+    assert bed.controller.depended_on("team-b", "prep")
+    assert not bed.controller.depended_on("team-a", "prep")
+    await reconcile(bed, upstream)
+    assert bed.store.deleted == ["prep"]
+
+
 async def test_a_slurmjob_changed_since_the_decision_is_not_deleted(tmp_path: Path) -> None:
     bed = make_bed(tmp_path)
     ref = _finished(bed, ttl=0)
