@@ -20,7 +20,7 @@ from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.queues import Queues
-from slurmjob_operator.controller.resource import ResourceEdge, RetryLater, Stale
+from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import shown_index
 from slurmjob_operator.core.decisions import belongs
 from slurmjob_operator.core.finality import is_final
@@ -85,21 +85,14 @@ class Deletion:
         finalizer does not wait for them)."""
         if not attempt.staging_dir:
             return
-        for again in (False, True):
-            fresh = await self.edge.fresh(view.ref, conditioned=True)
-            if fresh is None:
-                return
+
+        async def write_tails(fresh: ResourceView) -> None:
             logs = await self.following.logs(fresh, attempt, index=shown_index(fresh.status))
-            if logs is None:
-                return
-            tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
-            try:
+            if logs is not None:
+                tails = with_logs(fresh.status, logs, self.settings.status_tail_bytes)
                 await self.edge.apply(fresh, Transition(tails))
-            except Stale:
-                if again:
-                    return
-                continue
-            return
+
+        await self.edge.on_fresh(view.ref, write_tails, quiet=True)
 
     async def _end_job(self, view: ResourceView, client: SlurmClient, attempt: Attempt) -> None:
         """Cancel the attempt's job, once a read shows it is the resource's to cancel, and

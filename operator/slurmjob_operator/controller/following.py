@@ -15,7 +15,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.identity import JobIdentity, refuse_stranger
 from slurmjob_operator.controller.latejobs import LateJobs
 from slurmjob_operator.controller.registry import Tracked
-from slurmjob_operator.controller.resource import ResourceEdge, Stale
+from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.wakes import Wakes
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.arrays import (
@@ -83,30 +83,24 @@ class Following:
         """Fold a changed Slurm state (None: the job is gone from the controller) and the log
         tails into the resource's status; `logs_only` when only the log files moved."""
         ref = tracked.ref
+
+        async def fold_fresh(view: ResourceView) -> None:
+            status = view.status
+            attempt = status.current_attempt
+            moved_on = status.next_attempt_at is not None or (
+                status.phase is not None and status.phase.is_terminal
+            )
+            if attempt is None or attempt.job_id != tracked.job_id or moved_on:
+                self.edge.observe(ref, status)
+                return
+            await self.fold(view, status, views, logs_only=logs_only)
+
         async with self.edge.step(ref.uid):
-            for again in (False, True):
-                # Conditioned: the fold rewrites status.attempts whole (a merge patch replaces
-                # a list), so it lands only on the version it was computed from; a write of
-                # another replica or handler meanwhile (a newer write-ahead record) makes it
-                # read and fold again, once, here, and else at the next poll.
-                view = await self.edge.fresh(ref, conditioned=True)
-                if view is None:
-                    break
-                status = view.status
-                attempt = status.current_attempt
-                moved_on = status.next_attempt_at is not None or (
-                    status.phase is not None and status.phase.is_terminal
-                )
-                if attempt is None or attempt.job_id != tracked.job_id or moved_on:
-                    self.edge.observe(ref, status)
-                    break
-                try:
-                    await self.fold(view, status, views, logs_only=logs_only)
-                except Stale:
-                    if again:
-                        raise
-                    continue
-                break
+            # Conditioned: the fold rewrites status.attempts whole (a merge patch replaces a
+            # list), so it lands only on the version it was computed from; a write of another
+            # replica or handler meanwhile (a newer write-ahead record) makes it read and fold
+            # again, once, here, and else at the next poll.
+            view = await self.edge.on_fresh(ref, fold_fresh)
         if view is None:
             self.edge.forget(ref)
 

@@ -82,6 +82,30 @@ class ResourceEdge:
             return None
         return ResourceView.of(body, conditioned=conditioned)
 
+    async def on_fresh(
+        self,
+        ref: ObjectRef,
+        act: Callable[[ResourceView], Awaitable[None]],
+        *,
+        quiet: bool = False,
+    ) -> ResourceView | None:
+        """`act` on a conditioned fresh read of `ref`; when its write finds the resource
+        changed since that read (`Stale`), once more on a new read. A second `Stale` is
+        raised, or with `quiet` dropped. Returns the last view read (None: gone)."""
+        for again in (False, True):
+            view = await self.fresh(ref, conditioned=True)
+            if view is None:
+                return None
+            try:
+                await act(view)
+            except Stale:
+                if not again:
+                    continue
+                if not quiet:
+                    raise
+            return view
+        raise AssertionError("unreachable: the second pass returns or raises")
+
     async def apply(self, view: ResourceView, transition: Transition) -> ResourceView:
         """Patch the status when something visible changed, post the Events, keep the
         registry in step; the view returned carries the new status."""
