@@ -111,6 +111,17 @@ class Case:
 
 
 VALID: list[Case] = [
+    Case("launch-nodes", changed(gpu_spec(), launch={"shape": "nodes", "masterPort": 29600})),
+    Case("launch-torchrun-het", changed(het_spec(), launch={"shape": "torchrun"})),
+    Case("launch-ray", changed(gpu_spec(), launch={"shape": "ray"})),
+    Case("launch-tasks-gpu-default", changed(gpu_spec(), launch={"shape": "tasks"})),
+    Case(
+        "launch-tasks-mpi",
+        changed(gpu_spec(), launch={"shape": "tasks", "mpi": "pmi2"}, pools__0__tasksPerNode=2),
+    ),
+    Case(
+        "launch-tasks-cpu", changed(cpu_spec(), launch={"shape": "tasks"}, pools__0__tasksPerNode=2)
+    ),
     Case("cpu-only", cpu_spec()),
     Case("single-pool-gpu", gpu_spec()),
     Case("two-pool-het", het_spec()),
@@ -162,6 +173,48 @@ VALID: list[Case] = [
 ]
 
 INVALID: list[Case] = [
+    Case(
+        "launch-nodes-cpu",
+        changed(cpu_spec(), launch={"shape": "nodes"}),
+        "spec.launch",
+        "takes only tasks",
+    ),
+    Case(
+        "launch-mpi-not-tasks",
+        changed(gpu_spec(), launch={"shape": "nodes", "mpi": "pmi2"}),
+        "spec.launch",
+        "is for launch shape tasks",
+    ),
+    Case(
+        "launch-tasks-per-node-without-tasks",
+        changed(gpu_spec(), pools__0__tasksPerNode=2),
+        "spec.launch",
+        "is for shape tasks",
+    ),
+    Case(
+        "launch-tasks-not-dividing-gpus",
+        changed(gpu_spec(), launch={"shape": "tasks"}, pools__0__tasksPerNode=3),
+        "spec.launch",
+        "must divide gpusPerNode",
+    ),
+    Case(
+        "launch-tasks-not-dividing-cpus",
+        changed(cpu_spec(), launch={"shape": "tasks"}, pools__0__tasksPerNode=3),
+        "spec.launch",
+        "and cpus",
+    ),
+    Case(
+        "launch-mpi-option",
+        changed(gpu_spec(), launch={"shape": "tasks", "mpi": "--mpi=x"}),
+        "spec.launch.mpi",
+        "pattern",
+    ),
+    Case(
+        "launch-port-low",
+        changed(gpu_spec(), launch={"shape": "nodes", "masterPort": 80}),
+        "spec.launch.masterPort",
+        "greater than or equal to 1024",
+    ),
     Case(
         "array-of-a-het-job",
         changed(het_spec(), array={"count": 4}),

@@ -27,6 +27,15 @@ class Pool(_Model):
     gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs per node.")
     cpus: int = Field(ge=1, le=4096, description="CPUs per node.")
     memory_gb: int = Field(ge=1, le=65536, description="Memory per node in GiB.")
+    tasks_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description=(
+            "srun tasks per node for launch shape tasks (default: gpusPerNode, which it must "
+            "divide, the GPUs shared out evenly; 1 for a CPU pool); cpus must divide by it."
+        ),
+    )
     scratch_gb: int | None = Field(
         default=None, description="Refused: node-local scratch is not supported on Slurm."
     )
@@ -37,6 +46,11 @@ class Pool(_Model):
         if value is not None:
             raise ValueError("scratch requests are not supported by the Slurm backend")
         return value
+
+    @property
+    def tasks(self) -> int:
+        """srun tasks per node under launch shape tasks."""
+        return self.tasks_per_node or self.gpus_per_node or 1
 
     @model_validator(mode="after")
     def _series_for_gpus(self) -> Pool:

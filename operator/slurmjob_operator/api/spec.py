@@ -27,6 +27,7 @@ from slurmjob_operator.api.container import (
     Mount,
     SecretKeyRef,
 )
+from slurmjob_operator.api.launch import DEFAULT_MASTER_PORT, PER_NODE, LaunchShape, LaunchSpec
 from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.api.pools import DNS_LABEL_RE, ArraySpec, Pool
 from slurmjob_operator.api.retry import RetrySpec
@@ -63,6 +64,8 @@ __all__ = [
     "EnvVar",
     "EnvVarSource",
     "Framework",
+    "LaunchShape",
+    "LaunchSpec",
     "Mode",
     "Mount",
     "Pool",
@@ -121,6 +124,11 @@ class SlurmJobSpec(_Model):
     account: str | None = Field(default=None, description="Slurm account.")
     qos: str | None = Field(default=None, description="Slurm QOS.")
     time_limit: TimeLimit | None = None
+    launch: LaunchSpec | None = Field(
+        default=None,
+        validate_default=True,
+        description="How the command starts on the job's nodes (its shape).",
+    )
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy.")
     array: ArraySpec | None = Field(
         default=None,
@@ -252,6 +260,46 @@ class SlurmJobSpec(_Model):
         if self.is_cpu_only and not self.framework.is_custom:
             raise ValueError("a CPU-only job (gpusPerNode: 0) must use framework custom/custom")
         return self
+
+    @field_validator("launch")
+    @classmethod
+    def _launch_fits(cls, value: LaunchSpec | None, info: ValidationInfo) -> LaunchSpec | None:
+        # `pools` is declared earlier, so it is validated (or missing, when it failed) here;
+        # the field is validated when absent too (validate_default): tasksPerNode needs it.
+        pools: list[Pool] | None = info.data.get("pools")
+        if pools is None:
+            return value
+        shape = value.shape if value is not None else None
+        cpu_only = all(p.gpus_per_node == 0 for p in pools)
+        if cpu_only and shape in (LaunchShape.RAY, *PER_NODE):
+            raise ValueError(
+                f"a CPU-only job runs one plain step; of the launch shapes it takes only "
+                f"tasks, not {shape}"
+            )
+        if value is not None and value.mpi and shape is not LaunchShape.TASKS:
+            raise ValueError("an MPI plugin (mpi) is for launch shape tasks")
+        per_node = [p.name for p in pools if p.tasks_per_node is not None]
+        if per_node and shape is not LaunchShape.TASKS:
+            raise ValueError(f"pool {per_node[0]} sets tasksPerNode, which is for shape tasks")
+        for pool in pools if shape is LaunchShape.TASKS else ():
+            if pool.gpus_per_node % pool.tasks or pool.cpus % pool.tasks:
+                raise ValueError(
+                    f"pool {pool.name}: tasksPerNode {pool.tasks} must divide gpusPerNode "
+                    f"{pool.gpus_per_node} (the GPUs are shared out evenly) and cpus {pool.cpus}"
+                )
+        return value
+
+    @property
+    def launch_shape(self) -> LaunchShape | None:
+        """The shape the command starts in: the spec's, ray for a GPU job, None (one plain
+        step) for a CPU-only job."""
+        if self.launch is not None and self.launch.shape is not None:
+            return self.launch.shape
+        return None if self.is_cpu_only else LaunchShape.RAY
+
+    @property
+    def master_port(self) -> int:
+        return self.launch.master_port if self.launch is not None else DEFAULT_MASTER_PORT
 
     @field_validator("array")
     @classmethod

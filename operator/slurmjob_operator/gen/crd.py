@@ -51,6 +51,15 @@ def _gpus(var: str) -> str:
 
 
 _CPU_ONLY = f"self.pools.all(p, {_gpus('p')} == 0)"
+_TASKS = "(has(self.launch) && has(self.launch.shape) && self.launch.shape == 'tasks')"
+
+
+def _tasks(var: str) -> str:
+    """A pool's tasks per node under launch shape tasks (`Pool.tasks`)."""
+    return (
+        f"(has({var}.tasksPerNode) ? {var}.tasksPerNode : "
+        f"({_gpus(var)} > 0 ? {_gpus(var)} : 1))"
+    )
 
 
 def _cel_string(text: str) -> str:
@@ -206,6 +215,31 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             f"!({_CPU_ONLY}) || self.pools.all(p, !has(p.nodes) || p.nodes == 1)",
             "multi-node CPU jobs are not supported: set nodes: 1",
             ".pools",
+            _INVALID,
+        ),
+        Rule(
+            f"!({_CPU_ONLY}) || !has(self.launch) || !has(self.launch.shape) || {_TASKS}",
+            "a CPU-only job runs one plain step; of the launch shapes it takes only tasks",
+            ".launch",
+            _INVALID,
+        ),
+        Rule(
+            f"!has(self.launch) || !has(self.launch.mpi) || {_TASKS}",
+            "an MPI plugin (mpi) is for launch shape tasks",
+            ".launch",
+            _INVALID,
+        ),
+        Rule(
+            f"{_TASKS} || self.pools.all(p, !has(p.tasksPerNode))",
+            "tasksPerNode is for launch shape tasks",
+            ".launch",
+            _INVALID,
+        ),
+        Rule(
+            f"!{_TASKS} || self.pools.all(p, {_gpus('p')} % {_tasks('p')} == 0 "
+            f"&& p.cpus % {_tasks('p')} == 0)",
+            "tasksPerNode must divide gpusPerNode (the GPUs are shared out evenly) and cpus",
+            ".launch",
             _INVALID,
         ),
         Rule(
