@@ -37,6 +37,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_GPU_SERIES_FILE", "/etc/gpu.yaml", "gpu_series_file", Path("/etc/gpu.yaml")),
     ("SLURMJOB_TENANTS_FILE", "/etc/tenants.yaml", "tenants_file", Path("/etc/tenants.yaml")),
     ("SLURMJOB_TEMPLATES_DIR", "/etc/tpl", "templates_dir", Path("/etc/tpl")),
+    ("SLURMJOB_MPI_PLUGINS", "pmi2,pmix", "mpi_plugins", "pmi2,pmix"),
     ("SLURMJOB_POLL_INTERVAL", "5", "poll_interval", 5.0),
     ("SLURMJOB_POLL_INTERVAL", " 0.5 ", "poll_interval", 0.5),
     ("SLURMJOB_DELETE_TIMEOUT", "30", "delete_timeout", 30.0),

@@ -33,6 +33,7 @@ from .test_render_support import (
     fixed_artifact,
     make_context,
     make_spec,
+    pools_for,
     profile_format,
     run_attempt,
     stand_in_settings,
@@ -45,7 +46,19 @@ PROFILES = [RuntimeProfile.ENROOT_PYXIS, RuntimeProfile.APPTAINER]
 SHAPES = ["cpu", "gpu", "het"]
 CASES = [(p, s) for s in SHAPES for p in PROFILES]
 # "array": the cpu job as a 20-task array (its script differs from the cpu job's only there).
-GOLDEN_CASES = [*CASES, *((p, "array") for p in PROFILES)]
+# The launch shapes (spec.launch) other than the default: on the gpu job, the het job, and
+# tasks on the gpu job (2 per node, pmi2) and on the cpu job (2 on its node).
+LAUNCH_SHAPES: dict[str, tuple[str, dict[str, Any], int | None]] = {
+    "nodes": ("gpu", {"shape": "nodes"}, None),
+    "torchrun-het": ("het", {"shape": "torchrun", "masterPort": 29600}, None),
+    "tasks": ("gpu", {"shape": "tasks", "mpi": "pmi2"}, 2),
+    "tasks-cpu": ("cpu", {"shape": "tasks"}, 2),
+}
+GOLDEN_CASES = [
+    *CASES,
+    *((p, "array") for p in PROFILES),
+    *((p, s) for s in LAUNCH_SHAPES for p in PROFILES),
+]
 
 
 def golden_settings(profile: RuntimeProfile) -> Settings:
@@ -59,9 +72,17 @@ def golden_settings(profile: RuntimeProfile) -> Settings:
 def golden_render(profile: RuntimeProfile, shape: str) -> Any:
     settings = golden_settings(profile)
     array = shape == "array"
+    launch: dict[str, Any] = {}
+    if shape in LAUNCH_SHAPES:
+        shape, launch_spec, tasks = LAUNCH_SHAPES[shape]
+        pools = pools_for(shape)
+        for pool in pools if tasks else ():
+            pool["tasksPerNode"] = tasks
+        launch = {"launch": launch_spec, "pools": pools}
     cpu = shape in ("cpu", "array")
     spec = make_spec(
         "cpu" if array else shape,
+        **launch,
         account="ml",
         qos="normal",
         timeLimit="4h",

@@ -314,6 +314,10 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.pollInterval | quote }}
 - name: SLURMJOB_DELETE_TIMEOUT
   value: {{ .Values.deleteTimeout | quote }}
+{{- with .Values.mpiPlugins }}
+- name: SLURMJOB_MPI_PLUGINS
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- if .Values.archive.enabled }}
 - name: SLURMJOB_ARCHIVE_ROOT
   value: {{ .Values.archive.root | quote }}

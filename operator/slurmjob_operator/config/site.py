@@ -63,6 +63,14 @@ class SiteSettings(BaseSettings):
             "tenant's limits are enforced before submit."
         ),
     )
+    mpi_plugins: str | None = Field(
+        default=None,
+        pattern=r"^([a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*)?$",
+        description=(
+            "Comma-separated srun --mpi plugins a SlurmJob's launch.mpi may name (launch shape "
+            "tasks), e.g. pmi2,pmix; empty: none."
+        ),
+    )
     templates_dir: Path | None = Field(
         default=None, description="Directory with site copies of the batch-script templates."
     )
@@ -87,3 +95,7 @@ class SiteSettings(BaseSettings):
         le=1024**3,
         description="Bytes kept of each archived file (its end, whole lines).",
     )
+
+    @property
+    def allowed_mpi_plugins(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.mpi_plugins or "").split(",") if p)

@@ -33,6 +33,7 @@ from slurmjob_operator.api.spec import (
     SlurmJobSpec,
 )
 from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.gen.celpools import LAYOUT_RULES, POOL_RULES
 from slurmjob_operator.gen.schema import Rule, structural_schema
 
 CATEGORIES = ("slurm",)
@@ -44,22 +45,6 @@ MAX_TIME_LIMIT_MINUTES = 365 * 1440
 _FORBIDDEN = "FieldValueForbidden"
 _INVALID = "FieldValueInvalid"
 _DUPLICATE = "FieldValueDuplicate"
-
-
-def _gpus(var: str) -> str:
-    return f"(has({var}.gpusPerNode) ? {var}.gpusPerNode : 0)"
-
-
-_CPU_ONLY = f"self.pools.all(p, {_gpus('p')} == 0)"
-_TASKS = "(has(self.launch) && has(self.launch.shape) && self.launch.shape == 'tasks')"
-
-
-def _tasks(var: str) -> str:
-    """A pool's tasks per node under launch shape tasks (`Pool.tasks`)."""
-    return (
-        f"(has({var}.tasksPerNode) ? {var}.tasksPerNode : "
-        f"({_gpus(var)} > 0 ? {_gpus(var)} : 1))"
-    )
 
 
 def _cel_string(text: str) -> str:
@@ -153,20 +138,7 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             _INVALID,
         ),
     ),
-    Pool: (
-        Rule(
-            "!has(self.scratchGb)",
-            "scratch requests are not supported by the Slurm backend",
-            ".scratchGb",
-            _FORBIDDEN,
-        ),
-        Rule(
-            f"{_gpus('self')} == 0 || (has(self.gpuSeries) && size(self.gpuSeries) > 0)",
-            "gpusPerNode > 0 needs a gpuSeries",
-            ".gpuSeries",
-            "FieldValueRequired",
-        ),
-    ),
+    Pool: POOL_RULES,
     DataSpec: (
         Rule(
             "!has(self.volumes) || size(self.volumes) == 0",
@@ -185,69 +157,7 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             ".cluster",
             _INVALID,
         ),
-        Rule(
-            "self.pools.all(p, self.pools.exists_one(q, q.name == p.name))",
-            "pool names must be unique",
-            ".pools",
-            _DUPLICATE,
-        ),
-        Rule(
-            f"{_CPU_ONLY} || self.pools.all(p, {_gpus('p')} > 0)",
-            "a GPU job cannot have a pool with gpusPerNode 0; a CPU-only job is custom/custom "
-            "with exactly one pool",
-            ".pools",
-            _INVALID,
-        ),
-        Rule(
-            f"!({_CPU_ONLY}) || (self.framework.kind == '{CUSTOM}' "
-            f"&& self.framework.name == '{CUSTOM}')",
-            "a CPU-only job (gpusPerNode: 0) must use framework custom/custom",
-            ".framework",
-            _INVALID,
-        ),
-        Rule(
-            f"!({_CPU_ONLY}) || size(self.pools) == 1",
-            "a CPU-only job has exactly one pool",
-            ".pools",
-            _INVALID,
-        ),
-        Rule(
-            f"!({_CPU_ONLY}) || self.pools.all(p, !has(p.nodes) || p.nodes == 1)",
-            "multi-node CPU jobs are not supported: set nodes: 1",
-            ".pools",
-            _INVALID,
-        ),
-        Rule(
-            f"!({_CPU_ONLY}) || !has(self.launch) || !has(self.launch.shape) || {_TASKS}",
-            "a CPU-only job runs one plain step; of the launch shapes it takes only tasks",
-            ".launch",
-            _INVALID,
-        ),
-        Rule(
-            f"!has(self.launch) || !has(self.launch.mpi) || {_TASKS}",
-            "an MPI plugin (mpi) is for launch shape tasks",
-            ".launch",
-            _INVALID,
-        ),
-        Rule(
-            f"{_TASKS} || self.pools.all(p, !has(p.tasksPerNode))",
-            "tasksPerNode is for launch shape tasks",
-            ".launch",
-            _INVALID,
-        ),
-        Rule(
-            f"!{_TASKS} || self.pools.all(p, {_gpus('p')} % {_tasks('p')} == 0 "
-            f"&& p.cpus % {_tasks('p')} == 0)",
-            "tasksPerNode must divide gpusPerNode (the GPUs are shared out evenly) and cpus",
-            ".launch",
-            _INVALID,
-        ),
-        Rule(
-            "!has(self.array) || size(self.pools) == 1",
-            "an array has exactly one pool: Slurm has no heterogeneous arrays",
-            ".array",
-            _INVALID,
-        ),
+        *LAYOUT_RULES,
     ),
 }
 

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 
 from slurmjob_operator.api.scriptwords import command_problem, path_problem, reserved_env_name
-from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.spec import LaunchShape, SlurmJobSpec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.indices import slurm_array
@@ -159,12 +159,13 @@ def _components(spec: SlurmJobSpec, ctx: RenderContext) -> list[JobComponent]:
                     f"pool {pool.name}: GPU series {series.name} declares no Slurm constraint, "
                     "which a heterogeneous job needs to pin each component"
                 )
+        tasks = pool.tasks if spec.launch_shape is LaunchShape.TASKS else 1
         components.append(
             JobComponent(
                 pool=pool.name,
                 nodes=pool.nodes,
-                tasks_per_node=1,
-                cpus_per_task=pool.cpus,
+                tasks_per_node=tasks,
+                cpus_per_task=pool.cpus // tasks,
                 memory_mb=pool.memory_gb * 1024,
                 gpus_per_node=pool.gpus_per_node,
                 constraints=constraint,
@@ -172,6 +173,16 @@ def _components(spec: SlurmJobSpec, ctx: RenderContext) -> list[JobComponent]:
             )
         )
     return components
+
+
+#: The shape templates (`templates/shape/`): None is a CPU-only job's one plain step.
+SHAPE_TEMPLATES: dict[LaunchShape | None, str] = {
+    None: "shape/cpu.sh.j2",
+    LaunchShape.RAY: "shape/ray.sh.j2",
+    LaunchShape.NODES: "shape/nodes.sh.j2",
+    LaunchShape.TORCHRUN: "shape/nodes.sh.j2",
+    LaunchShape.TASKS: "shape/tasks.sh.j2",
+}
 
 
 def _template_values(
@@ -194,6 +205,22 @@ def _template_values(
 
     pools = spec.pools
     offsets = [sum(p.nodes for p in pools[:i]) for i in range(len(pools))]
+    shape = spec.launch_shape
+    tasks = shape is LaunchShape.TASKS
+    task_offsets = [sum(p.nodes * p.tasks for p in pools[:i]) for i in range(len(pools))]
+    node_pools = [
+        {
+            "index": i,
+            "nodes": p.nodes,
+            "gpus": p.gpus_per_node,
+            "node_offset": offsets[i],
+            "tasks": p.tasks if tasks else 1,
+            "cpus_per_task": p.cpus // p.tasks if tasks else p.cpus,
+            "gpus_per_task": p.gpus_per_node // p.tasks if tasks else p.gpus_per_node,
+            "task_offset": task_offsets[i],
+        }
+        for i, p in enumerate(pools)
+    ]
     ray_pools = [
         {
             "index": i,
@@ -206,7 +233,7 @@ def _template_values(
     ]
     return {
         "runtime_template": f"runtime/{profile.value}.sh.j2",
-        "shape_template": "shape/cpu.sh.j2" if spec.is_cpu_only else "shape/ray.sh.j2",
+        "shape_template": SHAPE_TEMPLATES[shape],
         "staging_dir": cluster_dir,
         "artifact_path": _cluster(settings, artifact.path),
         "artifact_format": artifact.format.value,
@@ -227,6 +254,11 @@ def _template_values(
         "world_size": sum(p.nodes for p in pools),
         "gpus_per_node": pools[0].gpus_per_node,
         "ray_pools": ray_pools,
+        "node_pools": node_pools,
+        "torchrun": shape is LaunchShape.TORCHRUN,
+        "task_count": sum(p.nodes * p.tasks for p in pools) if tasks else 0,
+        "master_port": spec.master_port,
+        "mpi": spec.launch.mpi if spec.launch is not None else None,
         "exit_codes": EXIT_CODES,
     }
 

@@ -203,6 +203,10 @@ def resolve_site(
             )
         series[pool.name] = entry
         exclusive[pool.name] = entry is not None and pool.gpus_per_node == entry.gpus_per_node
+    mpi = spec.launch.mpi if spec.launch is not None else None
+    if mpi and mpi not in settings.allowed_mpi_plugins:
+        allowed = ", ".join(settings.allowed_mpi_plugins) or "none (SLURMJOB_MPI_PLUGINS)"
+        errors.append(f"spec.launch.mpi: MPI plugin {mpi!r} is not one the site allows: {allowed}")
     if errors or runtime is None:
         raise SpecError(errors)
     return SiteResolution(

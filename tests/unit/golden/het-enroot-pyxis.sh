@@ -172,8 +172,10 @@ head_node=${first_nodes[0]:-}
 export MASTER_ADDR=$head_node
 export MASTER_PORT=29500
 export WORLD_SIZE=5
+export SLURMJOB_NODE_COUNT=5
 export NUM_GPU_PER_NODE=8
-# The command runs on the first node: rank 0. Ray workers compute their own rank.
+# The command runs on the first node: rank 0. Ray workers and the per-node shapes' tasks
+# compute their own rank.
 export NODE_RANK=0
 
 # GPU job: a Ray cluster over every node of the job. The head runs on the first node, a worker
