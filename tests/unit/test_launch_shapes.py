@@ -189,6 +189,48 @@ def test_the_first_step_that_fails_ends_the_others_and_gives_its_code(tmp_path: 
     assert time.monotonic() - started < 50
 
 
+LATE_ONE = r"""#!/bin/bash
+for arg in "$@"; do
+  if [[ $arg == --het-group=1 ]]; then
+    sleep 2
+    touch "$FAKE_LOG_DIR/late-step-done"
+    exit 0
+  fi
+done
+exit 0
+"""
+
+
+def test_the_script_waits_for_the_last_step_not_only_the_first(tmp_path: Path) -> None:
+    """One step ends at once, the other 2 s later: the script ends after both. (CI on 26.05 lost
+    the second node's output: bash 5.3's `wait -n <ids>` answers an id already waited for again
+    at once; this machine's bash 5.2 does not, so the real-job test on 26.05 is what catches
+    that, and this one the plain semantics.)"""
+    settings = stand_in_settings(tmp_path, slurm_runtime_profile=RuntimeProfile.APPTAINER)
+    artifact = write_artifact(settings, profile_format(settings.slurm_runtime_profile))
+    spec = make_spec("het", command=COMMAND, env=[], launch={"shape": "nodes"})
+    rendered = render_attempt(spec, make_context(spec, settings, artifact))
+    run_attempt(rendered, settings, tmp_path, nodes=(("h1", "h2"), ("r1", "r2", "r3")))
+    (tmp_path / "bin" / "srun").write_text(LATE_ONE)
+    log = tmp_path / "log"
+    result = subprocess.run(
+        ["bash", str(rendered.staging_dir / "job.sh")],
+        cwd=rendered.launch.working_directory,
+        env={
+            **rendered.launch.environment,
+            "FAKE_LOG_DIR": str(log),
+            "SLURM_JOB_NODELIST": "h1,h2",
+            "SLURM_JOB_NODELIST_HET_GROUP_0": "h1,h2",
+            "SLURM_JOB_NODELIST_HET_GROUP_1": "r1,r2,r3",
+        },
+        capture_output=True,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (log / "late-step-done").exists(), "the script ended before its last step"
+
+
 def test_the_mpi_plugin_must_be_one_the_site_allows() -> None:
     spec = changed(gpu_spec(), launch={"shape": "tasks", "mpi": "pmix"})
     assert "none (SLURMJOB_MPI_PLUGINS)" in str(refusal(spec))

@@ -210,10 +210,12 @@ background_pids+=("$!")
 
 # Wait for every step; the first that fails ends the others (a distributed program whose
 # peer died would otherwise wait for it until the time limit), and its code is the job's.
+# `wait -n` without ids (bash 4.3+): given ids, bash 5.3 answers one already waited for again
+# at once, and the script would end (and Slurm end the job) while another step still runs.
 status=0
 for ((left = ${#launch_pids[@]}; left > 0; left--)); do
   code=0
-  wait -n "${launch_pids[@]}" || code=$?
+  wait -n || code=$?
   if ((code != 0 && status == 0)); then
     status=$code
     kill -TERM "${launch_pids[@]}" 2>/dev/null || true
