@@ -35,7 +35,10 @@ ENTER = 'd=${SLURMJOB_STAGING_DIR:-$PWD}; cd "$d" && [ -e job.sh ] || exit 7; '
 def op(
     kube: KubeTestbed, crd: None, slurm_2605: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
-    yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("storage-attacks"))
+    # Tails read again every second while a job runs (30 s by default): what a job plants
+    # after its first line is met at once, and the module waits for no refresh.
+    refresh = {"SLURMJOB_LOG_REFRESH": "1"}
+    yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("storage-attacks"), **refresh)
 
 
 @pytest.fixture
@@ -128,7 +131,11 @@ def test_a_symlinked_attempt_directory_never_reaches_the_status(
 
 
 def test_a_fifo_at_the_log_stalls_no_other_job(op: Operator) -> None:
-    script = ENTER + "rm -f stdout.log && mkfifo stdout.log && echo planted >&2; sleep 30"
+    # The FIFO stays until the test has seen the bystander through (a file `go`; at most 60 s).
+    script = (
+        ENTER + "rm -f stdout.log && mkfifo stdout.log && echo planted >&2; "
+        "for i in $(seq 600); do [ -e go ] && break; sleep 0.1; done"
+    )
     op.apply("fifo", cpu_spec(["bash", "-c", script]))
     obj = op.wait_phase("fifo", "Running", "Succeeded", "Failed", within=60)
     fifo = _staging(obj) / "stdout.log"
@@ -144,6 +151,8 @@ def test_a_fifo_at_the_log_stalls_no_other_job(op: Operator) -> None:
     other = op.wait_phase("bystander", "Succeeded", "Failed", "Cancelled", within=60)
     assert other["status"]["phase"] == "Succeeded", other["status"]
     assert "bystander-ok" in other["status"]["logs"]["stdout"]["tail"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was there all along"
+    (_staging(obj) / "go").touch()
     done = op.wait_phase("fifo", "Succeeded", "Failed", "Cancelled", within=60)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert "a FIFO" in op.log_tail(400)
