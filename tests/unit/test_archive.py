@@ -108,6 +108,24 @@ async def test_every_file_of_every_attempt_is_archived_before_the_staging_goes(b
     assert f"--uid {ref.uid}" in text
 
 
+async def test_only_names_an_attempt_can_have_are_archived(bed: Bed) -> None:
+    """A job that fills its directory with log-like names gets no more than an attempt can
+    have archived (task indices below 10,000), and the log API answers 404 beyond them."""
+    ref = await submit(bed)
+    bed.slurm.set_state(100, "RUNNING")
+    base = staging(bed, ref)
+    for index in (9999, 10000, 99999, 1234567):
+        (base / f"stdout-{index}.log").write_text(f"task {index}\n")
+    for index in range(2000):
+        (base / f"junk-{index}.log").write_text("x\n")
+    await deleted(bed, ref)
+    files = sorted(p.name for p in (entry(bed, ref) / "attempt-1").iterdir())
+    assert files == ["job.sh", "stdout-9999.log"]
+    with pytest.raises(LogFailure) as beyond:
+        await access(bed).read(ref.namespace, ref.name, LogQuery(uid=ref.uid, index=50000))
+    assert beyond.value.code == 404
+
+
 async def test_secret_values_are_hidden_in_the_archive(bed: Bed) -> None:
     bed.store.secrets[("team-a", "hf")] = {"token": "archived-value-9876"}
     ref = await submit(bed, env=SECRET_ENV)

@@ -182,9 +182,14 @@ class LogAccess:
         if archived is None:
             which = f"attempt {query.attempt}" if query.attempt else "an attempt"
             raise LogFailure(404, "NoAttempt", f"the archive of {namespace}/{name} has no {which}")
-        path = archived_file(
-            root, namespace, uid, archived.number, log_file(query.stream, query.index)
-        )
+        try:
+            path = archived_file(
+                root, namespace, uid, archived.number, log_file(query.stream, query.index)
+            )
+        except ValueError:  # a task index no array has
+            raise LogFailure(
+                404, "NotFound", f"the archive of {namespace}/{name} has no such log"
+            ) from None
         answer = {
             "namespace": namespace,
             "name": name,

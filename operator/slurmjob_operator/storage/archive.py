@@ -66,7 +66,9 @@ STALE_TEMPORARY = 3600.0
 NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 UID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _ATTEMPT_RE = re.compile(r"^attempt-([1-9][0-9]{0,6})$")
-_LOG_RE = re.compile(r"^(stdout|stderr)(-(0|[1-9][0-9]{0,6}))?\.log$")
+# A job array has at most MAX_ARRAY_TASKS tasks (indices below 10,000): with the two plain
+# files an attempt has at most 20,002 log names, whatever its job created beside them.
+_LOG_RE = re.compile(r"^(stdout|stderr)(-(0|[1-9][0-9]{0,3}))?\.log$")
 _TEMPORARY_RE = re.compile(r"^\.[0-9a-f-]{36}\.[0-9a-f]{12}\.tmp$")
 
 
@@ -140,8 +142,10 @@ def _task_order(name: str) -> tuple[int, str]:
 def _source_names(source: AttemptSource) -> list[str]:
     """The attempt's log files (sorted: stdout before stderr, tasks in order) and its script."""
     parts = below(source.storage_root, source.staging_dir)
-    with walk(source.storage_root, parts, dir_owners(source.script_owner)) as fd:
-        names = [n for n in os.listdir(fd) if _LOG_RE.fullmatch(n)]
+    # Streamed: a directory the job filled with names is walked, never held whole.
+    owners = dir_owners(source.script_owner)
+    with walk(source.storage_root, parts, owners) as fd, os.scandir(fd) as entries:
+        names = [e.name for e in entries if _LOG_RE.fullmatch(e.name)]
     names.sort(key=_task_order)
     return [*names, SCRIPT_FILE]
 
