@@ -21,7 +21,8 @@ import pytest
 from slurmjob_operator.api.spec import EnvVar, Mount
 from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.core import naming
-from slurmjob_operator.site.catalogs import ArtifactFormat, GpuSeries
+from slurmjob_operator.core.probe import ProbePlan
+from slurmjob_operator.site.catalogs import ArtifactFormat, CollectiveProbe, GpuSeries
 from slurmjob_operator.site.preflight import find_shellcheck, shellcheck_script
 from slurmjob_operator.site.render import render_attempt
 from slurmjob_operator.site.templating import RenderError, environment, shquote
@@ -54,10 +55,24 @@ LAUNCH_SHAPES: dict[str, tuple[str, dict[str, Any], int | None]] = {
     "tasks": ("gpu", {"shape": "tasks", "mpi": "pmi2"}, 2),
     "tasks-cpu": ("cpu", {"shape": "tasks"}, 2),
 }
+# The collective probe (issue 26, part 2): a ladder of two rungs after the plain run, on the
+# gpu job and the het job (whose series set a least bus bandwidth), and on the gpu job with a
+# rung from the cache and two nodes the tenant avoids.
+PROBE = CollectiveProbe(
+    command=["all_reduce_perf", "-b", "8M", "-e", "128M"],
+    timeout_seconds=90,
+    ladder=[{"NCCL_P2P_DISABLE": "1"}, {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}],
+)
+PROBE_SHAPES: dict[str, tuple[str, ProbePlan | None]] = {
+    "probe": ("gpu", None),
+    "probe-het": ("het", None),
+    "probe-cached": ("gpu", ProbePlan(cached_rung=1, exclude=("gpu-a7", "gpu-b2"))),
+}
 GOLDEN_CASES = [
     *CASES,
     *((p, "array") for p in PROFILES),
     *((p, s) for s in LAUNCH_SHAPES for p in PROFILES),
+    *((p, s) for s in PROBE_SHAPES for p in PROFILES),
 ]
 
 
@@ -72,6 +87,11 @@ def golden_settings(profile: RuntimeProfile) -> Settings:
 def golden_render(profile: RuntimeProfile, shape: str) -> Any:
     settings = golden_settings(profile)
     array = shape == "array"
+    artifact = fixed_artifact(profile_format(profile))
+    plan: ProbePlan | None = None
+    if shape in PROBE_SHAPES:
+        shape, plan = PROBE_SHAPES[shape]
+        artifact = artifact.model_copy(update={"probe": PROBE})
     launch: dict[str, Any] = {}
     if shape in LAUNCH_SHAPES:
         shape, launch_spec, tasks = LAUNCH_SHAPES[shape]
@@ -92,10 +112,17 @@ def golden_render(profile: RuntimeProfile, shape: str) -> Any:
     ctx = make_context(
         spec,
         settings,
-        fixed_artifact(profile_format(profile)),
+        artifact,
         partition="cpu" if cpu else "gpu",
         exclusive={"learner": True} if shape == "het" else {},
     )
+    if artifact.probe is not None:
+        floors = {
+            pool: series.model_copy(update={"min_bus_bandwidth": 40.0 + i})
+            for i, (pool, series) in enumerate(ctx.gpu_series.items())
+            if series is not None
+        }
+        ctx = dataclasses.replace(ctx, probe=plan, gpu_series=floors)
     return render_attempt(spec, ctx)
 
 
@@ -104,6 +131,8 @@ def golden_json(rendered: Any) -> str:
     launch["script"] = "<see the .sh golden file>"
     if launch["array"] is None:  # the field is younger than the golden files of plain jobs
         del launch["array"]
+    if not launch["excluded_nodes"]:  # as is this one
+        del launch["excluded_nodes"]
     files = {
         name: {
             "mode": oct(staged.mode),

@@ -314,6 +314,14 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.pollInterval | quote }}
 - name: SLURMJOB_DELETE_TIMEOUT
   value: {{ .Values.deleteTimeout | quote }}
+- name: SLURMJOB_PROBE_ATTEMPTS
+  value: {{ .Values.probe.attempts | quote }}
+- name: SLURMJOB_PROBE_CACHE_SECONDS
+  value: {{ .Values.probe.cacheSeconds | int64 | quote }}
+- name: SLURMJOB_PROBE_AVOID_SECONDS
+  value: {{ .Values.probe.avoidSeconds | int64 | quote }}
+- name: SLURMJOB_PROBE_CONFIGMAP
+  value: {{ .Values.probe.configMap | quote }}
 {{- with .Values.mpiPlugins }}
 - name: SLURMJOB_MPI_PLUGINS
   value: {{ join "," . | quote }}

@@ -96,6 +96,34 @@ class SiteSettings(BaseSettings):
         description="Bytes kept of each archived file (its end, whole lines).",
     )
 
+    probe_attempts: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description=(
+            "New attempts a SlurmJob gets after collective probes that failed on every rung "
+            "and blamed nodes (each excludes them); 0: a failed probe ends the job."
+        ),
+    )
+    probe_cache_seconds: int = Field(
+        default=86400,
+        ge=0,
+        description="How long a probe's passing rung lets later jobs of the same key skip it.",
+    )
+    probe_avoid_seconds: int = Field(
+        default=86400,
+        ge=60,
+        description="How long a node a tenant's probe blamed stays excluded from its jobs.",
+    )
+    probe_configmap: str = Field(
+        default="slurmjob-probe-cache",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description=(
+            "The ConfigMap, in the operator's namespace (the Lease's), holding the probe "
+            "cache and the avoid lists."
+        ),
+    )
+
     @property
     def allowed_mpi_plugins(self) -> tuple[str, ...]:
         return tuple(p for p in (self.mpi_plugins or "").split(",") if p)

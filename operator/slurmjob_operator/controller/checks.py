@@ -33,6 +33,7 @@ from slurmjob_operator.controller.pipeline import (
     prepare_attempt,
     verify_runtime,
 )
+from slurmjob_operator.controller.probebook import ProbeBook
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import check, enforce
@@ -72,6 +73,8 @@ class Checks:
         self.slurm = slurm
         self.clusters = clusters
         self.limits = limits
+        #: The probe cache and avoid lists (None: not kept; every probe runs, nothing excluded).
+        self.probes: ProbeBook | None = None
 
     def order(self) -> tuple[Callable[[Preparing], Awaitable[None]], ...]:
         return (
@@ -125,6 +128,8 @@ class Checks:
         assert p.spec is not None
         p.client = await self.slurm()
         ref = p.view.ref
+        if self.probes is not None:
+            await self.probes.refresh()  # from memory, read again only when it is old
         p.prepared = await asyncio.to_thread(
             prepare_attempt,
             p.spec,
@@ -136,6 +141,7 @@ class Checks:
             api_version=p.client.version,
             secret_values=p.secrets,
             array_indices=p.indices,
+            probes=self.probes,
         )
 
     async def cluster_limits(self, p: Preparing) -> None:

@@ -20,6 +20,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.controller.probebook import ProbeBook
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.reachability import Reachability
 from slurmjob_operator.controller.registry import Registry, Tracked
@@ -33,8 +34,9 @@ from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
-from slurmjob_operator.kube.ports import NamespaceReader, ResourceDeleter
+from slurmjob_operator.kube.ports import ConfigMapStore, NamespaceReader, ResourceDeleter
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.servingcert import operator_namespace
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import make_token_provider
@@ -150,6 +152,20 @@ class Controller:
             self.site.job_uid,
         )
         self._deletion.archiver = self.archiver
+        # The collective probe's cache and avoid lists, where the store holds ConfigMaps.
+        self.probes = (
+            ProbeBook(
+                kube,
+                operator_namespace(settings),
+                settings.probe_configmap,
+                cache_seconds=settings.probe_cache_seconds,
+                avoid_seconds=settings.probe_avoid_seconds,
+            )
+            if isinstance(kube, ConfigMapStore)
+            else None
+        )
+        self._following.probes = self.probes
+        self._submission.sender.checks.probes = self.probes
 
     def depended_on(self, namespace: str, name: str) -> bool:
         """Whether a SlurmJob of this cluster still to finish names this one in dependsOn."""

@@ -3,6 +3,7 @@ version's submit body and the preflight checks, in the one order every caller us
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,6 +12,13 @@ from typing import Any
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import ConfigError, Settings
+from slurmjob_operator.core.probe import (
+    ProbeLookup,
+    ProbePlan,
+    avoid_key,
+    cache_key,
+    probe_owner,
+)
 from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
     GpuSeriesCatalog,
@@ -20,6 +28,7 @@ from slurmjob_operator.site.catalogs import (
 )
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.site.preflight import check_rendered
+from slurmjob_operator.site.probe import probe_runs
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt, render_attempt
 from slurmjob_operator.site.resolve import SiteResolution, resolve_site
 from slurmjob_operator.site.tenantentry import Tenant
@@ -127,6 +136,54 @@ class PreparedAttempt:
     resolution: SiteResolution
     body: dict[str, Any]
     api_version: str
+    probe_keys: ProbeKeys | None = None
+    """Where this attempt's probe outcome is remembered (None: it has no probe)."""
+    probe_plan: ProbePlan | None = None
+
+
+@dataclass(frozen=True)
+class ProbeKeys:
+    cache: str
+    avoid: str
+    ladder: int
+    """The rungs the site's ladder has (the plain run included)."""
+
+
+def _probe(
+    spec: SlurmJobSpec,
+    site: Site,
+    resolution: SiteResolution,
+    namespace: str,
+    api_version: str,
+    probes: ProbeLookup | None,
+) -> tuple[ProbeKeys | None, ProbePlan | None]:
+    """The attempt's probe keys and plan: the cache's rung, the tenant's avoided nodes (only
+    where the API version can exclude nodes)."""
+    if probes is None or not probe_runs(spec, resolution.runtime):
+        return None, None
+    tenant = resolution.tenant
+    owner = probe_owner(
+        namespace,
+        tenant.name if tenant is not None else None,
+        tenant is not None and (tenant.slurm_user is not None or tenant.uid is not None),
+    )
+    cluster = site.settings.cluster_name
+    series = ",".join(sorted({s.name for s in resolution.series.values() if s is not None}))
+    assert resolution.runtime.probe is not None
+    # The cache holds a rung's index: a changed program or ladder is a new key.
+    ladder = resolution.runtime.probe.model_dump_json()
+    runtime = f"{resolution.runtime.sha256}/{hashlib.sha256(ladder.encode()).hexdigest()}"
+    keys = ProbeKeys(
+        cache_key(owner, cluster, resolution.partition, runtime, series),
+        avoid_key(owner, cluster),
+        resolution.runtime.probe.rungs,
+    )
+    exclude = probes.avoided(keys.avoid) if dialect_for(api_version).supports_exclusion else ()
+    cached = probes.cached_rung(keys.cache)
+    probe = resolution.runtime.probe
+    if cached is not None and (probe is None or cached >= probe.rungs):
+        cached = None  # the ladder changed since: probe again
+    return keys, ProbePlan(cached, exclude)
 
 
 def prepare_attempt(
@@ -140,6 +197,7 @@ def prepare_attempt(
     api_version: str,
     secret_values: Mapping[str, str],
     array_indices: Sequence[int] | None = None,
+    probes: ProbeLookup | None = None,
 ) -> PreparedAttempt:
     """Resolve, render, build the submit body and run the preflight checks.
 
@@ -152,6 +210,7 @@ def prepare_attempt(
     )
     # The tenant's defaults (account, QOS, time limit) are rendered as if the spec said them.
     spec = resolution.applied_to(spec)
+    keys, plan = _probe(spec, site, resolution, namespace, api_version, probes)
     ctx = RenderContext(
         namespace=namespace,
         name=name,
@@ -164,11 +223,12 @@ def prepare_attempt(
         settings=site.settings,
         secret_values=secret_values,
         array_indices=tuple(array_indices) if array_indices is not None else None,
+        probe=plan,
     )
     rendered = render_attempt(spec, ctx)
     body = dialect_for(api_version).submit_body(rendered.launch)
     check_rendered(rendered, secret_values, json.dumps(body))
-    return PreparedAttempt(rendered, resolution, body, api_version)
+    return PreparedAttempt(rendered, resolution, body, api_version, keys, plan)
 
 
 def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:

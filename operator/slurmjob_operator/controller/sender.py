@@ -18,7 +18,7 @@ from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.resource import ResourceView
-from slurmjob_operator.api.status import AttemptDependency
+from slurmjob_operator.api.status import AttemptDependency, AttemptProbe
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.adopter import Adopter
 from slurmjob_operator.controller.checks import Checks, Preparing
@@ -242,6 +242,16 @@ class Sender:
             await self.failed(view, exc, recorded=False)
             return
         launch = prepared.rendered.launch
+        plan, keys = prepared.probe_plan, prepared.probe_keys
+        probe = None
+        if plan is not None and keys is not None:
+            probe = AttemptProbe(
+                key=keys.cache,
+                avoid=keys.avoid,
+                ladder=keys.ladder,
+                cached_rung=plan.cached_rung,
+                excluded=list(plan.exclude),
+            )
         if upstream:
             launch = launch.model_copy(update={"dependency": slurm_dependency(upstream)})
         staging = prepared.rendered.staging_dir
@@ -259,6 +269,7 @@ class Sender:
                 cluster=self.cluster if len(self.clusters.names) > 1 else None,
                 array_indices=indices,
                 dependencies=upstream,
+                probe=probe,
             ),
         )
         current = view.status.current_attempt

@@ -16,6 +16,7 @@ from datetime import datetime
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase
 from slurmjob_operator.core.following import not_retried, retry_scheduled
+from slurmjob_operator.core.probe import after_failed_probe
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import Transition
@@ -32,6 +33,8 @@ class AttemptEnd:
     logs: str
     generation: int | None
     now: datetime
+    probe_attempts: int = 0
+    """The site's most new attempts after probes that failed (SLURMJOB_PROBE_ATTEMPTS)."""
 
 
 #: A rule: the transition to write instead of `end.ended`, or None when it has no say.
@@ -51,7 +54,19 @@ def retry_rules(end: AttemptEnd) -> Transition | None:
     return Transition(scheduled.status, end.ended.events + scheduled.events)
 
 
-RULES: tuple[Rule, ...] = (retry_rules,)
+def probe_rules(end: AttemptEnd) -> Transition | None:
+    """A probe that failed on every rung (as the attempt's record says, never an exit code):
+    decided before the retry rules, on a counter of its own."""
+    attempt = end.ended.status.current_attempt
+    if attempt is None or attempt.probe is None or attempt.probe.outcome != "Failed":
+        return None
+    if end.observation.phase is not Phase.FAILED:
+        return None  # the script ends a failed probe with a failure: anything else is not it
+    decided = after_failed_probe(end.ended.status, end.probe_attempts, end.generation, end.now)
+    return Transition(decided.status, end.ended.events + decided.events)
+
+
+RULES: tuple[Rule, ...] = (probe_rules, retry_rules)
 
 
 def after_attempt(end: AttemptEnd, rules: tuple[Rule, ...] = RULES) -> Transition:

@@ -49,6 +49,8 @@ class LaunchRequest(BaseModel):
     """A job array's task indices and limit, as Slurm's `--array` takes them ("0-19%3")."""
     dependency: str | None = None
     """Slurm's dependency expression (`afterok:123,afterok:456`), on the whole job."""
+    excluded_nodes: tuple[str, ...] = ()
+    """Nodes no component may get (the tenant's avoid list after failed probes)."""
 
     @property
     def is_heterogeneous(self) -> bool:

@@ -29,6 +29,8 @@ ENV_FILE = "job.env"
 SECRETS_FILE = "secrets.env"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
+#: Written by the batch script: what the collective probe found (`core.probe`).
+PROBE_RECORD_FILE = "probe.record"
 #: A job array's tasks each write their own pair, named by `array_log_file`; Slurm expands `%a`
 #: in the paths of the submit to the task's index.
 ARRAY_STDOUT_PATTERN = "stdout-%a.log"

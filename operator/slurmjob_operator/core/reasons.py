@@ -23,6 +23,7 @@ class ConditionType(StrEnum):
     ADMITTED = "Admitted"
     EVICTED = "Evicted"
     FINISHED = "Finished"
+    PROBE_PASSED = "ProbePassed"
 
 
 CONDITION_MEANINGS: dict[ConditionType, str] = {
@@ -68,6 +69,12 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
         "an edit decides again (InvalidSpec, LimitExceeded, DependencyFailed) and on a job that "
         "was final and is not any more (NotFinished). `kubectl wait --for=condition=Finished`."
     ),
+    ConditionType.PROBE_PASSED: (
+        "The collective probe before the command (GPU jobs on several nodes or GPUs, with a "
+        "probe configured for the runtime): True when it passed (the rung and the bus "
+        "bandwidth in the message) or a fresh cache entry let the job skip it; False when it "
+        "failed on every rung."
+    ),
 }
 
 
@@ -104,10 +111,27 @@ class Reason(StrEnum):
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
     EVICTED = "Evicted"
     NOT_FINISHED = "NotFinished"
+    PROBE_PASSED = "ProbePassed"
+    PROBE_CACHED = "ProbeCached"
+    PROBE_FAILED = "ProbeFailed"
+    PROBE_RETRY = "ProbeRetry"
 
 
 #: What each reason tells a user.
 REASON_MEANINGS: dict[Reason, str] = {
+    Reason.PROBE_PASSED: "The collective probe passed on the rung the message names.",
+    Reason.PROBE_CACHED: (
+        "The probe was skipped: a fresh cache entry for the tenant, cluster, partition, "
+        "runtime and GPU series names the rung that passed before."
+    ),
+    Reason.PROBE_FAILED: (
+        "The collective probe failed (hung, failed or was too slow) on every rung of the "
+        "site's ladder, and no new attempt excluding the nodes it blamed is left."
+    ),
+    Reason.PROBE_RETRY: (
+        "The collective probe failed on every rung and blamed nodes: a new attempt that "
+        "excludes them is due now (its own counter; no retry of spec.retry is spent)."
+    ),
     Reason.SUBMITTING: "The attempt is recorded and its POST is being sent.",
     Reason.ACCEPTED: "slurmrestd answered the POST with the job id.",
     Reason.ADOPTED: "The POST's answer was lost; the job was found by its unique name.",
@@ -276,6 +300,14 @@ WRITTEN: frozenset[Written] = frozenset(
             (cond, status, FROM_SLURM)
             for cond in (C.RUNNING, C.READY, C.SUCCEEDED, C.FAILED)
             for status in (_T, _F)
+        ),
+        (C.PROBE_PASSED, _T, R.PROBE_PASSED),
+        (C.PROBE_PASSED, _T, R.PROBE_CACHED),
+        (C.PROBE_PASSED, _F, R.PROBE_FAILED),
+        *((cond, _F, R.PROBE_RETRY) for cond in (C.READY, C.RUNNING, C.FAILED)),
+        *(
+            (cond, status, R.PROBE_FAILED)
+            for cond, status in ((C.RUNNING, _F), (C.READY, _F), (C.SUCCEEDED, _F), (C.FAILED, _T))
         ),
         (C.FINISHED, _T, FROM_PHASE),
         *(

@@ -17,6 +17,7 @@ from slurmjob_operator.api.status import (
     ArrayStatus,
     Attempt,
     AttemptDependency,
+    AttemptProbe,
     Phase,
     SlurmJobStatus,
 )
@@ -126,6 +127,7 @@ def record_attempt(
     cluster: str | None = None,
     array_indices: Sequence[int] | None = None,
     dependencies: Sequence[AttemptDependency] = (),
+    probe: AttemptProbe | None = None,
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
     the cluster it went to, where the adoption must look, and the upstream jobs it waits on).
@@ -140,6 +142,7 @@ def record_attempt(
         submitted_at=rfc3339(now),
         retry_of=previous.number if previous is not None and previous.job_id else None,
         array=ArrayAttempt(indices=compact(array_indices)) if array_indices else None,
+        probe=probe,
     )
     attempts = [*status.attempts, attempt]
     array = None

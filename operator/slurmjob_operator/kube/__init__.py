@@ -11,6 +11,7 @@ core says (a status write must land before the submit POST, not after the handle
 from __future__ import annotations
 
 from slurmjob_operator.kube.base import COMPONENT, REVIEWS_AT_ONCE
+from slurmjob_operator.kube.configmaps import ConfigMaps
 from slurmjob_operator.kube.logapi import LogApiAccess
 from slurmjob_operator.kube.namespaces import Namespaces
 from slurmjob_operator.kube.ports import (
@@ -46,5 +47,5 @@ __all__ = [
 ]
 
 
-class KubeApi(SlurmJobs, Workloads, Secrets, LogApiAccess, Namespaces):
+class KubeApi(SlurmJobs, Workloads, Secrets, LogApiAccess, Namespaces, ConfigMaps):
     """The few Kubernetes calls the operator makes, on one ApiClient."""

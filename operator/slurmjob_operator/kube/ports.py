@@ -56,6 +56,17 @@ class ConfigMapUnavailable(RuntimeError):
     """A ConfigMap could not be read (other than its absence)."""
 
 
+@runtime_checkable
+class ConfigMapStore(Protocol):
+    """The operator's own ConfigMap: read whole, written key by key."""
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None: ...
+
+    async def merge_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str | None]
+    ) -> None: ...
+
+
 class AccessReviewer(Protocol):
     """Whether a user the apiserver named may read a SlurmJob's log."""
 

@@ -38,12 +38,14 @@ from slurmjob_operator.core.naming import (
     STDERR_FILE,
     STDOUT_FILE,
 )
+from slurmjob_operator.core.probe import ProbePlan
 from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     ArtifactFormat,
     GpuSeries,
     RuntimeArtifact,
 )
+from slurmjob_operator.site.probe import probe_values
 from slurmjob_operator.site.templating import RenderError, environment
 
 BASE_TEMPLATE = "job.sh.j2"
@@ -88,6 +90,8 @@ class RenderContext:
     secret_values: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: For a job array: the task indices this attempt submits (None: all of spec.array).
     array_indices: tuple[int, ...] | None = None
+    #: The collective probe's cached rung and the nodes to exclude (None: no cache, none).
+    probe: ProbePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,7 @@ def _template_values(
         "master_port": spec.master_port,
         "mpi": spec.launch.mpi if spec.launch is not None else None,
         "exit_codes": EXIT_CODES,
+        **probe_values(spec, artifact, ctx.gpu_series, ctx.probe),
     }
 
 
@@ -339,6 +344,7 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
         qos=spec.qos,
         time_limit_minutes=spec.time_limit_minutes,
         array=array,
+        excluded_nodes=ctx.probe.exclude if ctx.probe is not None else (),
     )
     return RenderedAttempt(
         launch=launch, files=files, staging_dir=staging, cluster_staging_dir=cluster_dir

@@ -15,6 +15,8 @@
 #   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+# A collective probe that failed on every rung ends the script with 1: the operator tells it
+# apart by probe.record (which this script writes), never by that code.
 set -euo pipefail
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -180,8 +182,13 @@ export NUM_GPU_PER_NODE=0
 # compute their own rank.
 export NODE_RANK=0
 
+# Settings the steps of the command run with: none, unless the collective probe (or a fresh
+# cache entry) chose a rung of the site's ladder. They are set inside the container, each
+# word exported as given (the site's names and values), then the command's words follow.
+rung_env=()
+
 # CPU-only job: one plain step on the one node, no GPUs, no Ray.
 status=0
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 "${container_options[@]}" -- \
-  "${container_launcher[@]}" "${user_command[@]}" || status=$?
+  "${container_launcher[@]}" "${rung_env[@]}" "${user_command[@]}" || status=$?
 exit "$status"

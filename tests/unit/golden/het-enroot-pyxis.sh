@@ -15,6 +15,8 @@
 #   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+# A collective probe that failed on every rung ends the script with 1: the operator tells it
+# apart by probe.record (which this script writes), never by that code.
 set -euo pipefail
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -178,6 +180,11 @@ export NUM_GPU_PER_NODE=8
 # compute their own rank.
 export NODE_RANK=0
 
+# Settings the steps of the command run with: none, unless the collective probe (or a fresh
+# cache entry) chose a rung of the site's ladder. They are set inside the container, each
+# word exported as given (the site's names and values), then the command's words follow.
+rung_env=()
+
 # GPU job: a Ray cluster over every node of the job. The head runs on the first node, a worker
 # on every other node; then the command runs on the head. Ray runs inside the container.
 # --overlap on every step: the steps share the allocation's CPUs, memory and GPUs. Every srun's
@@ -188,7 +195,7 @@ ray_address=$head_node:6379
 ray_log=$staging_dir/ray.log
 
 "${step_srun[@]}" --overlap --het-group=0 --nodes=1 --ntasks=1 --nodelist="$head_node" \
-  "${container_options[@]}" -- "${container_launcher[@]}" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   ray start --head --port=6379 --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
 head_pid=$!
@@ -215,7 +222,7 @@ node_rank_wrapper='NODE_RANK=$(($1 + ${SLURM_NODEID:-0})); export NODE_RANK; shi
 
 # Workers on the other nodes of the first pool.
 "${step_srun[@]}" --overlap --het-group=0 --nodes=1 --ntasks=1 --ntasks-per-node=1 \
-  --exclude="$head_node" "${container_options[@]}" -- "${container_launcher[@]}" \
+  --exclude="$head_node" "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$node_rank_wrapper" sh 1 \
   ray start --address="$ray_address" --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
@@ -223,7 +230,7 @@ background_pids+=("$!")
 
 # Workers on every node of the next heterogeneous component.
 "${step_srun[@]}" --overlap --het-group=1 --nodes=3 --ntasks=3 --ntasks-per-node=1 \
-  "${container_options[@]}" -- "${container_launcher[@]}" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$node_rank_wrapper" sh 2 \
   ray start --address="$ray_address" --num-gpus=4 --block \
   >>"$ray_log" 2>&1 &
@@ -233,6 +240,6 @@ background_pids+=("$!")
 export RAY_ADDRESS=$ray_address
 status=0
 "${step_srun[@]}" --overlap --het-group=0 --nodes=1 --ntasks=1 --nodelist="$head_node" \
-  "${container_options[@]}" -- "${container_launcher[@]}" "${user_command[@]}" || status=$?
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" "${user_command[@]}" || status=$?
 stop_background
 exit "$status"

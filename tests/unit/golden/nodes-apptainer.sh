@@ -15,6 +15,8 @@
 #   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+# A collective probe that failed on every rung ends the script with 1: the operator tells it
+# apart by probe.record (which this script writes), never by that code.
 set -euo pipefail
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -180,6 +182,11 @@ export NUM_GPU_PER_NODE=8
 # compute their own rank.
 export NODE_RANK=0
 
+# Settings the steps of the command run with: none, unless the collective probe (or a fresh
+# cache entry) chose a rung of the site's ladder. They are set inside the container, each
+# word exported as given (the site's names and values), then the command's words follow.
+rung_env=()
+
 # Launch shape nodes: the command once per node, on every node of every pool.
 # Each node's task computes its rank inside the container: the pool's first global node rank
 # plus the node's index in the step (SLURM_NODEID). WORLD_SIZE is the node count (TAO's
@@ -192,7 +199,7 @@ launch_pids=()
 
 # Pool 0: 2 node(s), global node ranks from 0.
 "${step_srun[@]}" --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 \
-  "${container_options[@]}" -- "${container_launcher[@]}" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$launch_wrapper" sh 0 8 \
   "$SLURMJOB_NODE_COUNT" "$MASTER_ADDR" "$MASTER_PORT" "${user_command[@]}" &
 launch_pids+=("$!")

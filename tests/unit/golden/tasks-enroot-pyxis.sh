@@ -15,6 +15,8 @@
 #   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+# A collective probe that failed on every rung ends the script with 1: the operator tells it
+# apart by probe.record (which this script writes), never by that code.
 set -euo pipefail
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
@@ -178,6 +180,11 @@ export NUM_GPU_PER_NODE=8
 # compute their own rank.
 export NODE_RANK=0
 
+# Settings the steps of the command run with: none, unless the collective probe (or a fresh
+# cache entry) chose a rung of the site's ladder. They are set inside the container, each
+# word exported as given (the site's names and values), then the command's words follow.
+rung_env=()
+
 # Launch shape tasks: pools[].tasksPerNode srun tasks on each node of every pool, each with
 # its CPUs and its share of the node's GPUs. Each task computes its global rank inside the
 # container (the pool's first rank plus SLURM_PROCID) and gets the task count and the job's
@@ -191,7 +198,7 @@ launch_pids=()
 
 # Pool 0: 2 task(s) on each of 2 node(s), global ranks from 0.
 "${step_srun[@]}" --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=32 --gpus-per-task=4 --mpi=pmi2 \
-  "${container_options[@]}" -- "${container_launcher[@]}" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$task_wrapper" sh 0 4 "$job_nodes" \
   "${user_command[@]}" &
 launch_pids+=("$!")

@@ -210,6 +210,8 @@ class Dialect(ABC):
     supports_sluid_paths: bool = False
     #: This dialect can read `/slurmdb/V/...` job records.
     supports_accounting: bool = False
+    #: Whether a job description can exclude nodes (`excluded_nodes`, v0.0.40 on).
+    supports_exclusion: bool = False
     #: `DELETE /slurm/V/jobs` with a list of ids (v0.0.40 from 23.11.6 on, v0.0.41+; a
     #: v0.0.40 without it answers an unserved route, which the caller takes as "ask per job").
     supports_bulk_cancel: bool = False

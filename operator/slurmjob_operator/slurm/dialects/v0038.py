@@ -50,6 +50,7 @@ from slurmjob_operator.slurm.dialects.fields import (
     zero_as_none,
 )
 from slurmjob_operator.slurm.dialects.records import Records, read_records, reading
+from slurmjob_operator.slurm.errors import SlurmUnsupported
 
 VERSION = "v0.0.38"
 NO_VAL = 0xFFFFFFFE
@@ -145,6 +146,9 @@ class Dialect38(Dialect):
     supports_accounting = False
 
     def _component(self, req: LaunchRequest, comp: JobComponent) -> dict[str, Any]:
+        if req.excluded_nodes:
+            # v0.0.38's job properties have no field for it: never drop an exclusion silently.
+            raise SlurmUnsupported("slurmrestd v0.0.38 cannot exclude nodes from a job")
         job: dict[str, Any] = {
             "name": req.job_name,
             "comment": req.comment,

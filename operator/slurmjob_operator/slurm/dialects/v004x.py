@@ -272,6 +272,7 @@ def accounting_view(raw: _AcctJob) -> SlurmJobView:
 class Dialect4x(Dialect):
     supports_jobs_state = True
     supports_accounting = True
+    supports_exclusion = True
     supports_bulk_cancel = True
 
     def __init__(self, version: str) -> None:

@@ -69,6 +69,8 @@ def _component(req: LaunchRequest, comp: JobComponent, first: bool) -> dict[str,
         job["dependency"] = req.dependency  # the leader's holds for the whole het job
     if comp.constraints:
         job["constraints"] = comp.constraints
+    if req.excluded_nodes:
+        job["excluded_nodes"] = list(req.excluded_nodes)
     if comp.gpus_per_node:
         job["tres_per_node"] = f"gres/gpu:{comp.gpus_per_node}"
     if comp.exclusive:

@@ -1,0 +1,259 @@
+#!/bin/bash
+# Batch script of one SlurmJob attempt, rendered by slurmjob-operator.
+#
+# There are no #SBATCH lines, on purpose: slurmrestd ignores them. Every scheduler option
+# (nodes, CPUs, memory, GPUs, constraints, partition, account, QOS, time limit, output files)
+# is set in the JSON job description submitted together with this script.
+#
+# Nothing of the manifest runs or lands in this shell: the command and spec.env are data,
+# handed to the containerised steps only (after srun's `--`, and in the environment of those
+# srun calls alone). Every tool of the script runs under the site's PATH, set first.
+#
+# Exit codes of this script itself; any other code is the user command's own:
+#   94  the staging directory cannot be read on this node, or its job.env or secrets.env is
+#       not the file this attempt staged
+#   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
+#   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
+#   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+# A collective probe that failed on every rung ends the script with 1: the operator tells it
+# apart by probe.record (which this script writes), never by that code.
+set -euo pipefail
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
+staging_dir=/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1
+artifact=/lustre/slurmjob/runtimes/custom-test.sif
+artifact_sha256=913ae15b9bb73b8d90c813d7518bc42943b1c63fedfc13d0bf583fa148687eae
+artifact_magic=SIF_MAGIC
+artifact_magic_offset=32
+readonly staging_dir artifact artifact_sha256 artifact_magic artifact_magic_offset
+
+# The user's command, one word per line, exactly as in spec.command.
+# shellcheck disable=SC2054 # a word of the command may itself contain a comma
+user_command=(
+  python
+  train.py
+  --epochs
+  3
+)
+# The names of spec.env, in the order of job.env (plain values) and secrets.env (secret ones).
+plain_env_names=(EPOCHS GREETING)
+secret_env_names=(HF_TOKEN)
+
+fail() {
+  local code=$1
+  shift
+  printf 'slurmjob: %s\n' "$*" >&2
+  exit "$code"
+}
+
+# secrets.env lives on shared storage: delete it as soon as it has been read, and on any exit.
+# shred is best effort (a parallel filesystem may not overwrite in place); unlinking is what
+# counts, so rm is the fallback.
+remove_secrets() {
+  local file=$staging_dir/secrets.env
+  if [[ -e $file ]]; then
+    shred -u -- "$file" 2>/dev/null || rm -f -- "$file" ||
+      printf 'slurmjob: could not delete %s\n' "$file" >&2
+  fi
+}
+
+# Background steps (the Ray head and workers): stopped when the command ends or the script
+# exits. srun forwards SIGTERM to its tasks; whatever is still there after ~30 s is killed.
+background_pids=()
+stop_background() {
+  local pid alive try
+  if ((${#background_pids[@]} == 0)); then
+    return 0
+  fi
+  kill -TERM "${background_pids[@]}" 2>/dev/null || true
+  for ((try = 0; try < 150; try++)); do
+    alive=0
+    for pid in "${background_pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then
+        alive=1
+      fi
+    done
+    if ((alive == 0)); then
+      break
+    fi
+    sleep 0.2
+  done
+  kill -KILL "${background_pids[@]}" 2>/dev/null || true
+  wait "${background_pids[@]}" 2>/dev/null || true
+  background_pids=()
+}
+
+on_exit() {
+  remove_secrets
+  stop_background
+}
+trap on_exit EXIT
+# Turn the signals Slurm sends (scancel, time limit) into an exit, so the EXIT trap runs.
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# srun by absolute path: `env` (in step_srun, below) looks its command up in the environment it
+# builds, and that environment holds the user's variables.
+srun_bin=$(type -P srun) || fail 127 "srun is not on PATH ($PATH)"
+readonly srun_bin
+
+cd -- "$staging_dir" || fail 94 "cannot enter the staging directory $staging_dir"
+[[ -r job.env ]] || fail 94 "cannot read $staging_dir/job.env"
+[[ -r secrets.env ]] || fail 96 "$staging_dir/secrets.env is gone: this attempt already ran once"
+
+# Verify the runtime artifact on this node before anything starts: it exists, carries the
+# format's magic bytes, and has the registry's sha256.
+verify_artifact() {
+  local magic actual
+  [[ -f $artifact && -r $artifact ]] ||
+    fail 97 "runtime artifact $artifact is missing or unreadable"
+  magic=$(dd if="$artifact" bs=1 skip="$artifact_magic_offset" count="${#artifact_magic}" \
+    2>/dev/null | tr -d '\000') || fail 97 "cannot read runtime artifact $artifact"
+  [[ $magic == "$artifact_magic" ]] ||
+    fail 97 "runtime artifact $artifact has no $artifact_magic magic at byte $artifact_magic_offset"
+  actual=$(sha256sum <"$artifact") || fail 97 "cannot hash runtime artifact $artifact"
+  actual=${actual%% *}
+  [[ $actual == "$artifact_sha256" ]] ||
+    fail 97 "runtime artifact $artifact has sha256 $actual, expected $artifact_sha256"
+}
+verify_artifact
+
+# How a step enters the container (apptainer): after srun's `--`, `apptainer exec` on the SIF.
+# apptainer reads its own options only up to the image: the words after it are the command, so
+# none of them is ever an apptainer option. Bind sources are paths under the cluster's storage
+# root; the attempt's directory is bound read-only at the same path.
+container_options=()
+container_launcher=(
+  apptainer exec --nv
+  --bind /lustre/slurmjob/datasets/imagenet:/data:ro
+  --bind /lustre/slurmjob/results/run-1:/results
+  --bind /lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
+  --pwd /workspace
+  /lustre/slurmjob/runtimes/custom-test.sif
+)
+# spec.env travels as APPTAINERENV_<NAME>: apptainer sets NAME inside the container (over the
+# image's own value), and srun and apptainer on the host never see it under its own name.
+user_env_prefix=APPTAINERENV_
+
+# spec.env, as data: env files hold NAME=value records, each ending in NUL. Nothing in them is
+# evaluated, and each record must carry the next name rendered above, so a file changed on the
+# shared storage can neither add a variable nor rename one. The records go into step_env, with
+# the runtime's prefix, and from there only into the environment of the srun calls of step_srun.
+step_env=()
+read_env_file() {
+  local file=$1 name record i=0
+  shift
+  local -a records=()
+  [[ -f $file && ! -L $file ]] || return 1
+  mapfile -d '' -t records <"$file" || return 1
+  ((${#records[@]} == $#)) || return 1
+  for name in "$@"; do
+    record=${records[i]}
+    [[ $record == "$name="* ]] || return 1
+    step_env+=("$user_env_prefix$record")
+    i=$((i + 1))
+  done
+}
+read_env_file job.env "${plain_env_names[@]}" ||
+  fail 94 "$staging_dir/job.env does not hold the variables this attempt staged"
+# Secret values: read once, then deleted right away, so they neither stay on shared storage
+# while the job runs nor show through the staging mount inside the container.
+read_env_file secrets.env "${secret_env_names[@]}" ||
+  fail 94 "$staging_dir/secrets.env does not hold the variables this attempt staged"
+remove_secrets
+# Every containerised step starts with this srun: the user's variables are in its environment
+# (and so in the step's) and nowhere else; the script's own variables are inherited as usual.
+step_srun=(env -- "${step_env[@]}" "$srun_bin")
+
+# Rendezvous for multi-node launchers: the first node of the whole job is the master.
+# WORLD_SIZE is the node count (TAO's meaning), not a process count.
+first_nodes=()
+mapfile -t first_nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
+head_node=${first_nodes[0]:-}
+[[ -n $head_node ]] || fail 95 "cannot tell the job's first node from Slurm's node list"
+export MASTER_ADDR=$head_node
+export MASTER_PORT=29500
+export WORLD_SIZE=2
+export SLURMJOB_NODE_COUNT=2
+export NUM_GPU_PER_NODE=8
+# The command runs on the first node: rank 0. Ray workers and the per-node shapes' tasks
+# compute their own rank.
+export NODE_RANK=0
+
+# Settings the steps of the command run with: none, unless the collective probe (or a fresh
+# cache entry) chose a rung of the site's ladder. They are set inside the container, each
+# word exported as given (the site's names and values), then the command's words follow.
+rung_env=()
+# shellcheck disable=SC2016 # expanded by sh inside the container, not here
+rung_wrapper='while [ "$1" != -- ]; do export "$1"; shift; done; shift; exec "$@"'
+probe_record=$staging_dir/probe.record
+set_rung() {
+  local -a vars=()
+  case $1 in
+    0) vars=() ;;
+    1) vars=('NCCL_P2P_DISABLE=1') ;;
+    2) vars=('NCCL_IB_DISABLE=1' 'NCCL_P2P_DISABLE=1') ;;
+  esac
+  rung_env=()
+  if ((${#vars[@]} > 0)); then
+    rung_env=(sh -c "$rung_wrapper" sh "${vars[@]}" --)
+  fi
+}
+
+# The collective probe is skipped: the cache names rung 1 for
+# this job's tenant, cluster, partition, runtime and GPU series.
+set_rung 1
+printf 'result skipped %s\n' 1 >"$probe_record"
+
+# GPU job: a Ray cluster over every node of the job. The head runs on the first node, a worker
+# on every other node; then the command runs on the head. Ray runs inside the container.
+# --overlap on every step: the steps share the allocation's CPUs, memory and GPUs. Every srun's
+# options end with `--`: what follows is the container launcher and the command, never options.
+# Ray's own steps write to ray.log in the staging directory, so that stdout and stderr hold the
+# command's output (and not srun's notices when the Ray steps are stopped at the end).
+ray_address=$head_node:6379
+ray_log=$staging_dir/ray.log
+
+"${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
+  ray start --head --port=6379 --num-gpus=8 --block \
+  >>"$ray_log" 2>&1 &
+head_pid=$!
+background_pids+=("$head_pid")
+
+# Wait up to 300 s for the head to answer.
+ray_ready=0
+for ((try = 0; try < 150; try++)); do
+  kill -0 "$head_pid" 2>/dev/null ||
+    fail 95 "the Ray head step on $head_node ended before it became healthy"
+  if "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
+    "${container_options[@]}" -- "${container_launcher[@]}" \
+    ray health-check --address "$ray_address" >/dev/null 2>&1; then
+    ray_ready=1
+    break
+  fi
+  sleep 2
+done
+((ray_ready == 1)) || fail 95 "the Ray head on $head_node did not become healthy in 300 s"
+
+# Each worker exports NODE_RANK = the step's rank offset + its node's index in the step.
+# shellcheck disable=SC2016 # expanded by sh inside the container, not here
+node_rank_wrapper='NODE_RANK=$(($1 + ${SLURM_NODEID:-0})); export NODE_RANK; shift; exec "$@"'
+
+# Workers on the other nodes of the first pool.
+"${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 \
+  --exclude="$head_node" "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
+  sh -c "$node_rank_wrapper" sh 1 \
+  ray start --address="$ray_address" --num-gpus=8 --block \
+  >>"$ray_log" 2>&1 &
+background_pids+=("$!")
+
+# The command, on the head, inside the container.
+export RAY_ADDRESS=$ray_address
+status=0
+"${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
+  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" "${user_command[@]}" || status=$?
+stop_background
+exit "$status"

@@ -1,0 +1,348 @@
+"""The collective probe (issue 26, part 2): which jobs probe, the batch script's record read as
+hostile text, the status it makes, the decision after a probe that failed everywhere, and the
+cache and avoid lists the operator keeps in its ConfigMap."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Attempt, AttemptProbe, Phase, SlurmJobStatus
+from slurmjob_operator.controller.probebook import MAX_KEYS, RELOAD_SECONDS, ProbeBook
+from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
+from slurmjob_operator.core.probe import (
+    MAX_RECORD_BYTES,
+    PROBE_RETRY_ACTION,
+    ProbeRecord,
+    avoid_key,
+    cache_key,
+    parse_record,
+    probe_owner,
+    wants_probe,
+    with_probe,
+)
+from slurmjob_operator.core.retries import decide
+from slurmjob_operator.core.states import Observation
+from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.kube import ConfigMapUnavailable
+
+from .controller_fakes import cpu_spec
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+KEY = cache_key("tenant:a", "c1", "gpu", "sha/ladder", "h100")
+AVOID = avoid_key("tenant:a", "c1")
+
+
+def gpu(nodes: int, gpus: int, **extra: Any) -> SlurmJobSpec:
+    pools = [
+        {
+            "name": "main",
+            "nodes": nodes,
+            "gpusPerNode": gpus,
+            "gpuSeries": "h100",
+            "cpus": 4,
+            "memoryGb": 8,
+        }
+    ]
+    return SlurmJobSpec.model_validate(cpu_spec(pools=pools, **extra))
+
+
+@pytest.mark.parametrize(
+    ("spec", "probes"),
+    [
+        (SlurmJobSpec.model_validate(cpu_spec()), False),
+        (gpu(1, 1), False),
+        (gpu(1, 2), True),
+        (gpu(2, 1), True),
+        (gpu(1, 2, array={"count": 4}), False),
+    ],
+)
+def test_which_jobs_probe(spec: SlurmJobSpec, probes: bool) -> None:
+    assert wants_probe(spec) is probes
+
+
+@pytest.mark.parametrize(
+    ("text", "record"),
+    [
+        (
+            "nodes n1 n2\nrung 0 hung\nrung 1 passed 41.5\nresult passed 1 41.5\n",
+            ProbeRecord("Passed", 1, 41.5, ("0:hung", "1:passed")),
+        ),
+        (
+            "nodes n1\nrung 0 passed -\nresult passed 0 -\n",
+            ProbeRecord("Passed", 0, None, ("0:passed",)),
+        ),
+        ("result skipped 2\n", ProbeRecord("Skipped", 2)),
+        (
+            "nodes n1 n2\nrung 0 failed n2\nrung 1 slow 3.5\nrung 2 failed n2 n1\nresult failed\n",
+            ProbeRecord("Failed", None, None, ("0:failed", "1:slow", "2:failed"), ("n2", "n1")),
+        ),
+        (
+            "nodes n1\nrung 0 hung\nrung 1 hung\nrung 2 hung\nresult failed\n",
+            ProbeRecord("Failed", None, None, ("0:hung", "1:hung", "2:hung")),
+        ),
+    ],
+)
+def test_a_record_the_script_wrote(text: str, record: ProbeRecord) -> None:
+    assert parse_record(text.encode(), rungs=3) == record
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "nodes n1\nrung 0 hung\n",  # no result yet
+        "nodes n1\nrung 0 failed n9\nresult failed\n",  # blames a node the job did not get
+        "nodes n1\nrung 3 passed 1\nresult passed 3 1\n",  # a rung the ladder lacks
+        "nodes n1\nresult passed 0 -\nrung 0 hung\n",  # a line after the result
+        "nodes n1\nrung 0 passed 1e9\nresult passed 0 1e9\n",
+        "nodes n1;rm -rf /\nresult failed\n",
+        "nodes ../../x\nresult failed\n",
+        "NCCL_P2P_DISABLE=1\nresult passed 0 -\n",
+        "nodes n\u00e91\nresult failed\n",
+        "nodes n1\n" + "rung 0 hung\n" * 60 + "result failed\n",
+        "nodes " + " ".join(f"n{i}" for i in range(65)) + "\nresult failed\n",
+        "x" * (MAX_RECORD_BYTES + 1),
+    ],
+)
+def test_a_record_that_is_not_the_scripts_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="probe record"):
+        parse_record(text.encode("utf-8"), rungs=3)
+
+
+def status_with(probe: AttemptProbe | None, *earlier: str | None) -> SlurmJobStatus:
+    attempts = [
+        Attempt(number=i + 1, job_name=f"a{i + 1}", job_id=10 + i, retry_action=action)
+        for i, action in enumerate(earlier)
+    ]
+    n = len(attempts) + 1
+    attempts.append(Attempt(number=n, job_name=f"a{n}", job_id=10 + n, probe=probe))
+    return SlurmJobStatus(phase=Phase.FAILED, attempts=attempts)
+
+
+PLANNED = AttemptProbe(key=KEY, avoid=AVOID, ladder=3)
+
+
+def test_a_passing_record_sets_probe_passed_with_the_bandwidth_once() -> None:
+    record = ProbeRecord("Passed", 1, 41.5, ("0:hung", "1:passed"))
+    first = with_probe(status_with(PLANNED), record, 2, NOW)
+    cond = next(c for c in first.status.conditions if c.type == "ProbePassed")
+    assert (cond.status, cond.reason) == ("True", "ProbePassed")
+    assert "rung 1" in cond.message
+    assert "41.5 GB/s" in cond.message
+    assert "0:hung" in cond.message
+    probe = first.status.attempts[-1].probe
+    assert probe is not None
+    assert probe.outcome == "Passed"
+    assert probe.bus_bandwidth == 41.5
+    assert [e.reason for e in first.events] == ["ProbePassed"]
+    again = with_probe(first.status, record, 2, NOW)
+    assert again.events == ()
+    assert again.status == first.status
+
+
+def test_a_record_of_an_attempt_that_planned_no_probe_changes_nothing() -> None:
+    status = status_with(None)
+    assert with_probe(status, ProbeRecord("Failed", blamed=("n1",)), 1, NOW).status == status
+
+
+def end_of(
+    status: SlurmJobStatus, record: ProbeRecord, most: int, retry: dict[str, Any]
+) -> AttemptEnd:
+    probed = with_probe(status, record, 1, NOW)
+    obs = Observation(
+        phase=Phase.FAILED,
+        reason="Failed",
+        message="exit 1",
+        native_state="FAILED",
+        native_flags=[],
+        exit_code=1,
+        final=True,
+    )
+    spec = gpu(1, 2, retry=retry)
+    return AttemptEnd(Transition(probed.status), spec, obs, "NCCL WARN timeout", 1, NOW, most)
+
+
+FAILED_N1 = ProbeRecord("Failed", None, None, ("0:failed", "1:failed"), ("n1",))
+
+
+def test_a_probe_that_blamed_nodes_gets_a_new_attempt_now_apart_from_spec_retry() -> None:
+    written = after_attempt(end_of(status_with(PLANNED), FAILED_N1, 2, {"limit": 0}))
+    new = written.status
+    assert new.phase is Phase.PENDING
+    assert new.next_attempt_at is not None
+    assert new.attempts[-1].retry_action == PROBE_RETRY_ACTION
+    assert "excludes n1" in (new.message or "")
+    # The retry rules' own budget is untouched: the probe's attempts do not count there.
+    node_fail = Observation(
+        phase=Phase.FAILED,
+        reason="NodeFail",
+        message="node failed",
+        native_state="NODE_FAIL",
+        native_flags=[],
+        exit_code=None,
+        final=True,
+    )
+    spec = gpu(1, 2, retry={"limit": 1})
+    assert decide(spec.retry, node_fail, "", new.attempts).retries
+    spent = [a.model_copy(update={"retry_action": "Retry"}) for a in new.attempts]
+    assert not decide(spec.retry, node_fail, "", spent).retries
+
+
+def test_probe_attempts_are_counted_on_their_own_and_end_in_probe_failed() -> None:
+    status = status_with(PLANNED, PROBE_RETRY_ACTION, PROBE_RETRY_ACTION)
+    written = after_attempt(end_of(status, FAILED_N1, 2, {"limit": 5}))
+    new = written.status
+    assert new.phase is Phase.FAILED
+    failed = next(c for c in new.conditions if c.type == "Failed")
+    assert (failed.status, failed.reason) == ("True", "ProbeFailed")
+    assert "2 probe attempt(s) of 2" in failed.message
+    assert new.attempts[-1].retry_action == "Fail"
+    assert "ProbeFailed" in [e.reason for e in written.events]
+
+
+def test_a_probe_that_blamed_no_node_fails_at_once_even_where_the_retry_rules_would_retry() -> None:
+    hung = ProbeRecord("Failed", None, None, ("0:hung", "1:hung"))
+    # The log tail matches the default NCCL-timeout rule: the probe's decision comes first.
+    written = after_attempt(end_of(status_with(PLANNED), hung, 2, {"limit": 3}))
+    failed = next(c for c in written.status.conditions if c.type == "Failed")
+    assert failed.reason == "ProbeFailed"
+    assert "no node was blamed" in failed.message
+
+
+def test_where_nodes_cannot_be_excluded_a_failed_probe_ends_the_job() -> None:
+    written = after_attempt(end_of(status_with(PLANNED), FAILED_N1, 0, {"limit": 3}))
+    assert written.status.phase is Phase.FAILED
+
+
+def test_a_passed_probe_leaves_the_end_to_the_retry_rules() -> None:
+    passed = ProbeRecord("Passed", 0, None, ("0:passed",))
+    written = after_attempt(end_of(status_with(PLANNED), passed, 2, {"limit": 3}))
+    assert written.status.attempts[-1].retry_action == "Retry"  # the NCCL line in the tail
+
+
+def test_whose_results_a_key_holds() -> None:
+    assert probe_owner("ns", "team", own_user=True) == "tenant:team"
+    assert probe_owner("ns", "team", own_user=False) == "namespace:ns"
+    assert probe_owner("ns", None, own_user=False) == "namespace:ns"
+    assert cache_key("tenant:a", "c1", "gpu", "r", "h100") != cache_key(
+        "tenant:a", "c2", "gpu", "r", "h100"
+    )
+    assert avoid_key("tenant:a", "c1") != avoid_key("tenant:b", "c1")
+
+
+class FakeMaps:
+    def __init__(self, data: dict[str, str] | None = None) -> None:
+        self.data = data
+        self.reads = 0
+        self.writes: list[dict[str, str | None]] = []
+        self.broken = False
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        self.reads += 1
+        if self.broken:
+            raise ConfigMapUnavailable("down")
+        return dict(self.data) if self.data is not None else None
+
+    async def merge_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str | None]
+    ) -> None:
+        if self.broken:
+            raise ConfigMapUnavailable("down")
+        self.writes.append(dict(data))
+        merged = dict(self.data or {})
+        for k, v in data.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        self.data = merged
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def book(store: FakeMaps, clock: Clock) -> ProbeBook:
+    return ProbeBook(store, "ops", "cache", cache_seconds=3600, avoid_seconds=7200, clock=clock)
+
+
+async def test_a_passing_rung_is_cached_until_it_expires_and_read_back_by_a_new_leader() -> None:
+    store, clock = FakeMaps(), Clock()
+    first = book(store, clock)
+    await first.refresh()
+    assert first.cached_rung(KEY) is None
+    await first.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 2}))
+    assert first.cached_rung(KEY) == 2
+    assert json.loads(store.data[KEY])["rung"] == 2  # type: ignore[index]
+    other = book(store, clock)
+    await other.refresh()
+    assert other.cached_rung(KEY) == 2
+    clock.now += timedelta(seconds=3601)
+    assert other.cached_rung(KEY) is None
+
+
+async def test_memory_is_read_again_only_after_the_reload_interval() -> None:
+    store, clock = FakeMaps(), Clock()
+    b = book(store, clock)
+    for _ in range(5):
+        await b.refresh()
+    assert store.reads == 1
+    clock.now += timedelta(seconds=RELOAD_SECONDS + 1)
+    await b.refresh()
+    assert store.reads == 2
+
+
+async def test_a_failed_probe_forgets_the_rung_and_avoids_the_blamed_nodes_for_a_while() -> None:
+    store, clock = FakeMaps(), Clock()
+    b = book(store, clock)
+    await b.refresh()
+    await b.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 1}))
+    await b.remember(PLANNED.model_copy(update={"outcome": "Failed", "blamed": ["n2", "n1"]}))
+    assert b.cached_rung(KEY) is None
+    assert KEY not in (store.data or {})
+    assert b.avoided(AVOID) == ("n1", "n2")
+    assert b.avoided(avoid_key("tenant:b", "c1")) == ()
+    clock.now += timedelta(seconds=7201)
+    assert b.avoided(AVOID) == ()
+
+
+async def test_entries_not_the_operators_are_ignored() -> None:
+    hostile = {
+        KEY: json.dumps({"rung": 1, "until": "2026-12-05T13:00:00Z"}),
+        "probe-zz": json.dumps({"rung": 1, "until": "2026-12-05T13:00:00Z"}),
+        AVOID: json.dumps({"n1;reboot": "2026-12-05T13:00:00Z"}),
+        cache_key("x", "c", None, "r", "s"): "not json",
+    }
+    b = book(FakeMaps(hostile), Clock())
+    await b.refresh()
+    assert b.cached_rung(KEY) == 1
+    assert b.avoided(AVOID) == ()
+
+
+async def test_a_configmap_that_cannot_be_read_or_written_costs_a_probe_not_a_job() -> None:
+    store, clock = FakeMaps(), Clock()
+    store.broken = True
+    b = book(store, clock)
+    await b.refresh()
+    await b.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 0}))
+    assert b.cached_rung(KEY) == 0  # memory keeps it; the write is retried by the next one
+
+
+async def test_the_configmap_stays_bounded() -> None:
+    store, clock = FakeMaps(), Clock()
+    b = book(store, clock)
+    await b.refresh()
+    for i in range(MAX_KEYS + 5):
+        key = cache_key("tenant:a", "c1", "gpu", f"r{i}", "h100")
+        clock.now += timedelta(seconds=0.1)
+        await b.remember(AttemptProbe(key=key, avoid=AVOID, ladder=2, outcome="Passed", rung=0))
+    assert len(store.data or {}) <= MAX_KEYS
