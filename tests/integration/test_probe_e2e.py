@@ -159,7 +159,7 @@ async def test_a_hung_probe_is_cancelled_and_the_next_rung_passes_in_the_same_al
     async with open_transport(bed.settings) as session:
         client = await connect(bed.settings, session)
         prepared, jobs, took = await _attempt(
-            bed, client, _spec(2, 1, command), "hang", str(uuid.uuid4()), 1, None
+            bed, client, _spec(2, 1, command), "hang", str(uuid.uuid4()), 1, Avoiding()
         )
     out, err = _out(prepared), _out(prepared, "stderr.log")
     assert all(j.base_state is BaseState.COMPLETED for j in jobs), (jobs, out, err)

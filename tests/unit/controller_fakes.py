@@ -87,6 +87,23 @@ class MemoryStore:
         self.gets = 0
         self.deleted: list[str] = []  # names deleted by the TTL after the end
         self.namespace_uids: dict[str, str] = {}  # set one to "recreate" its namespace
+        self.configmaps: dict[tuple[str, str], dict[str, str]] = {}
+        self.configmap_reads = 0
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        self.configmap_reads += 1
+        data = self.configmaps.get((namespace, name))
+        return dict(data) if data is not None else None
+
+    async def merge_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str | None]
+    ) -> None:
+        current = self.configmaps.setdefault((namespace, name), {})
+        for key, value in data.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
 
     async def namespace_uid(self, name: str) -> str | None:
         """Every namespace exists, with a uid of its own until a test changes it."""
@@ -224,6 +241,7 @@ class MemorySlurm:
     dependency_parameters: frozenset[str] = frozenset()
     partition_reads: int = 0  # not in `calls`: the tests of calls are about jobs
     dependency: dict[int, str] = field(default_factory=dict)  # each job's Slurm dependency
+    requests: list[LaunchRequest] = field(default_factory=list)  # every job created, in order
 
     @property
     def dialect(self) -> SimpleNamespace:
@@ -389,6 +407,7 @@ class MemorySlurm:
     def _create(self, req: LaunchRequest, user: str | None = None) -> int:
         job_id = self.next_id
         self.next_id += 1
+        self.requests.append(req)
         self.jobs[job_id] = SlurmJobView(
             job_id=job_id,
             sluid=f"s{job_id:08d}",

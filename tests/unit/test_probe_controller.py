@@ -1,0 +1,124 @@
+"""The collective probe through the controller (issue 26, part 2), on the in-memory apiserver
+and Slurm: the attempt records what was planned, the batch script's record is read once the
+job shows it, a probe that failed everywhere gets a new attempt excluding the nodes it blamed
+(with the retry budget untouched), a pass is cached in the operator's ConfigMap and lets the
+next job skip the probe, and a record the script did not write changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.core.naming import PROBE_RECORD_FILE
+
+from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import reconcile_once as reconcile
+from .test_controller import refresh
+
+PROBE = {"command": ["probe"], "timeoutSeconds": 30, "ladder": [{"NCCL_P2P_DISABLE": "1"}]}
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Bed:
+    first = make_bed(tmp_path)
+    assert first.settings.runtime_registry_file is not None
+    data = json.loads(first.settings.runtime_registry_file.read_text())
+    data["runtimes"][0]["probe"] = PROBE
+    registry = tmp_path / "probed.yaml"
+    registry.write_text(json.dumps(data))
+    series = tmp_path / "series.yaml"
+    series.write_text(json.dumps({"series": [{"name": "l40s", "gpusPerNode": 2}]}))
+    return make_bed(
+        tmp_path, runtime_registry_file=registry, gpu_series_file=series, probe_attempts=1
+    )
+
+
+def gpu_spec(**extra: Any) -> dict[str, Any]:
+    pool = {"name": "main", "gpuSeries": "l40s", "nodes": 1, "gpusPerNode": 2, "cpus": 1}
+    return cpu_spec(pools=[{**pool, "memoryGb": 1}], launch={"shape": "nodes"}, **extra)
+
+
+def write_record(bed: Bed, ref: Any, text: str) -> None:
+    staging = Path(bed.store.status(ref).attempts[-1].staging_dir or "")
+    (staging / PROBE_RECORD_FILE).write_text(text)  # as the job user: this process
+
+
+async def test_a_blamed_node_is_excluded_by_the_next_attempt_and_a_pass_is_cached(
+    bed: Bed,
+) -> None:
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}))
+    await reconcile(bed, ref)
+    planned = bed.store.status(ref).attempts[0].probe
+    assert planned is not None
+    assert (planned.ladder, planned.cached_rung, planned.excluded) == (2, None, [])
+    write_record(bed, ref, "nodes n1\nrung 0 failed n1\nrung 1 failed n1\nresult failed\n")
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.PENDING
+    assert status.attempts[0].retry_action == "ProbeRetry"
+    probe = get_condition(status.conditions, "ProbePassed")
+    assert probe is not None
+    assert (probe.status, probe.reason) == ("False", "ProbeFailed")
+    await reconcile(bed, ref)
+    second = bed.store.status(ref).attempts[1]
+    assert second.probe is not None
+    assert second.probe.excluded == ["n1"]
+    assert bed.slurm.requests[-1].excluded_nodes == ("n1",)
+    write_record(bed, ref, "nodes n2\nrung 0 passed 41.5\nresult passed 0 41.5\n")
+    bed.slurm.set_state(101, "COMPLETED", 0)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.SUCCEEDED
+    probe = get_condition(status.conditions, "ProbePassed")
+    assert probe is not None
+    assert (probe.status, probe.reason) == ("True", "ProbePassed")
+    assert "41.5 GB/s" in probe.message
+    [cache] = bed.store.configmaps.values()
+    assert sorted(k.split("-")[0] for k in cache) == ["avoid", "probe"]
+    # The next job of the same namespace and key skips the probe and avoids n1 too.
+    other = bed.store.create("again", gpu_spec())
+    await reconcile(bed, other)
+    again = bed.store.status(other).attempts[0].probe
+    assert again is not None
+    assert (again.cached_rung, again.excluded) == (0, ["n1"])
+    script = bed.slurm.requests[-1].script
+    assert "printf 'result skipped %s\\n' 0" in script
+    assert "probe_step" not in script
+    # The ConfigMap was read once, for the first submit; memory answered the others.
+    assert bed.store.configmap_reads == 1
+
+
+async def test_probe_attempts_spent_end_in_probe_failed(bed: Bed) -> None:
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 3}))
+    await reconcile(bed, ref)
+    for job_id in (100, 101):
+        write_record(bed, ref, "nodes n1 n2\nrung 0 failed n2\nrung 1 hung\nresult failed\n")
+        bed.slurm.set_state(job_id, "FAILED", 1)
+        await refresh(bed, ref)
+        await reconcile(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    failed = get_condition(status.conditions, "Failed")
+    assert failed is not None
+    assert failed.reason == "ProbeFailed"
+    assert "0:failed 1:hung" in failed.message
+    assert [a.retry_action for a in status.attempts] == ["ProbeRetry", "Fail"]
+
+
+async def test_a_record_the_script_did_not_write_is_left_alone(bed: Bed) -> None:
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}))
+    await reconcile(bed, ref)
+    write_record(bed, ref, "nodes n1\nrung 0 failed n9\nresult failed\n")
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    assert status.attempts[0].probe is not None
+    assert status.attempts[0].probe.outcome is None
+    assert get_condition(status.conditions, "ProbePassed") is None
+    assert not bed.store.configmaps
