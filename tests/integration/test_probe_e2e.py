@@ -22,7 +22,8 @@ from tests.integration.test_slurm_jobs import Bed, _bed, stage_and_submit
 from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.api.errors import parse_spec
-from slurmjob_operator.api.status import Attempt, AttemptProbe, Phase, SlurmJobStatus
+from slurmjob_operator.api.probestatus import AttemptProbe
+from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.controller.pipeline import PreparedAttempt, Site, prepare_attempt
 from slurmjob_operator.controller.probebook import ProbeBook
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView

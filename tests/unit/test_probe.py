@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import Attempt, AttemptProbe, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.controller.probebook import MAX_KEYS, RELOAD_SECONDS, ProbeBook
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.probe import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.retry import RetryAction
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.core import (
@@ -13,11 +14,13 @@ from slurmjob_operator.core import (
     following,
     following_dependencies,
     following_kueue,
+    probe,
     reconcile,
 )
 from slurmjob_operator.core.finality import with_finished
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
 from slurmjob_operator.core.kueue.admission import Admission, Verdict
+from slurmjob_operator.core.probe import ProbeRecord
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
     FROM_KUEUE,
@@ -116,6 +119,18 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     ):
         status = following_kueue.admission_conditions(status, found, 1, NOW).status
         out.append((status, False))
+    # The collective probe (core/probe.py): passed, skipped from the cache, failed everywhere
+    # with a node blamed (a new attempt) and without one (Failed).
+    planned = AttemptProbe(key="probe-" + "0" * 40, avoid="avoid-" + "0" * 40, ladder=2)
+    probing = QUEUED.model_copy(
+        update={"attempts": [a.model_copy(update={"probe": planned}) for a in QUEUED.attempts]}
+    )
+    for record in (ProbeRecord("Passed", 0, 40.0), ProbeRecord("Skipped", 1)):
+        out.append((probe.with_probe(probing, record, 1, NOW).status, False))
+    for blamed in (("n1",), ()):
+        failed = probe.with_probe(probing, ProbeRecord("Failed", blamed=blamed), 1, NOW).status
+        out.append((failed, False))
+        out.append((probe.after_failed_probe(failed, 2, 1, NOW).status, False))
     return out
 
 

@@ -164,7 +164,7 @@ class Controller:
             if isinstance(kube, ConfigMapStore)
             else None
         )
-        self._following.probes = self.probes
+        self._following.probing.probes = self.probes
         self._submission.sender.checks.probes = self.probes
 
     def depended_on(self, namespace: str, name: str) -> bool:

@@ -8,14 +8,13 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 
 from slurmjob_operator.api.resource import ResourceView
-from slurmjob_operator.api.status import Attempt, AttemptProbe, Logs, SlurmJobStatus
+from slurmjob_operator.api.status import Attempt, Logs, SlurmJobStatus
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.identity import JobIdentity, refuse_stranger
 from slurmjob_operator.controller.latejobs import LateJobs
-from slurmjob_operator.controller.probebook import ProbeBook
+from slurmjob_operator.controller.probing import Probing
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.wakes import Wakes
@@ -41,16 +40,13 @@ from slurmjob_operator.core.following import (
 )
 from slurmjob_operator.core.jobview import JobSource, SlurmJobView, leader
 from slurmjob_operator.core.naming import log_files
-from slurmjob_operator.core.probe import parse_record, with_probe
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
 from slurmjob_operator.storage.nofollow import job_owner
-from slurmjob_operator.storage.proberecord import read_probe_record
 from slurmjob_operator.storage.staging import remove_secrets
 from slurmjob_operator.times import parse_rfc3339, utc_now
 
@@ -81,8 +77,7 @@ class Following:
         self.slurm = slurm
         self.wakes = wakes
         self._backoff = backoff
-        #: The probe cache and avoid lists (None: not kept, e.g. the local runner).
-        self.probes: ProbeBook | None = None
+        self.probing = Probing(settings, slurm, job_uid)
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
@@ -185,7 +180,7 @@ class Following:
         transition = Transition(new, transition.events)
         probe = attempt.probe
         if probe is not None and probe.outcome is None and attempt.staging_dir:
-            transition = await self._probed(view, attempt, probe, transition, now)
+            transition = await self.probing.fold(view, attempt, probe, transition, now)
         if decided is not None and decided.final and view.spec is not None:
             tails = [logs.stdout, logs.stderr] if logs is not None else []
             text = "\n".join(t.tail for t in tails if t is not None)
@@ -196,7 +191,7 @@ class Following:
                 text,
                 view.generation,
                 now,
-                probe_attempts=await self._probe_attempts(),
+                probe_attempts=await self.probing.attempts(),
             )
             transition = after_attempt(end)
         await self.edge.apply(view, transition)
@@ -205,47 +200,6 @@ class Following:
             # The retry is submitted when due (a restart finds it again on resume).
             self.wakes.at(view.ref, (due - utc_now()).total_seconds())
         return True
-
-    async def _probed(
-        self,
-        view: ResourceView,
-        attempt: Attempt,
-        probe: AttemptProbe,
-        transition: Transition,
-        now: datetime,
-    ) -> Transition:
-        """The probe's record folded in once the batch script wrote it, and remembered in
-        the probe book. A record that cannot be read or is not the script's is left alone
-        (logged): the job's end is then decided as any other's."""
-        ref = view.ref
-        base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
-        read = asyncio.to_thread(
-            read_probe_record, self.settings, base, self._job_uid(ref.namespace)
-        )
-        try:
-            data = await asyncio.wait_for(read, READ_TIMEOUT)
-            record = parse_record(data, probe.ladder) if data is not None else None
-        except (TimeoutError, OSError, ValueError) as exc:
-            log.warning("probe record of %s/%s not taken: %s", ref.namespace, ref.name, exc)
-            return transition
-        if record is None:
-            return transition
-        probed = with_probe(transition.status, record, view.generation, now)
-        current = probed.status.current_attempt
-        if self.probes is not None and current is not None and current.probe is not None:
-            await self.probes.remember(current.probe)
-        return Transition(probed.status, transition.events + probed.events)
-
-    async def _probe_attempts(self) -> int:
-        """New attempts a failed probe may get: none where the API version cannot exclude the
-        nodes it blamed (v0.0.38), so the job fails at once instead of landing there again."""
-        if self.settings.probe_attempts == 0:
-            return 0
-        try:
-            client = await self.slurm()
-        except SlurmError:
-            return 0
-        return self.settings.probe_attempts if dialect_for(client.version).supports_exclusion else 0
 
     async def _observe_array(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from slurmjob_operator.api.status import MAX_PROBE_NODES, NODE_NAME_RE, AttemptProbe
+from slurmjob_operator.api.probestatus import MAX_PROBE_NODES, NODE_NAME_RE, AttemptProbe
 from slurmjob_operator.kube import ConfigMapUnavailable
 from slurmjob_operator.kube.ports import ConfigMapStore
 from slurmjob_operator.times import parse_rfc3339, rfc3339, utc_now

@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from slurmjob_operator.api.errors import SpecError
+from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.resource import ResourceView
-from slurmjob_operator.api.status import AttemptDependency, AttemptProbe
+from slurmjob_operator.api.status import AttemptDependency
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.adopter import Adopter
 from slurmjob_operator.controller.checks import Checks, Preparing

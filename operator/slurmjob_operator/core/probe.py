@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
+from slurmjob_operator.api.probestatus import MAX_PROBE_NODES, NODE_NAME_RE, AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
-from slurmjob_operator.api.status import (
-    MAX_PROBE_NODES,
-    NODE_NAME_RE,
-    AttemptProbe,
-    ConditionStatus,
-    SlurmJobStatus,
-)
+from slurmjob_operator.api.status import ConditionStatus, SlurmJobStatus
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
     NORMAL,

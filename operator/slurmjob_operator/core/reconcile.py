@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 
+from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.status import (
     ArrayAttempt,
     ArrayStatus,
     Attempt,
     AttemptDependency,
-    AttemptProbe,
     Phase,
     SlurmJobStatus,
 )
