@@ -178,6 +178,19 @@ def test_nodes_cpus_memory_and_gpus_must_fit_the_partitions_nodes() -> None:
     assert "no node of partition short has feature h100" in refusal.message
 
 
+def test_nodes_the_probe_blamed_are_not_counted_as_room() -> None:
+    nodes = (node("n1", gpus=2), node("n2", gpus=2))
+    two_gpus = component(gpus_per_node=2)
+    assert check(launch(two_gpus, excluded_nodes=("n1",)), snapshot(nodes=nodes)).ok
+    [refusal] = check(launch(two_gpus, excluded_nodes=("n1", "n2")), snapshot(nodes=nodes)).refusals
+    assert "every node of partition short is excluded" in refusal.message
+    assert "collective probe blamed: n1, n2" in refusal.message
+    both = component(nodes=2, gpus_per_node=2)
+    [refusal] = check(launch(both, excluded_nodes=("n2",)), snapshot(nodes=nodes)).refusals
+    assert "without the nodes the collective probe blamed (n2)" in refusal.message
+    assert "has 1 such node(s) of 1" in refusal.message
+
+
 def test_a_constraint_expression_and_unreadable_nodes_rule_nothing_out() -> None:
     nodes = (node("n1", gpus=4),)
     assert check(

@@ -104,12 +104,21 @@ def _gib(mb: int) -> str:
     return f"{mb / 1024:g} GiB"
 
 
-def _fit(component: JobComponent, nodes: Sequence[Node], partition: str) -> str | None:
-    """Why the component cannot be placed on the partition's nodes; None when it can, or
-    when the nodes do not say enough to tell."""
+def _fit(
+    component: JobComponent, nodes: Sequence[Node], partition: str, excluded: Sequence[str] = ()
+) -> str | None:
+    """Why the component cannot be placed on the partition's nodes (less the `excluded`
+    ones); None when it can, or when the nodes do not say enough to tell."""
     members = [n for n in nodes if partition in n.partitions]
     if not members or any(n.cpus is None or n.memory_mb is None for n in members):
         return None
+    if excluded:
+        members = [n for n in members if n.name not in excluded]
+        if not members:
+            return (
+                f"every node of partition {partition} is excluded (nodes the collective "
+                f"probe blamed: {', '.join(excluded)})"
+            )
     feature = component.constraints
     plain = feature is not None and _FEATURE_RE.fullmatch(feature) is not None
     if plain:
@@ -131,6 +140,8 @@ def _fit(component: JobComponent, nodes: Sequence[Node], partition: str) -> str 
     if component.gpus_per_node:
         asked += f", {component.gpus_per_node} GPUs"
     scope = f"partition {partition}" + (f" (feature {feature})" if plain else "")
+    if excluded:
+        scope += f" without the nodes the collective probe blamed ({', '.join(excluded)})"
     return (
         f"{component.nodes} node(s) with {asked} each requested; {scope} has "
         f"{len(fitting)} such node(s) of {len(members)} (largest: {largest.cpus} CPUs, "
@@ -205,7 +216,7 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
                     f"partition {partition.name} ({partition.max_cpus_per_node})",
                 )
             )
-        problem = _fit(component, snapshot.nodes, partition.name)
+        problem = _fit(component, snapshot.nodes, partition.name, launch.excluded_nodes)
         if problem is not None:
             refusals.append(Refusal(where, f"pool {name}: {problem}"))
     if launch.account is not None and snapshot.accounts is not None:
