@@ -245,14 +245,18 @@ probe_step() {
     waited=$((waited + 1))
   done
   if kill -0 "$pid" 2>/dev/null; then
-    # Hung: cancel the step by its name, then wait for srun (and the step) to end.
-    while read -r step stepname; do
-      if [[ $stepname == "$name" ]]; then
-        scancel -- "$step" 2>/dev/null || true
-      fi
-    done < <(squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null || true)
+    # Hung: cancel the step by its name (again every 5 s while srun waits for it: a step
+    # slurmctld does not list yet is cancelled on the next round), then wait for srun, and so
+    # for the step, to end. Killing srun alone would leave the step holding the GPUs.
     for ((try = 0; try < 60; try++)); do
       kill -0 "$pid" 2>/dev/null || break
+      if ((try % 5 == 0)); then
+        while read -r step stepname; do
+          if [[ $stepname == "$name" ]]; then
+            scancel -- "$step" 2>/dev/null || true
+          fi
+        done < <(squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null || true)
+      fi
       sleep 1
     done
     kill -KILL "$pid" 2>/dev/null || true
