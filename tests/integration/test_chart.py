@@ -380,9 +380,11 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
         ("ClusterRoleBinding", "ci-slurmjob-operator-apiservice"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
         ("Role", "ci-slurmjob-operator-leader-election"),
+        ("Role", "ci-slurmjob-operator-probe-cache"),
         ("Role", "ci-slurmjob-operator-serving-cert"),
         ("RoleBinding", "ci-slurmjob-operator-auth-reader"),
         ("RoleBinding", "ci-slurmjob-operator-leader-election"),
+        ("RoleBinding", "ci-slurmjob-operator-probe-cache"),
         ("RoleBinding", "ci-slurmjob-operator-serving-cert"),
     ]
     assert env["SLURMJOB_LEADER_ELECTION"] == "true"
@@ -390,6 +392,19 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
     election = named(docs, "Role", "-leader-election")
     assert election["metadata"]["namespace"] == CI_NAMESPACE
     assert {res for rule in election["rules"] for res in rule["resources"]} == {"leases"}
+    # The probe cache: its one ConfigMap by name (create cannot be limited to one).
+    cache = named(docs, "Role", "-probe-cache")
+    assert cache["metadata"]["namespace"] == CI_NAMESPACE
+    assert cache["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["slurmjob-probe-cache"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    assert env["SLURMJOB_PROBE_CONFIGMAP"] == "slurmjob-probe-cache"
     assert all(e["name"] != "SLURMJOB_LEADER_POD" for e in c["env"])
     # leaderElection.podLabel is deprecated: still accepted, and it changes nothing.
     labelled = render(
@@ -463,10 +478,12 @@ def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
     assert not of_kind(docs, "ClusterRoleBinding")
     assert not of_kind(docs, "APIService")
     assert env_of(docs)["SLURMJOB_LOGS_PORT"] == "0"
-    # Besides the Lease's Role in the release namespace.
+    # Besides the Lease's Role and the probe cache's in the release namespace.
     election = [d for d in docs if d["metadata"]["name"].endswith("-leader-election")]
     assert [d["kind"] for d in election] == ["Role", "RoleBinding"]
-    docs = [d for d in docs if d not in election]
+    cache = [d for d in docs if d["metadata"]["name"].endswith("-probe-cache")]
+    assert [d["kind"] for d in cache] == ["Role", "RoleBinding"]
+    docs = [d for d in docs if d not in election and d not in cache]
     roles = of_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(CI_WATCHED)
     for role in roles:

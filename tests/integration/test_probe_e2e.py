@@ -1,7 +1,7 @@
 """The collective probe on the real Slurm 26.05 (issue 26, part 2): each attempt is rendered by
 the real pipeline, staged and submitted through slurmrestd; the batch script runs the stand-in
 probe (`tests/testbed/standins/collective-probe`) inside the apptainer stand-in, once per node
-as one step, with a five-second rung limit.
+as one step (over both components of a heterogeneous job), with a five-second rung limit.
 
 What the operator does between attempts is the same code it runs (the record parsed, the
 decision after a failed probe, the probe book remembering, the next attempt prepared with it);
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import cpu_spec, wait_for_job
+from tests.integration.helpers import cpu_spec, het_pools, wait_for_job
 from tests.integration.test_slurm_jobs import Bed, _bed, stage_and_submit
 from tests.testbed.slurm import SlurmTestbed
 
@@ -84,6 +84,13 @@ def _probe_bed(testbed: SlurmTestbed, tmp_path: Path, probe: dict[str, Any]) -> 
         runtime["probe"] = probe
     registry.write_text(json.dumps(data))
     return Bed(testbed, bed.settings, Site.load(bed.settings), bed.namespace)
+
+
+def _one_gpu_each() -> list[dict[str, Any]]:
+    pools = het_pools()
+    for pool in pools:
+        pool["gpusPerNode"] = 1
+    return pools
 
 
 def _spec(nodes: int, gpus: int, command: str) -> dict[str, Any]:
@@ -159,8 +166,15 @@ async def test_a_hung_probe_is_cancelled_and_the_next_rung_passes_in_the_same_al
     )
     async with open_transport(bed.settings) as session:
         client = await connect(bed.settings, session)
+        # A heterogeneous job, one GPU on each node: one probe step over both components.
+        spec = cpu_spec(
+            ["bash", "-c", command],
+            pools=_one_gpu_each(),
+            launch={"shape": "nodes"},
+            timeLimit="5m",
+        )
         prepared, jobs, took = await _attempt(
-            bed, client, _spec(2, 1, command), "hang", str(uuid.uuid4()), 1, Avoiding()
+            bed, client, spec, "hang", str(uuid.uuid4()), 1, Avoiding()
         )
     out, err = _out(prepared), _out(prepared, "stderr.log")
     assert all(j.base_state is BaseState.COMPLETED for j in jobs), (jobs, out, err)
@@ -180,6 +194,7 @@ async def test_a_hung_probe_is_cancelled_and_the_next_rung_passes_in_the_same_al
     logs = sorted(p.name for p in prepared.rendered.staging_dir.glob("probe-r*.log"))
     assert logs == ["probe-r0-n1.log", "probe-r0-n2.log", "probe-r1-n1.log", "probe-r1-n2.log"]
     assert "collective-probe" not in out + err
+    assert "srun" not in err, err  # srun's words about the cancelled step are the probe's too
 
 
 async def test_a_node_the_probe_blames_is_excluded_next_and_a_pass_is_cached(

@@ -265,3 +265,17 @@ def test_no_user_word_reaches_the_wrapper_as_code(tmp_path: Path, shape: str) ->
     assert out == "$(touch pwned)|; touch pwned2|'\"|`id`|"
     assert not (tmp_path / "pwned").exists()
     assert not (tmp_path / "pwned2").exists()
+
+
+def test_every_step_is_waited_for_though_another_child_of_the_script_ends_first(
+    tmp_path: Path,
+) -> None:
+    """A host tool read through a process substitution (scontrol) that ends after its output
+    is another child of the script: the steps' wait must not take its end for a step's (the
+    script would exit 0, and Slurm end the job, before the command even started). bash 5.3's
+    `wait -n` did exactly that on 26.05's nodes (CI, test_probe_e2e); a host bash 5.2 does not,
+    so there this passes either way and the 26.05 end-to-end tests carry the proof."""
+    slow = {"FAKE_SCONTROL_LINGER": "1", "FAKE_COMMAND_SLEEP": "2", "FAKE_SRUN_EXIT": "5"}
+    for shape, launch, tasks in (("gpu", {"shape": "nodes"}, None), ("gpu", {"shape": "tasks"}, 2)):
+        _, run = _run(tmp_path / launch["shape"], shape, launch, tasks, extra_env=slow)
+        assert run.returncode == 5, (launch, run.stderr)

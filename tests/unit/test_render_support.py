@@ -58,6 +58,10 @@ env -0 >"$(mktemp "$FAKE_LOG_DIR/scontrol.XXXXXX")"
 [[ $1 == show && $2 == hostnames ]] || exit 2
 [[ -n ${3:-} ]] || exit 1
 tr ',' '\n' <<<"$3"
+if [[ -n ${FAKE_SCONTROL_LINGER:-} ]]; then
+  exec >&-  # its output is complete; the process itself ends later (as a slow one may)
+  sleep "$FAKE_SCONTROL_LINGER"
+fi
 """
 
 

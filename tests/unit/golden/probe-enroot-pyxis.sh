@@ -203,8 +203,8 @@ set_rung() {
 # The collective probe: the site's program, once per node of the job as one step, before the
 # command. Each rung runs with its own time limit; a rung that does not end in time is
 # cancelled (scancel of its step) and waited for before the next, so no hung probe keeps the
-# GPUs. Its output goes to probe-r<rung>-<node>.log, never to the command's logs (whose NCCL
-# lines the retry rules read). This script, not the container (which sees this directory
+# GPUs. Its output goes to probe-r<rung>-<node>.log (srun's own words to probe-srun.log), never
+# to the command's logs (whose NCCL lines the retry rules read). This script, not the container (which sees this directory
 # read-only), writes probe.record, from which the operator decides.
 probe_command=(all_reduce_perf -b 8M -e 128M)
 probe_timeout=90
@@ -238,7 +238,7 @@ probe_step() {
     --ntasks-per-node=1 --nodes=2 --ntasks=2 \
     --output="$staging_dir/probe-r$rung-%N.log" \
     "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
-    sh -c "$probe_wrapper" sh "${probe_command[@]}" </dev/null &
+    sh -c "$probe_wrapper" sh "${probe_command[@]}" </dev/null 2>>"$staging_dir/probe-srun.log" &
   pid=$!
   while kill -0 "$pid" 2>/dev/null && ((waited < probe_timeout)); do
     sleep 1

@@ -208,15 +208,29 @@ background_pids+=("$!")
 
 # Wait for every step; the first that fails ends the others (a distributed program whose
 # peer died would otherwise wait for it until the time limit), and its code is the job's.
-# `wait -n` without ids (bash 4.3+): given ids, bash 5.3 answers one already waited for again
-# at once, and the script would end (and Slurm end the job) while another step still runs.
+# Each step is waited for by its own pid once it has ended (polled every second): `wait -n`
+# answers for any child, a process substitution's too (the script would end, and Slurm end
+# the job, before a step even started), and given ids, bash 5.3 answers one already waited for
+# again at once.
 status=0
-for ((left = ${#launch_pids[@]}; left > 0; left--)); do
-  code=0
-  wait -n || code=$?
-  if ((code != 0 && status == 0)); then
-    status=$code
-    kill -TERM "${launch_pids[@]}" 2>/dev/null || true
+pending=("${launch_pids[@]}")
+while ((${#pending[@]} > 0)); do
+  running=()
+  for pid in "${pending[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      running+=("$pid")
+      continue
+    fi
+    code=0
+    wait "$pid" || code=$?
+    if ((code != 0 && status == 0)); then
+      status=$code
+      kill -TERM "${launch_pids[@]}" 2>/dev/null || true
+    fi
+  done
+  pending=("${running[@]}")
+  if ((${#pending[@]} > 0)); then
+    sleep 1
   fi
 done
 background_pids=()
