@@ -14,6 +14,7 @@ import pytest
 
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.core.naming import PROBE_RECORD_FILE
+from slurmjob_operator.slurm.nodes import NodeInfo
 
 from .controller_fakes import Bed, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
@@ -108,6 +109,38 @@ async def test_probe_attempts_spent_end_in_probe_failed(bed: Bed) -> None:
     assert failed.reason == "ProbeFailed"
     assert "0:failed 1:hung" in failed.message
     assert [a.retry_action for a in status.attempts] == ["ProbeRetry", "Fail"]
+
+
+async def test_too_few_nodes_without_the_blamed_ones_end_in_probe_failed(bed: Bed) -> None:
+    """The partition's one node that fits is the one the probe blamed: the new attempt is not
+    sent (Slurm would hold or refuse it), and the job fails with ProbeFailed, not as a
+    request too big for the cluster."""
+    bed.slurm.node_list = [
+        NodeInfo(
+            name="n1",
+            features=frozenset(),
+            states=frozenset({"IDLE"}),
+            gres="gpu:l40s:2",
+            partitions=frozenset({"debug"}),
+            cpus=8,
+            memory_mb=16384,
+        )
+    ]
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 3}))
+    await reconcile(bed, ref)
+    write_record(bed, ref, "nodes n1\nrung 0 failed n1\nrung 1 failed n1\nresult failed\n")
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, ref)
+    assert bed.store.status(ref).phase is Phase.PENDING  # a new attempt is due
+    await reconcile(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    failed = get_condition(status.conditions, "Failed")
+    assert failed is not None
+    assert failed.reason == "ProbeFailed"
+    assert "too few nodes remain" in failed.message
+    assert "collective probe blamed: n1" in failed.message
+    assert bed.slurm.calls.count("submit") == 1
 
 
 async def test_a_record_the_script_did_not_write_is_left_alone(bed: Bed) -> None:

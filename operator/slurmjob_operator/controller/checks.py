@@ -157,7 +157,9 @@ class Checks:
             # Judged again on what the cluster says now, before anything is refused.
             snapshot = await self.limits.snapshot(fresh=True)
             if snapshot is not None:
-                enforce(check(launch, snapshot, names))
+                plain = launch.model_copy(update={"excluded_nodes": ()})
+                whole = check(plain, snapshot, names) if launch.excluded_nodes else None
+                enforce(check(launch, snapshot, names), whole)
 
     async def runtime(self, p: Preparing) -> None:
         assert p.prepared is not None

@@ -35,7 +35,7 @@ from slurmjob_operator.core.arrays import next_indices
 from slurmjob_operator.core.decisions import Failure, Retry, failed_step, growing_delay
 from slurmjob_operator.core.dependencies import slurm_dependency
 from slurmjob_operator.core.kueue import Verdict as Admitted
-from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable
+from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, ProbeExhausted
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import not_submitted, record_attempt
@@ -83,6 +83,8 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.RUNTIME_INVALID
         if isinstance(exc, SecretError):
             return Failure.SECRET_MISSING
+        if isinstance(exc, ProbeExhausted):  # a LimitExceeded: first
+            return Failure.PROBE_EXHAUSTED
         if isinstance(exc, LimitExceeded):
             return Failure.LIMIT_EXCEEDED
         if isinstance(exc, PartitionUnavailable):

@@ -43,6 +43,7 @@ class Failure(StrEnum):
     RUNTIME_INVALID = "RuntimeInvalid"  # the runtime artifact's magic or checksum
     SECRET_MISSING = "SecretMissing"  # noqa: S105 (a failure class, not a secret)
     LIMIT_EXCEEDED = "LimitExceeded"  # the request cannot fit the cluster's limits
+    PROBE_EXHAUSTED = "ProbeExhausted"  # it can, but not without the nodes the probe blamed
     PARTITION_UNAVAILABLE = "PartitionUnavailable"  # the partition takes no jobs now
     SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
     SLURM_UNREACHABLE = "SlurmUnreachable"  # while connecting
@@ -84,6 +85,7 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     ),
     Failure.SECRET_MISSING: FailurePlan(Reason.SECRET_NOT_FOUND, Retry.BACKOFF),
     Failure.LIMIT_EXCEEDED: FailurePlan(Reason.LIMIT_EXCEEDED, Retry.NEVER, metric="rejected"),
+    Failure.PROBE_EXHAUSTED: FailurePlan(Reason.PROBE_FAILED, Retry.NEVER, metric="rejected"),
     Failure.PARTITION_UNAVAILABLE: FailurePlan(Reason.PARTITION_UNAVAILABLE, Retry.POLL),
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
@@ -134,6 +136,7 @@ def failed_step(
         Failure.TENANT_UNKNOWN,
         Failure.RUNTIME_INVALID,
         Failure.LIMIT_EXCEEDED,
+        Failure.PROBE_EXHAUSTED,
     ):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
     if failure is Failure.REJECTED:

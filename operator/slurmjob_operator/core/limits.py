@@ -257,13 +257,30 @@ class LimitExceeded(ValueError):
         super().__init__("; ".join(self.messages))
 
 
+class ProbeExhausted(LimitExceeded):
+    """The request fits the cluster, but not without the nodes the collective probe blamed:
+    the probe's new attempts are over (`Reason.PROBE_FAILED`)."""
+
+    def __init__(self, refusals: Sequence[Refusal]) -> None:
+        super().__init__(refusals)
+        self.messages = [
+            "the collective probe failed on every rung and too few nodes remain without the "
+            "ones it blamed",
+            *self.messages,
+        ]
+
+
 class PartitionUnavailable(RuntimeError):
     """The partition takes no jobs now (down, drained, inactive)."""
 
 
-def enforce(verdict: Verdict) -> None:
-    """Raise what the verdict says stops the submission."""
+def enforce(verdict: Verdict, without_exclusions: Verdict | None = None) -> None:
+    """Raise what the verdict says stops the submission; `without_exclusions`: the same
+    request judged without its excluded nodes (when it has some), which tells a request too
+    big for the cluster from one the exclusions leave too few nodes."""
     if verdict.refusals:
+        if without_exclusions is not None and not without_exclusions.refusals:
+            raise ProbeExhausted(verdict.refusals)
         raise LimitExceeded(verdict.refusals)
     if verdict.unavailable is not None:
         raise PartitionUnavailable(verdict.unavailable)

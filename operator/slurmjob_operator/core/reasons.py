@@ -126,7 +126,8 @@ REASON_MEANINGS: dict[Reason, str] = {
     ),
     Reason.PROBE_FAILED: (
         "The collective probe failed (hung, failed or was too slow) on every rung of the "
-        "site's ladder, and no new attempt excluding the nodes it blamed is left."
+        "site's ladder, and no new attempt excluding the nodes it blamed is left (or the "
+        "partition has too few nodes without them)."
     ),
     Reason.PROBE_RETRY: (
         "The collective probe failed on every rung and blamed nodes: a new attempt that "
@@ -304,6 +305,7 @@ WRITTEN: frozenset[Written] = frozenset(
         (C.PROBE_PASSED, _T, R.PROBE_PASSED),
         (C.PROBE_PASSED, _T, R.PROBE_CACHED),
         (C.PROBE_PASSED, _F, R.PROBE_FAILED),
+        (C.SUBMITTED, _F, R.PROBE_FAILED),  # the next attempt cannot be placed without them
         *((cond, _F, R.PROBE_RETRY) for cond in (C.READY, C.RUNNING, C.FAILED)),
         *(
             (cond, status, R.PROBE_FAILED)
