@@ -75,6 +75,20 @@ DEV_COMMANDS: dict[str, list[str]] = {
         "-c",
         'echo "rl on $WORLD_SIZE nodes, master $MASTER_ADDR"; sleep 5; echo done',
     ],
+    # torchrun's script and its arguments (the test bed's torchrun stand-in runs them).
+    "gpu-torchrun-probed.yaml": [
+        "bash",
+        "-c",
+        'echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME, P2P ${NCCL_P2P_DISABLE:-on}"; '
+        "sleep 3; echo done",
+    ],
+}
+#: The collective probe of the examples' training runtime on the dev cluster: the test bed's
+#: stand-in (tests/testbed/standins/collective-probe), which passes in a second.
+DEV_PROBE = {
+    "command": ["collective-probe", "--sleep", "1"],
+    "timeoutSeconds": 30,
+    "ladder": [{"NCCL_P2P_DISABLE": "1"}],
 }
 
 
@@ -124,6 +138,9 @@ def write_site(testbed: SlurmTestbed, profile: str) -> dict[str, str]:
     fmt = "sif" if profile == "apptainer" else "sqsh"
     artifact = next(r for r in runtimes if r["format"] == fmt)
     runtimes += [{**artifact, "id": rid} for rid in EXAMPLE_RUNTIMES]
+    for runtime in runtimes:
+        if runtime["id"] == "custom-trainer":
+            runtime["probe"] = DEV_PROBE
     _write(
         registry_file,
         "# Written by `make dev-up`: the test artifacts on the dev cluster's storage root; the\n"
