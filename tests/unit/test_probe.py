@@ -4,17 +4,24 @@ cache and avoid lists the operator keeps in its ConfigMap."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.controller.probebook import MAX_KEYS, RELOAD_SECONDS, ProbeBook
+from slurmjob_operator.controller.probebook import (
+    MAX_KEYS,
+    RELOAD_SECONDS,
+    RETRY_SECONDS,
+    ProbeBook,
+)
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.probe import (
     MAX_RECORD_BYTES,
@@ -336,6 +343,29 @@ async def test_a_configmap_that_cannot_be_read_or_written_costs_a_probe_not_a_jo
     await b.refresh()
     await b.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 0}))
     assert b.cached_rung(KEY) == 0  # memory keeps it; the write is retried by the next one
+    for _ in range(5):  # the submissions that follow do not each read again
+        await b.refresh()
+    assert store.reads == 1
+    clock.now += timedelta(seconds=RETRY_SECONDS + 1)
+    store.broken = False
+    await b.refresh()
+    assert store.reads == 2
+
+
+async def test_a_configmap_call_that_hangs_is_given_up() -> None:
+    class Hanging(FakeMaps):
+        async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+            self.reads += 1
+            await asyncio.sleep(3600)
+            return None
+
+    store = Hanging()
+    b = book(store, Clock())
+    with patch("slurmjob_operator.controller.probebook.CALL_TIMEOUT", 0.05):
+        async with asyncio.timeout(5):
+            await b.refresh()
+    assert store.reads == 1
+    assert b.cached_rung(KEY) is None
 
 
 async def test_the_configmap_stays_bounded() -> None:

@@ -3,14 +3,17 @@ rung that passed, and until when) and the avoid lists (per tenant and cluster, t
 probes blamed, each until when), in one ConfigMap the operator owns.
 
 It is read whole into memory, and again after `RELOAD_SECONDS` (a new leader sees what the
-last one wrote); a submission only ever looks in memory. A change is written as a merge patch
-of the one key it touches. A write that fails is logged and dropped: the cost is one more
-probe, never a job held up. Only what the operator derived is stored (a rung's index, node
-names checked against the record's own node list), never text of the job's.
+last one wrote); a submission only ever looks in memory. A read that fails (or takes longer
+than `CALL_TIMEOUT`) is tried again after `RETRY_SECONDS`, not by the next submission. A change
+is written as a merge patch of the one key it touches. A write that fails is logged and
+dropped: the cost is one more probe, never a job held up. Only what the operator derived is
+stored (a rung's index, node names checked against the record's own node list), never text
+of the job's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,6 +30,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds after which memory is read again from the ConfigMap.
 RELOAD_SECONDS = 300.0
+#: Seconds after a read that failed before the next one.
+RETRY_SECONDS = 60.0
+#: Seconds one read or write of the ConfigMap may take.
+CALL_TIMEOUT = 10.0
 #: Keys the ConfigMap may hold (each well under 2 KiB: far inside its 1 MiB).
 MAX_KEYS = 2000
 _KEY_RE = re.compile(r"^(probe|avoid)-[0-9a-f]{40}$")
@@ -53,19 +60,24 @@ class ProbeBook:
         self._clock = clock
         self._rungs: dict[str, tuple[int, datetime]] = {}
         self._avoid: dict[str, dict[str, datetime]] = {}
-        self._loaded: datetime | None = None
+        self._tried: datetime | None = None
+        self._read = False
 
     async def refresh(self) -> None:
-        """Read the ConfigMap when memory is older than RELOAD_SECONDS (or was never read)."""
+        """Read the ConfigMap when memory is older than RELOAD_SECONDS (or was never read),
+        or RETRY_SECONDS after a read that failed."""
         now = self._clock()
-        if self._loaded is not None and (now - self._loaded).total_seconds() < RELOAD_SECONDS:
+        wait = RELOAD_SECONDS if self._read else RETRY_SECONDS
+        if self._tried is not None and (now - self._tried).total_seconds() < wait:
             return
+        self._tried = now
         try:
-            data = await self._store.read_configmap(*self._where)
-        except ConfigMapUnavailable as exc:
-            log.warning("probe cache not read (%s): jobs probe as if it were empty", exc)
+            data = await asyncio.wait_for(self._store.read_configmap(*self._where), CALL_TIMEOUT)
+        except (ConfigMapUnavailable, TimeoutError) as exc:
+            self._read = False
+            log.warning("probe cache not read (%r): memory is used as it is", exc)
             return
-        self._loaded = now
+        self._read = True
         self._rungs, self._avoid = {}, {}
         for key, value in (data or {}).items():
             try:
@@ -141,6 +153,6 @@ class ProbeBook:
 
     async def _write(self, changes: dict[str, str | None]) -> None:
         try:
-            await self._store.merge_configmap(*self._where, changes)
-        except ConfigMapUnavailable as exc:
-            log.warning("probe cache not written (%s): later jobs may probe again", exc)
+            await asyncio.wait_for(self._store.merge_configmap(*self._where, changes), CALL_TIMEOUT)
+        except (ConfigMapUnavailable, TimeoutError) as exc:
+            log.warning("probe cache not written (%r): later jobs may probe again", exc)
