@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import cpu_spec, het_pools, wait_for_job
+from tests.integration.helpers import cpu_spec, wait_for_job
+from tests.integration.test_launch_shapes_e2e import _one_gpu_each
 from tests.integration.test_slurm_jobs import Bed, _bed, stage_and_submit
 from tests.testbed.slurm import SlurmTestbed
+from tests.unit.controller_fakes import MemoryConfigMaps
 
 from slurmjob_operator.api.errors import parse_spec
 from slurmjob_operator.api.probestatus import AttemptProbe
@@ -41,25 +42,6 @@ from slurmjob_operator.times import utc_now
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 5
-
-
-class Maps:
-    """The probe book's ConfigMap, in memory."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, str] = {}
-
-    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-        return dict(self.data)
-
-    async def merge_configmap(
-        self, namespace: str, name: str, data: Mapping[str, str | None]
-    ) -> None:
-        for key, value in data.items():
-            if value is None:
-                self.data.pop(key, None)
-            else:
-                self.data[key] = value
 
 
 class Avoiding:
@@ -84,13 +66,6 @@ def _probe_bed(testbed: SlurmTestbed, tmp_path: Path, probe: dict[str, Any]) -> 
         runtime["probe"] = probe
     registry.write_text(json.dumps(data))
     return Bed(testbed, bed.settings, Site.load(bed.settings), bed.namespace)
-
-
-def _one_gpu_each() -> list[dict[str, Any]]:
-    pools = het_pools()
-    for pool in pools:
-        pool["gpusPerNode"] = 1
-    return pools
 
 
 def _spec(nodes: int, gpus: int, command: str) -> dict[str, Any]:
@@ -211,7 +186,7 @@ async def test_a_node_the_probe_blames_is_excluded_next_and_a_pass_is_cached(
     bed = _probe_bed(slurm_2605, tmp_path, probe)
     command = 'echo "node=$SLURMD_NODENAME p2p=${NCCL_P2P_DISABLE:-unset}"'
     spec = _spec(1, 2, command)
-    book = ProbeBook(Maps(), "ops", "cache", cache_seconds=600, avoid_seconds=600)
+    book = ProbeBook(MemoryConfigMaps(), "ops", "cache", cache_seconds=600, avoid_seconds=600)
     await book.refresh()
     uid = str(uuid.uuid4())
     async with open_transport(bed.settings) as session:

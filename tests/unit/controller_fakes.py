@@ -73,20 +73,11 @@ SIF = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"unit runtime"
 OPERATOR_USER = "slurmci"
 
 
-class MemoryStore:
-    """The `ResourceStore` in memory: merge-patched status, uid and resourceVersion
-    preconditions (every change of an object gives it a new version), Events kept."""
+class MemoryConfigMaps:
+    """ConfigMaps in memory, read whole and merge-patched as `kube.ports.ConfigMapStore`
+    says (a None value removes its key)."""
 
     def __init__(self) -> None:
-        self._versions = itertools.count(1)
-        self.conflicts = 0
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
-        self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
-        self.patches = 0
-        self.gets = 0
-        self.deleted: list[str] = []  # names deleted by the TTL after the end
-        self.namespace_uids: dict[str, str] = {}  # set one to "recreate" its namespace
         self.configmaps: dict[tuple[str, str], dict[str, str]] = {}
         self.configmap_reads = 0
 
@@ -104,6 +95,23 @@ class MemoryStore:
                 current.pop(key, None)
             else:
                 current[key] = value
+
+
+class MemoryStore(MemoryConfigMaps):
+    """The `ResourceStore` in memory: merge-patched status, uid and resourceVersion
+    preconditions (every change of an object gives it a new version), Events kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._versions = itertools.count(1)
+        self.conflicts = 0
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
+        self.patches = 0
+        self.gets = 0
+        self.deleted: list[str] = []  # names deleted by the TTL after the end
+        self.namespace_uids: dict[str, str] = {}  # set one to "recreate" its namespace
 
     async def namespace_uid(self, name: str) -> str | None:
         """Every namespace exists, with a uid of its own until a test changes it."""

@@ -39,7 +39,7 @@ from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.kube import ConfigMapUnavailable
 
-from .controller_fakes import cpu_spec
+from .controller_fakes import MemoryConfigMaps, cpu_spec
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 KEY = cache_key("tenant:a", "c1", "gpu", "sha/ladder", "h100")
@@ -243,32 +243,35 @@ def test_whose_results_a_key_holds() -> None:
     assert avoid_key("tenant:a", "c1") != avoid_key("tenant:b", "c1")
 
 
-class FakeMaps:
+class FakeMaps(MemoryConfigMaps):
+    """The book's one ConfigMap (`ops/cache`) in memory; `broken`: every call fails."""
+
     def __init__(self, data: dict[str, str] | None = None) -> None:
-        self.data = data
-        self.reads = 0
-        self.writes: list[dict[str, str | None]] = []
+        super().__init__()
+        if data is not None:
+            self.configmaps[("ops", "cache")] = dict(data)
         self.broken = False
 
+    @property
+    def data(self) -> dict[str, str] | None:
+        return self.configmaps.get(("ops", "cache"))
+
+    @property
+    def reads(self) -> int:
+        return self.configmap_reads
+
     async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-        self.reads += 1
+        data = await super().read_configmap(namespace, name)
         if self.broken:
             raise ConfigMapUnavailable("down")
-        return dict(self.data) if self.data is not None else None
+        return data
 
     async def merge_configmap(
         self, namespace: str, name: str, data: Mapping[str, str | None]
     ) -> None:
         if self.broken:
             raise ConfigMapUnavailable("down")
-        self.writes.append(dict(data))
-        merged = dict(self.data or {})
-        for k, v in data.items():
-            if v is None:
-                merged.pop(k, None)
-            else:
-                merged[k] = v
-        self.data = merged
+        await super().merge_configmap(namespace, name, data)
 
 
 class Clock:
@@ -355,7 +358,7 @@ async def test_a_configmap_that_cannot_be_read_or_written_costs_a_probe_not_a_jo
 async def test_a_configmap_call_that_hangs_is_given_up() -> None:
     class Hanging(FakeMaps):
         async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-            self.reads += 1
+            self.configmap_reads += 1
             await asyncio.sleep(3600)
             return None
 

@@ -169,20 +169,20 @@ def _probe(
     )
     cluster = site.settings.cluster_name
     series = ",".join(sorted({s.name for s in resolution.series.values() if s is not None}))
-    assert resolution.runtime.probe is not None
+    probe = resolution.runtime.probe
+    assert probe is not None  # probe_runs
     # The cache holds a rung's index: a changed program or ladder is a new key.
-    ladder = resolution.runtime.probe.model_dump_json()
+    ladder = probe.model_dump_json()
     runtime = f"{resolution.runtime.sha256}/{hashlib.sha256(ladder.encode()).hexdigest()}"
     keys = ProbeKeys(
         cache_key(owner, cluster, resolution.partition, runtime, series),
         avoid_key(owner, cluster),
-        resolution.runtime.probe.rungs,
+        probe.rungs,
     )
     exclude = probes.avoided(keys.avoid) if dialect_for(api_version).supports_exclusion else ()
     cached = probes.cached_rung(keys.cache)
-    probe = resolution.runtime.probe
-    if cached is not None and (probe is None or cached >= probe.rungs):
-        cached = None  # the ladder changed since: probe again
+    if cached is not None and cached >= probe.rungs:
+        cached = None  # not a rung of this ladder: probe again
     return keys, ProbePlan(cached, exclude)
 
 

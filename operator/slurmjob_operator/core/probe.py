@@ -104,8 +104,9 @@ def parse_record(data: bytes, rungs: int) -> ProbeRecord:
         if kind == "nodes":
             nodes.update(words[1:])
             continue
-        rung = int(words[1] if kind == "rung" else (words[2] if len(words) > 2 else "0"))
-        if rung >= rungs:
+        # "rung K ...", "result passed K ...", "result skipped K"; "result failed" has none.
+        rung = int(words[1]) if kind == "rung" else int(words[2]) if len(words) > 2 else None
+        if rung is not None and rung >= rungs:
             raise ValueError(f"the probe record names rung {rung}; the ladder has {rungs}")
         if kind == "rung":
             tried.append(f"{rung}:{words[2]}")
