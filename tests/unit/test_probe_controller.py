@@ -6,7 +6,9 @@ next job skip the probe, and a record the script did not write changes nothing."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,5 +155,68 @@ async def test_a_record_the_script_did_not_write_is_left_alone(bed: Bed) -> None
     assert status.phase is Phase.FAILED
     assert status.attempts[0].probe is not None
     assert status.attempts[0].probe.outcome is None
+    assert get_condition(status.conditions, "ProbePassed") is None
+    assert not bed.store.configmaps
+
+
+async def test_what_one_namespace_s_probe_blames_never_steers_another_s_jobs(bed: Bed) -> None:
+    """The record is the tenant's text: the nodes it blames go to that namespace's avoid list
+    only, and its pass to that namespace's cache entry only."""
+    mine = bed.store.create("train", gpu_spec(retry={"limit": 0}), namespace="team-a")
+    await reconcile(bed, mine)
+    write_record(
+        bed, mine, "nodes n1 n2\nrung 0 failed n1 n2\nrung 1 failed n1 n2\nresult failed\n"
+    )
+    bed.slurm.set_state(100, "FAILED", 1)
+    await refresh(bed, mine)
+    await reconcile(bed, mine)
+    assert bed.slurm.requests[-1].excluded_nodes == ("n1", "n2")  # its own next attempt
+    other = bed.store.create("train", gpu_spec(), namespace="team-b")
+    await reconcile(bed, other)
+    planned = bed.store.status(other).attempts[0].probe
+    assert planned is not None
+    assert (planned.excluded, planned.cached_rung) == ([], None)
+    assert bed.slurm.requests[-1].excluded_nodes == ()
+    write_record(bed, mine, "nodes n3\nrung 0 passed 41.5\nresult passed 0 41.5\n")
+    bed.slurm.set_state(101, "COMPLETED", 0)
+    await refresh(bed, mine)
+    again = bed.store.create("again", gpu_spec(), namespace="team-b")
+    await reconcile(bed, again)
+    planned = bed.store.status(again).attempts[0].probe
+    assert planned is not None
+    assert planned.cached_rung is None  # team-a's pass lets team-b skip nothing
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "hardlink", "oversized"])
+async def test_a_record_that_is_no_plain_small_file_of_the_job_is_not_read(
+    bed: Bed, tmp_path: Path, kind: str
+) -> None:
+    """probe.record in a directory the job user owns: a link to a passing record elsewhere, a
+    FIFO (a read would block), a second name of another file, or more than a record can be,
+    is refused without reading it; the job's end is decided as any other's."""
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}))
+    await reconcile(bed, ref)
+    staging = Path(bed.store.status(ref).attempts[-1].staging_dir or "")
+    passing = tmp_path / "elsewhere.record"
+    passing.write_text("nodes n1\nrung 0 passed 99\nresult passed 0 99\n")
+    record = staging / PROBE_RECORD_FILE
+    if kind == "symlink":
+        record.symlink_to(passing)
+    elif kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "hardlink":
+        os.link(passing, record)
+    else:
+        record.write_text(
+            "nodes n1\nrung 0 passed 99\n" + "rung 0 hung\n" * 400 + "result failed\n"
+        )
+    bed.slurm.set_state(100, "FAILED", 1)
+    async with asyncio.timeout(10):
+        await refresh(bed, ref)
+    status = bed.store.status(ref)
+    assert status.phase is Phase.FAILED
+    probe = status.attempts[0].probe
+    assert probe is not None
+    assert probe.outcome is None
     assert get_condition(status.conditions, "ProbePassed") is None
     assert not bed.store.configmaps
