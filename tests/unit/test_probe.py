@@ -12,6 +12,7 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
+from pydantic import ValidationError
 
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
@@ -38,6 +39,7 @@ from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.kube import ConfigMapUnavailable
+from slurmjob_operator.site.catalogs import CollectiveProbe
 
 from .controller_fakes import MemoryConfigMaps, cpu_spec
 
@@ -380,3 +382,23 @@ async def test_the_configmap_stays_bounded() -> None:
         clock.now += timedelta(seconds=0.1)
         await b.remember(AttemptProbe(key=key, avoid=AVOID, ladder=2, outcome="Passed", rung=0))
     assert len(store.data or {}) <= MAX_KEYS
+
+
+@pytest.mark.parametrize(
+    "rung",
+    [
+        {"LD_PRELOAD": "/tmp/x.so"},
+        {"PATH": "/tmp"},
+        {"SLURM_NTASKS": "1"},
+        {"BASH_ENV": "/tmp/x"},
+        {"A;B": "1"},
+        {"NCCL_DEBUG": "IN\0FO"},
+        {},
+    ],
+)
+def test_a_ladder_sets_only_variables_the_container_may_have(rung: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="ladder"):
+        CollectiveProbe(command=["probe"], ladder=[rung])
+    probe = CollectiveProbe(command=["probe"], ladder=[{"NCCL_P2P_DISABLE": "1"}])
+    assert probe.rung_env(1) == [("NCCL_P2P_DISABLE", "1")]
+    assert probe.rung_env(0) == []
