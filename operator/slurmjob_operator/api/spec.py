@@ -47,6 +47,7 @@ from slurmjob_operator.api.scriptwords import (
     command_problem,
     path_problem,
 )
+from slurmjob_operator.api.walltime import WalltimeSpec
 
 # The spec's parts stay importable from here, where the rest of the operator looks for them.
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "SecretKeyRef",
     "SlurmJobSpec",
     "TimeLimit",
+    "WalltimeSpec",
     "parse_time_limit",
 ]
 
@@ -135,6 +137,15 @@ class SlurmJobSpec(_Model):
         description=(
             "Run as a job array of one pool; a retry resubmits only the tasks that did not "
             "succeed, under their own indices."
+        ),
+    )
+    walltime: WalltimeSpec | None = Field(
+        default=None,
+        description=(
+            "A run longer than the partition allows, as a chain of segments: each one job "
+            "with its own time limit, the next submitted when one ends by its time limit, "
+            "with continueExitCode, by preemption or by a node failure (docs/long-training.md). "
+            "Not with timeLimit (each segment's is segmentTime) nor with array."
         ),
     )
     data: DataSpec = Field(default_factory=DataSpec, description="Platform data references.")
@@ -308,6 +319,23 @@ class SlurmJobSpec(_Model):
         pools = info.data.get("pools")
         if value is not None and pools is not None and len(pools) > 1:
             raise ValueError("an array has exactly one pool: Slurm has no heterogeneous arrays")
+        return value
+
+    @field_validator("walltime")
+    @classmethod
+    def _walltime_alone(
+        cls, value: WalltimeSpec | None, info: ValidationInfo
+    ) -> WalltimeSpec | None:
+        # Judged on the user's own spec: a tenant's default time limit is applied later.
+        if value is None:
+            return value
+        if info.data.get("time_limit") is not None:
+            raise ValueError(
+                "timeLimit and walltime cannot be set together: each segment's limit is "
+                "walltime.segmentTime"
+            )
+        if info.data.get("array") is not None:
+            raise ValueError("an array cannot have walltime segments: run one chain per job")
         return value
 
     @property

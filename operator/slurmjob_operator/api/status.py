@@ -17,6 +17,7 @@ from pydantic.config import JsonDict
 
 from slurmjob_operator.api.model import Model
 from slurmjob_operator.api.probestatus import AttemptProbe
+from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.times import rfc3339
 
 
@@ -226,6 +227,9 @@ class Attempt(_Model):
     probe: AttemptProbe | None = Field(
         default=None, description="The collective probe of this attempt, when it has one."
     )
+    segment: AttemptSegment | None = Field(
+        default=None, description="The walltime segment this attempt ran (spec.walltime)."
+    )
 
 
 class LogTail(_Model):
@@ -319,6 +323,11 @@ class SlurmJobStatus(_Model):
     cluster: str | None = Field(
         default=None,
         description="Slurm cluster of the current attempt, where the attempt names one.",
+    )
+    segment: int | None = Field(
+        default=None,
+        ge=0,
+        description="Index of the current walltime segment (spec.walltime), for kubectl get.",
     )
     duration: str | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from slurmjob_operator.api.status import Phase
 from slurmjob_operator.core.following import not_retried, retry_scheduled
 from slurmjob_operator.core.probe import after_failed_probe
 from slurmjob_operator.core.retries import decide
+from slurmjob_operator.core.segments import after_segment, segment_end
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import Transition
 
@@ -35,6 +36,9 @@ class AttemptEnd:
     now: datetime
     probe_attempts: int = 0
     """The site's most new attempts after probes that failed (SLURMJOB_PROBE_ATTEMPTS)."""
+    checkpoint: str | None = None
+    """A walltime chain's checkpoint directory as the attempt left it (its digest, or
+    `core.segments.UNKNOWN_CHECKPOINT`); None: not read."""
 
 
 #: A rule: the transition to write instead of `end.ended`, or None when it has no say.
@@ -66,7 +70,24 @@ def probe_rules(end: AttemptEnd) -> Transition | None:
     return Transition(decided.status, end.ended.events + decided.events)
 
 
-RULES: tuple[Rule, ...] = (probe_rules, retry_rules)
+def segment_rules(end: AttemptEnd) -> Transition | None:
+    """spec.walltime: a segment that ended by its time limit, with continueExitCode, by
+    preemption or a lost node goes on to the next segment at once (before the user's retry
+    rules, outside their budget); exit 0 and every other end are left to the rules after."""
+    walltime = end.spec.walltime
+    attempt = end.ended.status.current_attempt
+    if walltime is None or attempt is None or attempt.segment is None:
+        return None
+    how = segment_end(end.observation, walltime)
+    if how is None:
+        return None
+    decided = after_segment(
+        end.ended.status, walltime, how, end.checkpoint, end.generation, end.now
+    )
+    return Transition(decided.status, end.ended.events + decided.events)
+
+
+RULES: tuple[Rule, ...] = (probe_rules, segment_rules, retry_rules)
 
 
 def after_attempt(end: AttemptEnd, rules: tuple[Rule, ...] = RULES) -> Transition:

@@ -115,6 +115,9 @@ class Reason(StrEnum):
     PROBE_CACHED = "ProbeCached"
     PROBE_FAILED = "ProbeFailed"
     PROBE_RETRY = "ProbeRetry"
+    SEGMENT_CONTINUED = "SegmentContinued"
+    WALLTIME_EXHAUSTED = "WalltimeExhausted"
+    NO_PROGRESS = "NoProgress"
 
 
 #: What each reason tells a user.
@@ -132,6 +135,18 @@ REASON_MEANINGS: dict[Reason, str] = {
     Reason.PROBE_RETRY: (
         "The collective probe failed on every rung and blamed nodes: a new attempt that "
         "excludes them is due now (its own counter; no retry of spec.retry is spent)."
+    ),
+    Reason.SEGMENT_CONTINUED: (
+        "A walltime segment ended by its time limit, with continueExitCode, by preemption or "
+        "by a lost node: the next segment is due now (no retry of spec.retry is spent)."
+    ),
+    Reason.WALLTIME_EXHAUSTED: (
+        "The walltime chain spent its totalTime or ran maxSegments segments without a "
+        "segment exiting 0."
+    ),
+    Reason.NO_PROGRESS: (
+        "Two walltime segments in a row ended with nothing under the checkpoint directory "
+        "changed: the chain stops rather than run for ever."
     ),
     Reason.SUBMITTING: "The attempt is recorded and its POST is being sent.",
     Reason.ACCEPTED: "slurmrestd answered the POST with the job id.",
@@ -165,7 +180,9 @@ REASON_MEANINGS: dict[Reason, str] = {
         "nothing was staged or submitted (checked again when the spec changes)."
     ),
     Reason.PARTITION_UNAVAILABLE: (
-        "The partition is down, drained or inactive: nothing is submitted until it is up."
+        "The partition is down, drained or inactive, or its MaxTime (which a walltime "
+        "segment's length derives from when spec.walltime.segmentTime is unset) cannot be "
+        "read: nothing is submitted until it is up and read."
     ),
     Reason.SLURM_AUTH_FAILED: "slurmrestd refused the operator's credentials.",
     Reason.SLURM_UNAVAILABLE: "slurmrestd could not be reached or failed.",
@@ -309,6 +326,12 @@ WRITTEN: frozenset[Written] = frozenset(
         *((cond, _F, R.PROBE_RETRY) for cond in (C.READY, C.RUNNING, C.FAILED)),
         *(
             (cond, status, R.PROBE_FAILED)
+            for cond, status in ((C.RUNNING, _F), (C.READY, _F), (C.SUCCEEDED, _F), (C.FAILED, _T))
+        ),
+        *((cond, _F, R.SEGMENT_CONTINUED) for cond in (C.READY, C.RUNNING, C.FAILED)),
+        *(
+            (cond, status, reason)
+            for reason in (R.WALLTIME_EXHAUSTED, R.NO_PROGRESS)
             for cond, status in ((C.RUNNING, _F), (C.READY, _F), (C.SUCCEEDED, _F), (C.FAILED, _T))
         ),
         (C.FINISHED, _T, FROM_PHASE),

@@ -13,6 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from slurmjob_operator.api.probestatus import AttemptProbe
+from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.api.status import (
     ArrayAttempt,
     ArrayStatus,
@@ -116,6 +117,12 @@ def waiting(
     return Transition(new, events)
 
 
+#: The `retryAction`s after which a new attempt is due (`core.retries`' Retry and Ignore, a
+#: failed probe's new attempt `core.probe.PROBE_RETRY_ACTION`, a walltime segment's next one
+#: `core.segments.SEGMENT_ACTION`): a submit of it that certainly sent nothing stays due.
+NEW_ATTEMPT_ACTIONS = frozenset({"Retry", "Ignore", "ProbeRetry", "Segment"})
+
+
 def record_attempt(
     status: SlurmJobStatus,
     *,
@@ -128,6 +135,7 @@ def record_attempt(
     array_indices: Sequence[int] | None = None,
     dependencies: Sequence[AttemptDependency] = (),
     probe: AttemptProbe | None = None,
+    segment: AttemptSegment | None = None,
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
     the cluster it went to, where the adoption must look, and the upstream jobs it waits on).
@@ -143,6 +151,7 @@ def record_attempt(
         retry_of=previous.number if previous is not None and previous.job_id else None,
         array=ArrayAttempt(indices=compact(array_indices)) if array_indices else None,
         probe=probe,
+        segment=segment,
     )
     attempts = [*status.attempts, attempt]
     array = None
@@ -181,7 +190,7 @@ def not_submitted(
         attempts = attempts[:-1]
     base = status.model_copy(update={"attempts": attempts})
     previous = base.current_attempt
-    if previous is not None and previous.retry_action in ("Retry", "Ignore"):
+    if previous is not None and previous.retry_action in NEW_ATTEMPT_ACTIONS:
         # The attempt was a scheduled retry: it stays scheduled (the caller waits a while).
         base = base.model_copy(update={"next_attempt_at": rfc3339(now)})
     return waiting(base, reason, message, generation, now)

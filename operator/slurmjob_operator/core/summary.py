@@ -38,11 +38,15 @@ def _duration(status: SlurmJobStatus) -> str | None:
 
 
 def with_summary(status: SlurmJobStatus, generation: int | None, now: datetime) -> SlurmJobStatus:
-    """`status` with `attempt`, `cluster`, `duration` and `Finished` in step with the rest."""
+    """`status` with `attempt`, `cluster`, `segment`, `duration` and `Finished` in step with
+    the rest."""
     current = status.current_attempt
     update = {
         "attempt": current.number if current is not None else None,
         "cluster": current.cluster if current is not None else None,
+        "segment": (
+            current.segment.index if current is not None and current.segment is not None else None
+        ),
         "duration": _duration(status),
     }
     if any(getattr(status, key) != value for key, value in update.items()):
