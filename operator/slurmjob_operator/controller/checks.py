@@ -130,6 +130,8 @@ class Checks:
         ref = p.view.ref
         if self.probes is not None:
             await self.probes.refresh()  # from memory, read again only when it is old
+        # A walltime segment's length may derive from the partition's MaxTime.
+        snapshot = await self.limits.snapshot() if p.spec.walltime is not None else None
         p.prepared = await asyncio.to_thread(
             prepare_attempt,
             p.spec,
@@ -142,6 +144,8 @@ class Checks:
             secret_values=p.secrets,
             array_indices=p.indices,
             probes=self.probes,
+            attempts=p.view.status.attempts,
+            snapshot=snapshot,
         )
 
     async def cluster_limits(self, p: Preparing) -> None:

@@ -29,6 +29,7 @@ from slurmjob_operator.core.jobview import by_leader
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.storage import checkpoint
 from slurmjob_operator.storage.staging import remove_resource_dir
 
 
@@ -72,12 +73,28 @@ class Deletion:
                 await self._last_tails(view, attempt)
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)
+            if view.spec is not None and view.spec.walltime is not None:
+                await self._remove_checkpoint(view)
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )
             if self.queues is not None:
                 await self.queues.delete(view)  # the quota is released with the job
         self.edge.forget(ref)
+
+    async def _remove_checkpoint(self, view: ResourceView) -> None:
+        """The walltime chain's checkpoint directory, the job's own files: removed as far as
+        they can be, what could not be said in an Event; the finalizer never waits on it."""
+        ref = view.ref
+        left = await asyncio.to_thread(
+            checkpoint.remove, self.settings, ref.namespace, ref.name, ref.uid
+        )
+        if left:
+            text = (
+                f"the checkpoint directory was not removed in full ({len(left)} path(s)); "
+                f"first: {left[0]}"
+            )
+            await self.edge.event(ref, "Warning", "CheckpointNotRemoved", text)
 
     async def _last_tails(self, view: ResourceView, attempt: Attempt) -> None:
         """The ended job's last log tails into the status, on the version they were read

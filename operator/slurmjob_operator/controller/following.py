@@ -44,6 +44,7 @@ from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
+from slurmjob_operator.storage import checkpoint
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
 from slurmjob_operator.storage.nofollow import job_owner
@@ -192,6 +193,7 @@ class Following:
                 view.generation,
                 now,
                 probe_attempts=await self.probing.attempts(),
+                checkpoint=await self._checkpoint(view, attempt),
             )
             transition = after_attempt(end)
         await self.edge.apply(view, transition)
@@ -200,6 +202,22 @@ class Following:
             # The retry is submitted when due (a restart finds it again on resume).
             self.wakes.at(view.ref, (due - utc_now()).total_seconds())
         return True
+
+    async def _checkpoint(self, view: ResourceView, attempt: Attempt) -> str | None:
+        """A walltime segment's checkpoint directory as it ended (None: not a segment, or the
+        scan took longer than `READ_TIMEOUT`: then it counts as progress)."""
+        if attempt.segment is None:
+            return None
+        ref = view.ref
+        owner = self._job_uid(ref.namespace)
+        read = asyncio.to_thread(
+            checkpoint.scan, self.settings, ref.namespace, ref.name, ref.uid, owner
+        )
+        try:
+            return await asyncio.wait_for(read, READ_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s/%s: the checkpoint scan took too long", ref.namespace, ref.name)
+            return None
 
     async def _observe_array(
         self,

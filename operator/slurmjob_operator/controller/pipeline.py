@@ -11,13 +11,23 @@ from typing import Any
 
 from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import ConfigError, Settings
+from slurmjob_operator.core.limits import PartitionUnavailable, Snapshot
 from slurmjob_operator.core.probe import (
     ProbeLookup,
     ProbePlan,
     avoid_key,
     cache_key,
     probe_owner,
+)
+from slurmjob_operator.core.segments import (
+    SegmentPlan,
+    SegmentRefused,
+    SegmentTimeUnknown,
+    partition_time,
+    plan_segment,
+    segment_minutes,
 )
 from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
 from slurmjob_operator.site.catalogs import (
@@ -39,6 +49,7 @@ from slurmjob_operator.site.tenants import (
     load_tenants,
 )
 from slurmjob_operator.slurm.dialects import dialect_for
+from slurmjob_operator.storage import checkpoint
 from slurmjob_operator.storage.acl import AclError, require_supported
 from slurmjob_operator.storage.staging import stage_attempt
 
@@ -139,6 +150,10 @@ class PreparedAttempt:
     probe_keys: ProbeKeys | None = None
     """Where this attempt's probe outcome is remembered (None: it has no probe)."""
     probe_plan: ProbePlan | None = None
+    segment: SegmentPlan | None = None
+    """The walltime segment this attempt runs (None: no spec.walltime)."""
+    ref: tuple[str, str, str] = ("", "", "")
+    """The SlurmJob's namespace, name and uid (where its checkpoint directory is)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,32 @@ def _probe(
     return keys, ProbePlan(cached, exclude)
 
 
+def _segment(
+    spec: SlurmJobSpec,
+    site: Site,
+    resolution: SiteResolution,
+    namespace: str,
+    attempts: Sequence[Attempt],
+    snapshot: Snapshot | None,
+) -> SegmentPlan | None:
+    """The next walltime segment: SpecError when its time cannot be had on this partition and
+    tenant, PartitionUnavailable (wait) when the MaxTime it derives from cannot be read."""
+    if spec.walltime is None:
+        return None
+    scope = site.scope(namespace)
+    tenant_max = scope.limits.max_time_minutes if scope is not None else None
+    tenant = scope.tenant.name if scope is not None else None
+    try:
+        full = segment_minutes(
+            spec.walltime, partition_time(resolution.partition, snapshot), tenant_max, tenant
+        )
+    except SegmentRefused as exc:
+        raise SpecError([str(exc)]) from None
+    except SegmentTimeUnknown as exc:
+        raise PartitionUnavailable(str(exc)) from None
+    return plan_segment(spec.walltime, attempts, full)
+
+
 def prepare_attempt(
     spec: SlurmJobSpec,
     site: Site,
@@ -198,6 +239,8 @@ def prepare_attempt(
     secret_values: Mapping[str, str],
     array_indices: Sequence[int] | None = None,
     probes: ProbeLookup | None = None,
+    attempts: Sequence[Attempt] = (),
+    snapshot: Snapshot | None = None,
 ) -> PreparedAttempt:
     """Resolve, render, build the submit body and run the preflight checks.
 
@@ -211,6 +254,7 @@ def prepare_attempt(
     # The tenant's defaults (account, QOS, time limit) are rendered as if the spec said them.
     spec = resolution.applied_to(spec)
     keys, plan = _probe(spec, site, resolution, namespace, api_version, probes)
+    segment = _segment(spec, site, resolution, namespace, attempts, snapshot)
     ctx = RenderContext(
         namespace=namespace,
         name=name,
@@ -224,11 +268,14 @@ def prepare_attempt(
         secret_values=secret_values,
         array_indices=tuple(array_indices) if array_indices is not None else None,
         probe=plan,
+        segment=segment,
     )
     rendered = render_attempt(spec, ctx)
     body = dialect_for(api_version).submit_body(rendered.launch)
     check_rendered(rendered, secret_values, json.dumps(body))
-    return PreparedAttempt(rendered, resolution, body, api_version, keys, plan)
+    return PreparedAttempt(
+        rendered, resolution, body, api_version, keys, plan, segment, (namespace, name, uid)
+    )
 
 
 def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
@@ -246,10 +293,14 @@ def stage(prepared: PreparedAttempt, settings: Settings) -> None:
     whatever SLURMJOB_STAGING_OWNER says; the other jobs are handed to that owner, if any."""
     tenant = prepared.resolution.tenant
     rendered = prepared.rendered
-    if tenant is not None and tenant.uid is not None:
-        stage_attempt(settings, rendered.staging_dir, rendered.files, job_uid=tenant.uid)
+    job_uid = tenant.uid if tenant is not None else None
+    if job_uid is not None:
+        stage_attempt(settings, rendered.staging_dir, rendered.files, job_uid=job_uid)
     else:  # the staging owner of the settings, if any
         stage_attempt(settings, rendered.staging_dir, rendered.files)
+    if prepared.segment is not None:
+        ref = prepared.ref
+        checkpoint.make(settings, ref[0], ref[1], ref[2], job_uid=job_uid)
 
 
 def render_manifest(

@@ -273,6 +273,7 @@ class Sender:
                 array_indices=indices,
                 dependencies=upstream,
                 probe=probe,
+                segment=prepared.segment.record() if prepared.segment is not None else None,
             ),
         )
         current = view.status.current_attempt

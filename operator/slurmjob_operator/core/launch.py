@@ -51,6 +51,10 @@ class LaunchRequest(BaseModel):
     """Slurm's dependency expression (`afterok:123,afterok:456`), on the whole job."""
     excluded_nodes: tuple[str, ...] = ()
     """Nodes no component may get (the tenant's avoid list after failed probes)."""
+    warning_signal: str | None = Field(default=None, pattern=r"^(USR1|USR2|TERM|INT|HUP)$")
+    """A walltime segment's warning: this signal to the job's steps (never the batch shell)
+    `warning_seconds` before the time limit."""
+    warning_seconds: int | None = Field(default=None, ge=1, le=65534)
 
     @property
     def is_heterogeneous(self) -> bool:

@@ -117,6 +117,16 @@ def resource_dir(storage_root: Path, namespace: str, name: str, uid: str) -> Pat
     return storage_root / namespace / f"{name}-{uid8(uid)}"
 
 
+#: The name of a walltime chain's checkpoint directory beside its attempt directories.
+CHECKPOINT_DIR = "checkpoint"
+
+
+def checkpoint_dir(storage_root: Path, namespace: str, name: str, uid: str) -> Path:
+    """`<root>/<namespace>/<name>-<uid8>/checkpoint`: a walltime chain's directory that every
+    segment reads and writes, outside every attempt directory (never archived)."""
+    return resource_dir(storage_root, namespace, name, uid) / CHECKPOINT_DIR
+
+
 def staging_dir(storage_root: Path, namespace: str, name: str, uid: str, attempt: int) -> Path:
     """`<root>/<namespace>/<name>-<uid8>/attempt-<n>`: one attempt's script, env and logs."""
     _check(namespace, name, uid, attempt)

@@ -39,6 +39,7 @@ from slurmjob_operator.core.naming import (
     STDOUT_FILE,
 )
 from slurmjob_operator.core.probe import ProbePlan
+from slurmjob_operator.core.segments import SegmentPlan
 from slurmjob_operator.site.catalogs import (
     PROFILE_FORMAT,
     ArtifactFormat,
@@ -46,6 +47,7 @@ from slurmjob_operator.site.catalogs import (
     RuntimeArtifact,
 )
 from slurmjob_operator.site.probe import probe_values
+from slurmjob_operator.site.segments import mount_conflict, segment_parts, warning_fields
 from slurmjob_operator.site.templating import RenderError, environment
 
 BASE_TEMPLATE = "job.sh.j2"
@@ -92,6 +94,8 @@ class RenderContext:
     array_indices: tuple[int, ...] | None = None
     #: The collective probe's cached rung and the nodes to exclude (None: no cache, none).
     probe: ProbePlan | None = None
+    #: The walltime segment this attempt runs (None: the spec has no walltime).
+    segment: SegmentPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,14 @@ def _template_values(
         raise RenderError(f"mount target {cluster_dir} is the attempt's staging directory")
     # The attempt directory, at the same path, read-only: the job can read its records.
     mounts.append(_mount_spec(cluster_dir, str(cluster_dir), True))
+    segment_vars, checkpoint = _segment(spec, ctx)
+    if checkpoint is not None:
+        conflict = mount_conflict([m.target for m in spec.mounts], checkpoint)
+        if conflict:
+            raise RenderError(conflict)
+        # The chain's checkpoint directory, read-write at the same path.
+        mounts.append(_mount_spec(checkpoint, str(checkpoint), False))
+    own_names = [name for name, _ in segment_vars]
 
     pools = spec.pools
     offsets = [sum(p.nodes for p in pools[:i]) for i in range(len(pools))]
@@ -246,8 +258,8 @@ def _template_values(
         "artifact_magic_offset": offset,
         "job_path": settings.slurm_job_path,
         "has_secrets": bool(spec.secret_env),
-        "env_names": [e.name for e in spec.env],
-        "plain_env_names": list(spec.plain_env),
+        "env_names": [e.name for e in spec.env] + own_names,
+        "plain_env_names": list(spec.plain_env) + own_names,
         "secret_env_names": [e.name for e in spec.secret_env],
         "user_command": list(spec.command),
         "working_dir": spec.working_dir,
@@ -266,6 +278,13 @@ def _template_values(
         "exit_codes": EXIT_CODES,
         **probe_values(spec, artifact, ctx.gpu_series, ctx.probe),
     }
+
+
+def _segment(
+    spec: SlurmJobSpec, ctx: RenderContext
+) -> tuple[list[tuple[str, str]], PurePosixPath | None]:
+    local = naming.checkpoint_dir(ctx.settings.storage_root, ctx.namespace, ctx.name, ctx.uid)
+    return segment_parts(spec, ctx.segment, PurePosixPath(ctx.settings.to_cluster_path(local)))
 
 
 def render_script(spec: SlurmJobSpec, ctx: RenderContext) -> str:
@@ -314,10 +333,10 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     cluster_dir = _cluster_staging_dir(ctx)
     array = _array(spec, ctx)
     script = render_script(spec, ctx)
-    plain = spec.plain_env
+    plain = list(spec.plain_env.items()) + _segment(spec, ctx)[0]
     files = {
         SCRIPT_FILE: StagedFile(_utf8(script, "the script's values"), SCRIPT_MODE),
-        ENV_FILE: StagedFile(_env_records(list(plain.items())), ENV_MODE),
+        ENV_FILE: StagedFile(_env_records(plain), ENV_MODE),
     }
     if spec.secret_env:
         secret_pairs = [(e.name, ctx.secret_values[e.name]) for e in spec.secret_env]
@@ -342,9 +361,13 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
         partition=ctx.partition,
         account=spec.account,
         qos=spec.qos,
-        time_limit_minutes=spec.time_limit_minutes,
+        # A walltime segment's own limit; the spec's (or the tenant's default) otherwise.
+        time_limit_minutes=(
+            ctx.segment.minutes if ctx.segment is not None else spec.time_limit_minutes
+        ),
         array=array,
         excluded_nodes=ctx.probe.exclude if ctx.probe is not None else (),
+        **warning_fields(spec, ctx.segment),
     )
     return RenderedAttempt(
         launch=launch, files=files, staging_dir=staging, cluster_staging_dir=cluster_dir

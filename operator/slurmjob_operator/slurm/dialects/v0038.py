@@ -173,6 +173,9 @@ class Dialect38(Dialect):
             job["time_limit"] = req.time_limit_minutes
         if comp.constraints:
             job["constraints"] = comp.constraints
+        if req.warning_signal is not None and req.warning_seconds is not None:
+            # sbatch's --signal in the job properties; no "B:", so to the steps only.
+            job["signal"] = f"{req.warning_signal}@{req.warning_seconds}"
         if comp.gpus_per_node:
             job["gpus_per_node"] = str(comp.gpus_per_node)
         if comp.exclusive:

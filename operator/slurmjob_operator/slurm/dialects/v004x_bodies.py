@@ -71,6 +71,11 @@ def _component(req: LaunchRequest, comp: JobComponent, first: bool) -> dict[str,
         job["constraints"] = comp.constraints
     if req.excluded_nodes:
         job["excluded_nodes"] = list(req.excluded_nodes)
+    if req.warning_signal is not None and req.warning_seconds is not None:
+        # No flags: to the job's steps, where the command runs, and not the batch shell.
+        job["kill_warning_signal"] = req.warning_signal
+        job["kill_warning_delay"] = _set(req.warning_seconds)
+        job["kill_warning_flags"] = []
     if comp.gpus_per_node:
         job["tres_per_node"] = f"gres/gpu:{comp.gpus_per_node}"
     if comp.exclusive:

@@ -1,0 +1,160 @@
+"""A walltime chain's checkpoint directory: `<root>/<namespace>/<name>-<uid8>/checkpoint`
+(`naming.checkpoint_dir`), beside the attempt directories, made with the first segment's
+staging, read and written by every segment, removed with the SlurmJob and never archived.
+
+It is the first place below the staging tree that the job's own code writes freely, so
+everything here treats its content as hostile:
+- it is reached from the storage root by descriptors, no link followed, each directory on the
+  way owned by the operator or the job user (`nofollow`);
+- the progress scan (`scan`) lstat's entries only, opens subdirectories without following a
+  link, and stops at `MAX_ENTRIES` entries or `MAX_DEPTH` levels: a tree larger than that is
+  "unknown", which counts as progress (the chain's own limits still end it);
+- removal (`remove`) unlinks what it can from descriptors and reports what it could not,
+  never raising: a deletion is not held up by files the job made unremovable.
+
+All functions block: async callers run them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from typing import Any
+
+from slurmjob_operator.config import Settings, parse_owner
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.segments import UNKNOWN_CHECKPOINT, checkpoint_digest
+from slurmjob_operator.storage import acl
+from slurmjob_operator.storage.nofollow import (
+    UnsafePath,
+    below,
+    dir_owners,
+    job_owner,
+    lstat_at,
+    open_dir,
+    walk,
+)
+from slurmjob_operator.storage.stagingtree import StagingError
+
+#: The most entries (files, directories, links) the progress scan looks at.
+MAX_ENTRIES = 10_000
+#: The deepest level below the checkpoint directory the scan enters.
+MAX_DEPTH = 8
+CHECKPOINT_MODE = 0o755
+ACL_MODE = 0o700
+
+_SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _resource_parts(settings: Settings, namespace: str, name: str, uid: str) -> tuple[str, ...]:
+    path = naming.resource_dir(settings.storage_root, namespace, name, uid)
+    return below(settings.storage_root, path)
+
+
+def make(
+    settings: Settings, namespace: str, name: str, uid: str, *, job_uid: int | None = None
+) -> None:
+    """Make the checkpoint directory once its resource directory exists (the first segment's
+    staging made it), as the attempt directories are made: the staging owner's, or in ACL
+    mode (`job_uid`) the operator's with the job's uid granted. An existing one is kept."""
+    parts = _resource_parts(settings, namespace, name, uid)
+    owner = None if job_uid is not None else parse_owner(settings.staging_owner)
+    mode = ACL_MODE if job_uid is not None else CHECKPOINT_MODE
+    owners = dir_owners(owner[0] if owner is not None else os.geteuid())
+    where = settings.storage_root.joinpath(*parts, naming.CHECKPOINT_DIR)
+    try:
+        with walk(settings.storage_root, parts, owners) as resource:
+            try:
+                os.mkdir(naming.CHECKPOINT_DIR, mode, dir_fd=resource)
+                made = True
+            except FileExistsError:
+                made = False
+            fd = open_dir(resource, naming.CHECKPOINT_DIR, owners, str(where))
+            try:
+                if made:
+                    os.fchmod(fd, mode)  # mkdir's mode is filtered by the umask
+                    if owner is not None:
+                        os.fchown(fd, owner[0], owner[1])
+                if job_uid is not None:
+                    acl.grant_dir(fd, job_uid, os.geteuid())
+            finally:
+                os.close(fd)
+            os.fsync(resource)
+    except (UnsafePath, acl.AclError) as exc:
+        raise StagingError(f"{where}: {exc}; the segment is not staged") from None
+
+
+def scan(settings: Settings, namespace: str, name: str, uid: str, owner: int | None) -> str:
+    """The digest of what the checkpoint directory holds (`core.segments.checkpoint_digest`),
+    or `UNKNOWN_CHECKPOINT` when it cannot be read in full (refused, too many entries, too
+    deep). A missing directory is an empty one. `owner`: the job's uid when it is not the
+    settings' job user."""
+    parts = _resource_parts(settings, namespace, name, uid)
+    owners = dir_owners(owner if owner is not None else job_owner(settings))
+    entries: list[tuple[str, int, int, int]] = []
+    try:
+        with walk(settings.storage_root, (*parts, naming.CHECKPOINT_DIR), owners) as top:
+            if not _scan_into(top, "", 0, entries):
+                return UNKNOWN_CHECKPOINT
+    except FileNotFoundError:
+        return checkpoint_digest(())
+    except OSError:  # UnsafePath too: a link or stranger where the directory should be
+        return UNKNOWN_CHECKPOINT
+    return checkpoint_digest(entries)
+
+
+def _scan_into(fd: int, prefix: str, depth: int, entries: list[tuple[str, int, int, int]]) -> bool:
+    """Add the entries below directory `fd`; False when a bound was reached."""
+    with os.scandir(fd) as listing:
+        children = []
+        for entry in listing:
+            st = entry.stat(follow_symlinks=False)
+            path = prefix + entry.name
+            entries.append((path, stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns))
+            if len(entries) > MAX_ENTRIES:
+                return False
+            if stat.S_ISDIR(st.st_mode):
+                children.append(entry.name)
+    for child in children:
+        if depth + 1 > MAX_DEPTH:
+            return False
+        try:
+            sub = os.open(child, _SUBDIR_FLAGS, dir_fd=fd)
+        except OSError:
+            return False  # replaced by a link or removed meanwhile
+        try:
+            if not _scan_into(sub, prefix + child + "/", depth + 1, entries):
+                return False
+        finally:
+            os.close(sub)
+    return True
+
+
+def remove(settings: Settings, namespace: str, name: str, uid: str) -> list[str]:
+    """Remove the checkpoint directory as far as it can be; what could not be removed, one
+    line per path (at most 20). Never raises."""
+    parts = _resource_parts(settings, namespace, name, uid)
+    problems: list[str] = []
+    where = settings.storage_root.joinpath(*parts, naming.CHECKPOINT_DIR)
+
+    def failed(_function: Callable[..., Any], path: str, info: Any) -> None:
+        if len(problems) < 20:
+            error = info[1] if isinstance(info, tuple) else info
+            problems.append(f"{where / path if path else where}: {error}")
+
+    try:
+        with walk(settings.storage_root, parts, dir_owners(job_owner(settings))) as resource:
+            entry = lstat_at(resource, naming.CHECKPOINT_DIR)
+            if entry is None:
+                return []
+            if not stat.S_ISDIR(entry.st_mode):
+                os.unlink(naming.CHECKPOINT_DIR, dir_fd=resource)
+                return []
+            shutil.rmtree(naming.CHECKPOINT_DIR, dir_fd=resource, onerror=failed)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        problems.append(f"{where}: {exc}")
+    return problems
