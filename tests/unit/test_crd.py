@@ -216,6 +216,7 @@ def test_printer_columns() -> None:
         ("Reason", '.status.conditions[?(@.type=="Ready")].reason', "string", 0),
         ("Slurm Job", ".status.slurmJobId", "integer", 0),
         ("Attempt", ".status.attempt", "integer", 0),
+        ("Segment", ".status.segment", "integer", 0),
         ("Queue", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name", "string", 0),
         ("Age", ".metadata.creationTimestamp", "date", 0),
         ("Cluster", ".status.cluster", "string", 1),

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.retry import RetryAction
+from slurmjob_operator.api.segmentstatus import AttemptSegment
+from slurmjob_operator.api.walltime import WalltimeSpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
 from slurmjob_operator.core import (
     decisions,
@@ -16,6 +18,7 @@ from slurmjob_operator.core import (
     following_kueue,
     probe,
     reconcile,
+    segments,
 )
 from slurmjob_operator.core.finality import with_finished
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
@@ -131,6 +134,39 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
         failed = probe.with_probe(probing, ProbeRecord("Failed", blamed=blamed), 1, NOW).status
         out.append((failed, False))
         out.append((probe.after_failed_probe(failed, 2, 1, NOW).status, False))
+    # Walltime segments (core/segments.py): the next one due, the total time spent, and two
+    # segments in a row without progress.
+    chain = WalltimeSpec(total_time="10m", segment_time=3, warning_seconds=60)
+    first = QUEUED.model_copy(
+        update={
+            "attempts": [
+                a.model_copy(
+                    update={
+                        "segment": AttemptSegment(index=0, limit_minutes=3),
+                        "started_at": "2026-12-01T11:00:00Z",
+                        "finished_at": "2026-12-01T11:03:00Z",
+                    }
+                )
+                for a in QUEUED.attempts
+            ]
+        }
+    )
+    out.append((segments.after_segment(first, chain, "Timeout", None, 1, NOW).status, False))
+    spent = chain.model_copy(update={"total_time": "2m"})
+    out.append((segments.after_segment(first, spent, "Timeout", None, 1, NOW).status, False))
+    idle = AttemptSegment(index=1, limit_minutes=3, checkpoint=segments.EMPTY_CHECKPOINT)
+    stalled = first.model_copy(
+        update={
+            "attempts": [
+                first.attempts[0].model_copy(
+                    update={"segment": idle.model_copy(update={"index": 0, "progress": False})}
+                ),
+                first.attempts[0].model_copy(update={"number": 2, "segment": idle}),
+            ]
+        }
+    )
+    empty = segments.EMPTY_CHECKPOINT
+    out.append((segments.after_segment(stalled, chain, "Timeout", empty, 1, NOW).status, False))
     return out
 
 

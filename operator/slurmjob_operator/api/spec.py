@@ -85,6 +85,28 @@ CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # = config.CLUSTER_NA
 MAX_TTL_SECONDS = 366 * 24 * 3600
 
 
+_WALLTIME_TEXT = (
+    "A run longer than the partition allows, as a chain of segments: each one job with its "
+    "own time limit, the next submitted when one ends by its time limit, with "
+    "continueExitCode, by preemption or by a node failure (docs/long-training.md). Not with "
+    "timeLimit (each segment's is segmentTime) nor with array."
+)
+
+
+def _walltime_problem(spec: SlurmJobSpec) -> str | None:
+    """Judged on the user's own spec: a tenant's default time limit is applied later."""
+    if spec.walltime is None:
+        return None
+    if spec.time_limit is not None:
+        return (
+            "walltime: timeLimit and walltime cannot be set together: each segment's limit is "
+            "walltime.segmentTime"
+        )
+    if spec.array is not None:
+        return "walltime: an array cannot have walltime segments: run one chain per job"
+    return None
+
+
 class SlurmJobSpec(_Model):
     """Desired state of a SlurmJob."""
 
@@ -139,15 +161,7 @@ class SlurmJobSpec(_Model):
             "succeed, under their own indices."
         ),
     )
-    walltime: WalltimeSpec | None = Field(
-        default=None,
-        description=(
-            "A run longer than the partition allows, as a chain of segments: each one job "
-            "with its own time limit, the next submitted when one ends by its time limit, "
-            "with continueExitCode, by preemption or by a node failure (docs/long-training.md). "
-            "Not with timeLimit (each segment's is segmentTime) nor with array."
-        ),
-    )
+    walltime: WalltimeSpec | None = Field(default=None, description=_WALLTIME_TEXT)
     data: DataSpec = Field(default_factory=DataSpec, description="Platform data references.")
     mode: Mode = Field(
         default=Mode.BATCH, description="Only Batch: Playground and Deployment are refused."
@@ -270,6 +284,9 @@ class SlurmJobSpec(_Model):
     def _cpu_only_custom(self) -> SlurmJobSpec:
         if self.is_cpu_only and not self.framework.is_custom:
             raise ValueError("a CPU-only job (gpusPerNode: 0) must use framework custom/custom")
+        problem = _walltime_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @field_validator("launch")
@@ -319,23 +336,6 @@ class SlurmJobSpec(_Model):
         pools = info.data.get("pools")
         if value is not None and pools is not None and len(pools) > 1:
             raise ValueError("an array has exactly one pool: Slurm has no heterogeneous arrays")
-        return value
-
-    @field_validator("walltime")
-    @classmethod
-    def _walltime_alone(
-        cls, value: WalltimeSpec | None, info: ValidationInfo
-    ) -> WalltimeSpec | None:
-        # Judged on the user's own spec: a tenant's default time limit is applied later.
-        if value is None:
-            return value
-        if info.data.get("time_limit") is not None:
-            raise ValueError(
-                "timeLimit and walltime cannot be set together: each segment's limit is "
-                "walltime.segmentTime"
-            )
-        if info.data.get("array") is not None:
-            raise ValueError("an array cannot have walltime segments: run one chain per job")
         return value
 
     @property

@@ -54,6 +54,24 @@ from slurmjob_operator.times import parse_rfc3339, utc_now
 log = logging.getLogger(__name__)
 
 
+async def checkpoint_of(
+    settings: Settings, view: ResourceView, attempt: Attempt, job_uid: Callable[[str], int | None]
+) -> str | None:
+    """A walltime segment's checkpoint directory as it ended (None: not a segment, or the
+    scan took longer than `READ_TIMEOUT`: then it counts as progress)."""
+    if attempt.segment is None:
+        return None
+    ref = view.ref
+    read = asyncio.to_thread(
+        checkpoint.scan, settings, ref.namespace, ref.name, ref.uid, job_uid(ref.namespace)
+    )
+    try:
+        return await asyncio.wait_for(read, READ_TIMEOUT)
+    except TimeoutError:
+        log.warning("%s/%s: the checkpoint scan took too long", ref.namespace, ref.name)
+        return None
+
+
 class Following:
     def __init__(
         self,
@@ -193,7 +211,7 @@ class Following:
                 view.generation,
                 now,
                 probe_attempts=await self.probing.attempts(),
-                checkpoint=await self._checkpoint(view, attempt),
+                checkpoint=await checkpoint_of(self.settings, view, attempt, self._job_uid),
             )
             transition = after_attempt(end)
         await self.edge.apply(view, transition)
@@ -202,22 +220,6 @@ class Following:
             # The retry is submitted when due (a restart finds it again on resume).
             self.wakes.at(view.ref, (due - utc_now()).total_seconds())
         return True
-
-    async def _checkpoint(self, view: ResourceView, attempt: Attempt) -> str | None:
-        """A walltime segment's checkpoint directory as it ended (None: not a segment, or the
-        scan took longer than `READ_TIMEOUT`: then it counts as progress)."""
-        if attempt.segment is None:
-            return None
-        ref = view.ref
-        owner = self._job_uid(ref.namespace)
-        read = asyncio.to_thread(
-            checkpoint.scan, self.settings, ref.namespace, ref.name, ref.uid, owner
-        )
-        try:
-            return await asyncio.wait_for(read, READ_TIMEOUT)
-        except TimeoutError:
-            log.warning("%s/%s: the checkpoint scan took too long", ref.namespace, ref.name)
-            return None
 
     async def _observe_array(
         self,

@@ -33,6 +33,7 @@ from slurmjob_operator.api.spec import (
     SlurmJobSpec,
 )
 from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.api.walltime import RESERVED_EXIT_CODES, WalltimeSpec
 from slurmjob_operator.gen.celpools import LAYOUT_RULES, POOL_RULES
 from slurmjob_operator.gen.schema import Rule, structural_schema
 
@@ -158,8 +159,27 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
             _INVALID,
         ),
         *LAYOUT_RULES,
+        Rule(
+            "!has(self.walltime) || !has(self.timeLimit)",
+            "walltime: timeLimit and walltime cannot be set together: each segment's limit is "
+            "walltime.segmentTime",
+            ".walltime",
+            _INVALID,
+        ),
+        Rule(
+            "!has(self.walltime) || !has(self.array)",
+            "walltime: an array cannot have walltime segments: run one chain per job",
+            ".walltime",
+            _INVALID,
+        ),
     ),
 }
+
+_TIME_RULE = Rule(
+    f"type(self) == int ? self >= 1 && self <= {MAX_TIME_LIMIT_MINUTES} : "
+    f"self.matches({_cel_string(_DURATION)}) && self.matches('[1-9]')",
+    f"must be minutes (1 to {MAX_TIME_LIMIT_MINUTES}) or a duration such as 90m, 4h, 1d2h",
+)
 
 # CEL on single properties, keyed by (model, property alias); `self` is the property's value.
 FIELD_RULES: dict[tuple[type[BaseModel], str], tuple[Rule, ...]] = {
@@ -183,12 +203,12 @@ FIELD_RULES: dict[tuple[type[BaseModel], str], tuple[Rule, ...]] = {
             "workingDir cannot contain '..' or '.' parts",
         ),
     ),
-    (SlurmJobSpec, "timeLimit"): (
+    (SlurmJobSpec, "timeLimit"): (_TIME_RULE,),
+    **{(WalltimeSpec, name): (_TIME_RULE,) for name in ("totalTime", "segmentTime")},
+    (WalltimeSpec, "continueExitCode"): (
         Rule(
-            f"type(self) == int ? self >= 1 && self <= {MAX_TIME_LIMIT_MINUTES} : "
-            f"self.matches({_cel_string(_DURATION)}) && self.matches('[1-9]')",
-            f"timeLimit must be minutes (1 to {MAX_TIME_LIMIT_MINUTES}) or a duration such as "
-            "90m, 4h, 1d2h",
+            f"!(self in [{', '.join(str(c) for c in sorted(RESERVED_EXIT_CODES))}])",
+            "continueExitCode cannot be an exit code of the batch script itself",
         ),
     ),
     (SlurmJobSpec, "mode"): (
@@ -247,6 +267,9 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     ),
     _column("Slurm Job", "integer", ".status.slurmJobId", "Slurm job id of the current attempt."),
     _column("Attempt", "integer", ".status.attempt", "Number of the current attempt."),
+    _column(
+        "Segment", "integer", ".status.segment", "The current walltime segment (spec.walltime)."
+    ),
     _column(
         "Queue",
         "string",
