@@ -64,7 +64,7 @@ class WalltimeSpec(_Model):
     )
     continue_exit_code: int | None = Field(
         default=None,
-        ge=2,
+        ge=1,
         le=125,
         description=(
             "The exit code with which the program says 'checkpointed, continue': the next "

@@ -20,7 +20,7 @@ from slurmjob_operator.core.probe import after_failed_probe
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.segments import after_segment, segment_end
 from slurmjob_operator.core.states import Observation
-from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.core.transition import WARNING, Transition
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,11 @@ def segment_rules(end: AttemptEnd) -> Transition | None:
     decided = after_segment(
         end.ended.status, walltime, how, end.checkpoint, end.generation, end.now
     )
-    return Transition(decided.status, end.ended.events + decided.events)
+    events = end.ended.events
+    if decided.status.phase is Phase.PENDING:
+        # A segment's end is the chain going on, not a failure: no Warning for its state.
+        events = tuple(e for e in events if e.type != WARNING)
+    return Transition(decided.status, events + decided.events)
 
 
 RULES: tuple[Rule, ...] = (probe_rules, segment_rules, retry_rules)
