@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.retry import RetryAction
 from slurmjob_operator.api.segmentstatus import AttemptSegment
-from slurmjob_operator.api.walltime import WalltimeSpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.api.walltime import WalltimeSpec
 from slurmjob_operator.core import (
     decisions,
     following,
