@@ -74,6 +74,9 @@ class Rules:
 
     exclusive: list[str]
     together: list[list[str]]  # modules that clash only with each other: one lane
+    own: list[str] = field(default_factory=list)
+    """Modules that mostly wait (on Slurm's clock) and use little CPU: each in a lane of
+    its own, beside the others, so their waiting adds nothing to the wall time."""
 
 
 def parse_rules(text: str) -> Rules:
@@ -98,7 +101,12 @@ def parse_rules(text: str) -> Rules:
         raise ValueError("[lanes] together names a module in two groups")
     if set(seen) & set(exclusive):
         raise ValueError("[lanes] a module is both exclusive and in a group")
-    return Rules(list(exclusive), [list(g) for g in together])
+    own = table.get("own", [])
+    if not isinstance(own, list) or not all(isinstance(m, str) for m in own):
+        raise ValueError("[lanes] own is not a list of module paths")
+    if set(own) & (set(seen) | set(exclusive)):
+        raise ValueError("[lanes] a module in a lane of its own is also exclusive or grouped")
+    return Rules(list(exclusive), [list(g) for g in together], list(own))
 
 
 def modules(repo: Path) -> list[str]:
@@ -119,15 +127,16 @@ def budget_sum(parts: Sequence[str], budgets: Mapping[str, float]) -> float:
 
 
 def plan(parts: Sequence[str], rules: Rules, budgets: Mapping[str, float], lanes: int) -> Plan:
-    """Exclusive modules in path order, the unit tier beside them (when there are any); the
-    other modules spread over ``lanes`` lanes: each group of ``together`` (what of it is to
-    run) or single module, longest budget first, to the lane with the least budget so far
-    (ties: the first lane)."""
+    """Exclusive modules in path order, the unit tier beside them (when there are any); each
+    of ``own`` in a lane of its own; the other modules spread over ``lanes`` lanes: each group
+    of ``together`` (what of it is to run) or single module, longest budget first, to the lane
+    with the least budget so far (ties: the first lane)."""
     if lanes < 1:
         raise ValueError("at least one lane")
     alone = sorted(m for m in parts if m in set(rules.exclusive))
     beside = [UNIT] if alone and UNIT in parts else []
-    rest = [m for m in parts if m not in set(alone) | set(beside)]
+    own = [m for m in parts if m in set(rules.own)]
+    rest = [m for m in parts if m not in set(alone) | set(beside) | set(own)]
     units: list[list[str]] = []
     for group in rules.together:
         members = [m for m in rest if m in group]
@@ -141,7 +150,8 @@ def plan(parts: Sequence[str], rules: Rules, budgets: Mapping[str, float], lanes
         lane = min(out, key=lambda lane: lane.budget)
         lane.modules += unit
         lane.budget += budget_sum(unit, budgets)
-    return Plan(alone, beside, [lane for lane in out if lane.modules])
+    mine = [Lane(f"own-{i + 1}", [m], budget_of(m, budgets)) for i, m in enumerate(own)]
+    return Plan(alone, beside, [lane for lane in out if lane.modules] + mine)
 
 
 # -------------------------------------------------------------------------- the daemons

@@ -82,6 +82,13 @@ DEV_COMMANDS: dict[str, list[str]] = {
         'echo "rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME, P2P ${NCCL_P2P_DISABLE:-on}"; '
         "sleep 3; echo done",
     ],
+    # One segment that finishes: the chain ends Succeeded in its first segment.
+    "walltime-segments.yaml": [
+        "bash",
+        "-c",
+        'echo "segment $SLURMJOB_SEGMENT (resume $SLURMJOB_RESUME), checkpoints in '
+        '$SLURMJOB_CHECKPOINT_DIR"; sleep 3; echo done',
+    ],
 }
 #: The collective probe of the examples' training runtime on the dev cluster: the test bed's
 #: stand-in (tests/testbed/standins/collective-probe), which passes in a second.

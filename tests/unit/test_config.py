@@ -39,6 +39,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_TEMPLATES_DIR", "/etc/tpl", "templates_dir", Path("/etc/tpl")),
     ("SLURMJOB_MPI_PLUGINS", "pmi2,pmix", "mpi_plugins", "pmi2,pmix"),
     ("SLURMJOB_PROBE_ATTEMPTS", "0", "probe_attempts", 0),
+    ("SLURMJOB_MAX_TOTAL_TIME", "7d", "max_total_time", "7d"),
     ("SLURMJOB_PROBE_CACHE_SECONDS", "60", "probe_cache_seconds", 60),
     ("SLURMJOB_PROBE_AVOID_SECONDS", "600", "probe_avoid_seconds", 600),
     ("SLURMJOB_PROBE_CONFIGMAP", "probes", "probe_configmap", "probes"),

@@ -107,11 +107,23 @@ def test_the_rules_are_read_from_the_budget_file() -> None:
         "[lanes]\ntogether = [1]\n",
         f'[lanes]\ntogether = [["{A}"], ["{A}"]]\n',
         f'[lanes]\nexclusive = ["{A}"]\ntogether = [["{A}"]]\n',
+        "[lanes]\nown = 3\n",
+        f'[lanes]\nexclusive = ["{A}"]\nown = ["{A}"]\n',
         "lanes = 3\n",
         "not toml [",
     ):
         with pytest.raises(ValueError, match=r"lanes|TOML"):
             lanes.parse_rules(bad)
+
+
+def test_a_module_of_its_own_gets_a_lane_beside_the_others() -> None:
+    the_rules = lanes.Rules([], [], [C])
+    plan = lanes.plan([A, B, C], the_rules, {A: 10, B: 20, C: 300}, 2)
+    assert [(lane.name, lane.modules) for lane in plan.lanes] == [
+        ("lane-1", [B]),
+        ("lane-2", [A]),
+        ("own-1", [C]),
+    ]
 
 
 def test_the_repositorys_plan_names_real_modules_and_runs_each_once() -> None:

@@ -314,6 +314,8 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.pollInterval | quote }}
 - name: SLURMJOB_DELETE_TIMEOUT
   value: {{ .Values.deleteTimeout | quote }}
+- name: SLURMJOB_MAX_TOTAL_TIME
+  value: {{ .Values.walltime.maxTotalTime | quote }}
 - name: SLURMJOB_PROBE_ATTEMPTS
   value: {{ .Values.probe.attempts | quote }}
 - name: SLURMJOB_PROBE_CACHE_SECONDS

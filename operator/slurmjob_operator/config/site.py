@@ -58,7 +58,8 @@ class SiteSettings(BaseSettings):
         default=None,
         description=(
             "YAML tenants file: tenants: [{name, namespaces, accounts, partitions, qos, "
-            "mountSources, maxTimeLimit, slurmUser, uid, defaultCluster, clusters}]. Unset: "
+            "mountSources, maxTimeLimit, maxTotalTime, slurmUser, uid, defaultCluster, "
+            "clusters}]. Unset: "
             "single-tenant; set: a SlurmJob in a namespace of no tenant is refused, and each "
             "tenant's limits are enforced before submit."
         ),
@@ -96,6 +97,13 @@ class SiteSettings(BaseSettings):
         description="Bytes kept of each archived file (its end, whole lines).",
     )
 
+    max_total_time: int | str = Field(
+        default="30d",
+        description=(
+            "The longest spec.walltime.totalTime a SlurmJob may ask for (minutes or a "
+            "duration); a tenant's maxTotalTime may lower it for its namespaces."
+        ),
+    )
     probe_attempts: int = Field(
         default=2,
         ge=0,

@@ -73,8 +73,8 @@ class Deletion:
                 await self._last_tails(view, attempt)
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)
-            if view.spec is not None and view.spec.walltime is not None:
-                await self._remove_checkpoint(view)
+            # Whatever the spec says now (an edit may have dropped walltime, or broken it).
+            await self._remove_checkpoint(view)
             await asyncio.to_thread(
                 remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
             )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmjob_operator.api.errors import SpecError, parse_spec
-from slurmjob_operator.api.spec import SlurmJobSpec
+from slurmjob_operator.api.spec import SlurmJobSpec, parse_time_limit
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.core.limits import PartitionUnavailable, Snapshot
@@ -216,6 +216,19 @@ def _segment(
     scope = site.scope(namespace)
     tenant_max = scope.limits.max_time_minutes if scope is not None else None
     tenant = scope.tenant.name if scope is not None else None
+    longest = parse_time_limit(site.settings.max_total_time)
+    own = scope.limits.max_total_minutes if scope is not None else None
+    if own is not None and own < longest:
+        longest, whose = own, f"tenant {tenant}'s maxTotalTime"
+    else:
+        whose = "the site's maximum (SLURMJOB_MAX_TOTAL_TIME)"
+    if spec.walltime.total_minutes > longest:
+        raise SpecError(
+            [
+                f"spec.walltime.totalTime: {spec.walltime.total_minutes} minutes is longer "
+                f"than {whose} of {longest} minutes"
+            ]
+        )
     try:
         full = segment_minutes(
             spec.walltime, partition_time(resolution.partition, snapshot), tenant_max, tenant

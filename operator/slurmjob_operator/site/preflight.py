@@ -32,6 +32,7 @@ from slurmjob_operator.api.scriptwords import reserved_env_name
 from slurmjob_operator.api.spec import ENV_NAME_RE
 from slurmjob_operator.core.naming import ENV_FILE, SCRIPT_FILE, SECRETS_FILE
 from slurmjob_operator.site.render import RenderedAttempt
+from slurmjob_operator.site.segments import SEGMENT_ENV_NAMES
 
 MIN_SECRET_LENGTH = 4
 _BASH_TIMEOUT = 30.0
@@ -71,7 +72,8 @@ def check_bash_syntax(script: str) -> None:
 
 def check_env_file(name: str, content: bytes) -> None:
     """Raise PreflightError unless `content` is NAME=value records, each ending in NUL, with
-    valid names that are not reserved. Messages name the file and the record, never a value."""
+    valid names that are not reserved (but for a walltime segment's own, which the operator
+    sets after spec.env's). Messages name the file and the record, never a value."""
     if not content:
         return
     if not content.endswith(b"\0"):
@@ -81,7 +83,7 @@ def check_env_file(name: str, content: bytes) -> None:
         var = key.decode("utf-8", "replace")
         if not sep or re.fullmatch(ENV_NAME_RE, var) is None:
             raise PreflightError(f"{name}: record {index} does not start with NAME=")
-        if reserved_env_name(var):
+        if reserved_env_name(var) and var not in SEGMENT_ENV_NAMES:
             raise PreflightError(f"{name}: record {index} sets the reserved name {var}")
 
 

@@ -11,6 +11,11 @@ from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.core.segments import SegmentPlan
 from slurmjob_operator.site.templating import RenderError
 
+#: The variables a segment's job.env carries after spec.env's (reserved for spec.env).
+SEGMENT_ENV_NAMES = frozenset(
+    {"SLURMJOB_SEGMENT", "SLURMJOB_RESUME", "SLURMJOB_PREVIOUS_JOB_ID", "SLURMJOB_CHECKPOINT_DIR"}
+)
+
 
 def segment_env(plan: SegmentPlan, checkpoint: PurePosixPath) -> list[tuple[str, str]]:
     """The segment's variables: its index, whether it resumes, the job it resumes from and the

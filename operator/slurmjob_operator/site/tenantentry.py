@@ -37,6 +37,7 @@ _SECTION_KEYS = (
     "qos",
     "mount_sources",
     "max_time_limit",
+    "max_total_time",
     "slurm_user",
     "uid",
 )
@@ -118,13 +119,17 @@ class TenantLimits(FileModel):
         default=None,
         description="The longest spec.timeLimit (minutes or a duration); also its default.",
     )
+    max_total_time: int | str | None = Field(
+        default=None,
+        description="The longest spec.walltime.totalTime (minutes or a duration).",
+    )
 
     @field_validator("mount_sources")
     @classmethod
     def _sources(cls, value: list[str] | None) -> list[str] | None:
         return _checked_sources(value)
 
-    @field_validator("max_time_limit")
+    @field_validator("max_time_limit", "max_total_time")
     @classmethod
     def _duration(cls, value: int | str | None) -> int | str | None:
         return _checked_duration(value)
@@ -132,6 +137,10 @@ class TenantLimits(FileModel):
     @property
     def max_time_minutes(self) -> int | None:
         return None if self.max_time_limit is None else parse_time_limit(self.max_time_limit)
+
+    @property
+    def max_total_minutes(self) -> int | None:
+        return None if self.max_total_time is None else parse_time_limit(self.max_total_time)
 
     @property
     def source_parts(self) -> list[Parts]:
@@ -148,6 +157,7 @@ class ClusterLimits(FileModel):
     qos: list[SlurmName] | None = Field(default=None, min_length=1)
     mount_sources: list[str] | None = Field(default=None, min_length=1)
     max_time_limit: int | str | None = None
+    max_total_time: int | str | None = None
     slurm_user: str | None = Field(default=None, pattern=_UNIX_USER_RE)
     uid: int | None = Field(default=None, ge=1)
 
@@ -165,7 +175,7 @@ class ClusterLimits(FileModel):
     def _sources(cls, value: list[str] | None) -> list[str] | None:
         return _checked_sources(value)
 
-    @field_validator("max_time_limit")
+    @field_validator("max_time_limit", "max_total_time")
     @classmethod
     def _duration(cls, value: int | str | None) -> int | str | None:
         return _checked_duration(value)
