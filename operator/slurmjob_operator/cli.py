@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -153,6 +154,7 @@ def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from slurmjob_operator.api.status import Phase
     from slurmjob_operator.config import Settings
     from slurmjob_operator.controller.pipeline import render_manifest
+    from slurmjob_operator.core.limits import PartitionUnavailable
     from slurmjob_operator.local import (
         LocalInputError,
         LocalOptions,
@@ -183,7 +185,11 @@ def _cmd_submit(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
             # The checks `render` makes (spec, site catalogs, rendering, preflight), so that
             # a bad manifest is refused here with its field named and exit 2.
             meta = {**(manifest.get("metadata") or {}), "name": name, "namespace": namespace}
-            render_manifest({**manifest, "metadata": meta}, api_version=NEWEST, settings=settings)
+            # A walltime segment's length from the partition's MaxTime: the runner reads it.
+            with contextlib.suppress(PartitionUnavailable):
+                render_manifest(
+                    {**manifest, "metadata": meta}, api_version=NEWEST, settings=settings
+                )
         options = LocalOptions(
             state_dir=args.state_dir or default_state_dir(),
             secrets_file=args.secrets_file,

@@ -12,17 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.segmentstatus import AttemptSegment
-from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
+from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, SlurmJobStatus
 from slurmjob_operator.api.walltime import WalltimeSpec
 from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.controller.pipeline import render_manifest
 from slurmjob_operator.core import naming, reconcile, segments
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
+from slurmjob_operator.core.dependencies import Action, repoint, upstream_of
 from slurmjob_operator.core.following import observed
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
-from slurmjob_operator.core.limits import Partition, Snapshot
+from slurmjob_operator.core.limits import Partition, PartitionUnavailable, Snapshot
 from slurmjob_operator.core.segments import (
     EMPTY_CHECKPOINT,
     UNKNOWN_CHECKPOINT,
@@ -39,6 +43,8 @@ from slurmjob_operator.slurm.dialects import dialect_for
 from slurmjob_operator.storage import checkpoint
 from slurmjob_operator.storage.staging import stage_attempt
 
+from .controller_fakes import cpu_spec as unit_cpu_spec
+from .controller_fakes import make_settings
 from .test_render_support import fixed_artifact, make_context, make_spec, profile_format
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -455,3 +461,60 @@ def test_removal_removes_what_it_can_and_says_what_it_could_not(
     monkeypatch.setattr(os, "unlink", unlink)
     assert checkpoint.remove(tree, "team-a", "resnet", UID) == []
     assert not where.exists()
+
+
+# --- the site's and the tenant's bounds, through the CLI's render ----------------------------
+
+
+def _chain_body(settings: Settings, namespace: str = "team-a", **walltime: Any) -> Any:
+    spec = unit_cpu_spec(timeLimit=None, walltime={"totalTime": "3d", **walltime})
+    spec.pop("timeLimit")
+    manifest = {"metadata": {"namespace": namespace, "name": "j"}, "spec": spec}
+    return render_manifest(manifest, api_version="v0.0.45", settings=settings)
+
+
+def test_total_time_is_bounded_by_the_site_and_the_tenant(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, max_total_time="2d")
+    with pytest.raises(SpecError, match="SLURMJOB_MAX_TOTAL_TIME"):
+        _chain_body(settings, segmentTime="4h")
+    tenants = tmp_path / "tenants.yaml"
+    entry = {
+        "name": "team-a",
+        "namespaces": ["team-a"],
+        "accounts": ["team-a"],
+        "partitions": ["debug"],
+        "maxTimeLimit": "2h",
+        "maxTotalTime": "1d",
+    }
+    tenants.write_text(yaml.safe_dump({"tenants": [entry]}))
+    settings = make_settings(tmp_path, tenants_file=tenants)
+    with pytest.raises(SpecError, match="tenant team-a's maxTotalTime of 1440"):
+        _chain_body(settings, segmentTime="1h")
+    with pytest.raises(SpecError, match="maxTimeLimit of 120"):
+        _chain_body(settings, totalTime="20h", segmentTime="4h")
+    job = _chain_body(settings, totalTime="20h", segmentTime="1h")["job"]
+    # The tenant's default time limit (2 h) is not the chain's: the segment's is.
+    assert job["time_limit"]["number"] == 60
+    assert job["kill_warning_signal"] == "USR1"
+
+
+def test_a_segment_time_to_derive_from_a_max_time_not_read_waits(tmp_path: Path) -> None:
+    with pytest.raises(PartitionUnavailable, match="cannot be read now"):
+        _chain_body(make_settings(tmp_path))
+
+
+def test_a_dependent_of_a_chain_is_repointed_to_each_new_segment() -> None:
+    ended = _end(_running(), "TIMEOUT").status
+    record = AttemptDependency(name="chain", uid=UID, attempt=1, job_id=101, type="afterok")
+    waiting = upstream_of("chain", UID, ended, (), True)
+    assert not waiting.final  # a segment's end is no end of the chain
+    assert repoint([record], {"chain": waiting}).action is Action.NOTHING
+    again = reconcile.record_attempt(
+        ended, number=2, job_name="sj-2", staging_dir="/s/attempt-2", generation=1, now=NOW
+    ).status
+    queued = reconcile.submitted(again, 202, 1, NOW).status
+    confirmed = queued.attempts[-1].model_copy(update={"confirmed": True})
+    queued = queued.model_copy(update={"attempts": [*queued.attempts[:-1], confirmed]})
+    moved = repoint([record], {"chain": upstream_of("chain", UID, queued, (), True)})
+    assert moved.action is Action.UPDATE
+    assert [(d.attempt, d.job_id) for d in moved.records] == [(2, 202)]
