@@ -327,6 +327,30 @@ def test_describe_shows_attempts_conditions_and_tails() -> None:
     assert "stderr: (none)" in text
 
 
+def test_describe_shows_each_walltime_segment_and_how_it_ended() -> None:
+    segment = {"index": 0, "limitMinutes": 240, "ended": "Timeout", "progress": True}
+    attempts = [
+        {
+            "number": 1,
+            "jobName": "sj-a1",
+            "jobId": 100,
+            "retryAction": "Segment",
+            "segment": segment,
+        },
+        {
+            "number": 2,
+            "jobName": "sj-a2",
+            "jobId": 101,
+            "segment": {"index": 1, "limitMinutes": 240, "previousJobId": 100},
+        },
+    ]
+    text = describe(Job.of(slurmjob(attempts=attempts)), NOW)
+    assert "SEGMENT" in text
+    assert "0 (Timeout)" in text
+    plain = describe(Job.of(slurmjob(attempts=[{"number": 1, "jobName": "a", "jobId": 9}])), NOW)
+    assert "SEGMENT" not in plain
+
+
 def test_printable() -> None:
     assert printable("ok\ttab\nline") == "ok\ttab\nline"
     assert printable("\x1b[31mred\x7f\x9b") == "\\x1b[31mred\\x7f\\x9b"

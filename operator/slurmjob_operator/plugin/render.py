@@ -210,6 +210,14 @@ def _attempt_row(attempt: Attempt) -> list[str]:
     ]
 
 
+def _segment_cell(attempt: Attempt) -> str:
+    segment = attempt.segment
+    if segment is None:
+        return cell(None)
+    ended = f" ({segment.ended})" if segment.ended else ""
+    return cell(f"{segment.index}{ended}", CELL_MAX)
+
+
 def _tail_section(label: str, tail: LogTail | None, lines: int) -> list[str]:
     if tail is None:
         return [f"  {label}: (none)"]
@@ -250,6 +258,10 @@ def describe(job: Job, now: datetime, *, tail_lines: int = TAIL_LINES) -> str:
         headers = ["#", "JOBID", "SLUID", "CLUSTER", "STATE", "SLURM REASON", "EXIT"]
         headers += ["SUBMITTED", "STARTED", "FINISHED", "RETRY"]
         rows = [_attempt_row(a) for a in status.attempts]
+        if any(a.segment is not None for a in status.attempts):
+            # A walltime chain: each attempt's segment and how it ended.
+            headers.append("SEGMENT")
+            rows = [[*r, _segment_cell(a)] for r, a in zip(rows, status.attempts, strict=True)]
         out.append(table(headers, rows, indent="  ").rstrip("\n"))
     else:
         out.append("  (none yet)")
