@@ -174,6 +174,14 @@ def test_the_plan_counts_segments_and_shortens_the_last_to_what_is_left() -> Non
     nine = [_ran(1, 0, 3), _ran(2, 1, 3), _ran(3, 2, 3.5)]
     # 30 s left: never shorter than the warning needs (60 + 60 s).
     assert segments.plan_segment(CHAIN, nine, 3) == SegmentPlan(3, 2, 103)
+    # A segment that never ran (lost before Slurm had it, evicted while queued) runs again
+    # under its own index, resuming from the same job as before.
+    lost = Attempt(
+        number=2,
+        job_name="sj-2",
+        segment=AttemptSegment(index=1, limit_minutes=3, previous_job_id=501),
+    )
+    assert segments.plan_segment(CHAIN, [*one, lost], 3) == SegmentPlan(1, 3, 501)
     # A retried attempt that was no segment (a release without walltime) starts at 0.
     plain = Attempt(number=1, job_name="sj-1", job_id=9)
     assert segments.plan_segment(CHAIN, [plain], 3).index == 0

@@ -167,11 +167,16 @@ def plan_segment(walltime: WalltimeSpec, attempts: Sequence[Attempt], full: int)
     """The next segment: its index (one past the last segment's), its limit (`full` minutes,
     shortened to what the total time has left, never below what the warning needs)."""
     last = attempts[-1] if attempts else None
-    index = last.segment.index + 1 if last is not None and last.segment is not None else 0
     left = walltime.total_minutes * 60 - used_seconds(attempts)
     floor = math.ceil((walltime.warning_seconds + SIGNAL_SLACK_SECONDS) / 60)
     minutes = min(full, max(math.ceil(left / 60), floor))
-    return SegmentPlan(index, minutes, last.job_id if last is not None else None)
+    if last is None or last.segment is None:
+        return SegmentPlan(0, minutes, last.job_id if last is not None else None)
+    if last.started_at is None:
+        # It never ran (its submission proven lost, or it was evicted while queued): the
+        # same segment again, resuming from the same job.
+        return SegmentPlan(last.segment.index, minutes, last.segment.previous_job_id)
+    return SegmentPlan(last.segment.index + 1, minutes, last.job_id)
 
 
 def segment_end(observation: Observation, walltime: WalltimeSpec) -> str | None:
