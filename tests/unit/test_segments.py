@@ -19,8 +19,8 @@ from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, SlurmJobStatus
 from slurmjob_operator.api.walltime import WalltimeSpec
-from slurmjob_operator.config import RuntimeProfile, Settings
-from slurmjob_operator.controller.pipeline import render_manifest
+from slurmjob_operator.config import ConfigError, RuntimeProfile, Settings
+from slurmjob_operator.controller.pipeline import Site, render_manifest
 from slurmjob_operator.core import naming, reconcile, segments
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.dependencies import Action, repoint, upstream_of
@@ -504,6 +504,11 @@ def test_total_time_is_bounded_by_the_site_and_the_tenant(tmp_path: Path) -> Non
     # The tenant's default time limit (2 h) is not the chain's: the segment's is.
     assert job["time_limit"]["number"] == 60
     assert job["kill_warning_signal"] == "USR1"
+
+
+def test_a_site_maximum_that_is_no_duration_stops_the_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="SLURMJOB_MAX_TOTAL_TIME"):
+        Site.load(make_settings(tmp_path, max_total_time="forever"))
 
 
 def test_a_segment_time_to_derive_from_a_max_time_not_read_waits(tmp_path: Path) -> None:

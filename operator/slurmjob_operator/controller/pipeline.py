@@ -25,6 +25,7 @@ from slurmjob_operator.core.segments import (
     SegmentPlan,
     SegmentRefused,
     SegmentTimeUnknown,
+    check_total,
     partition_time,
     plan_segment,
     segment_minutes,
@@ -73,6 +74,10 @@ class Site:
         limits and users on that cluster. `clusters`: every cluster's name, which the
         tenants file may use (None: that one alone)."""
         registry = load_runtime_registry(settings.runtime_registry_file)
+        try:
+            parse_time_limit(settings.max_total_time)
+        except ValueError as exc:
+            raise ConfigError(f"SLURMJOB_MAX_TOTAL_TIME: {exc}") from None
         known = list(clusters) if clusters is not None else [settings.cluster_name]
         tenants = load_tenants(settings.tenants_file, clusters=known)
         if tenants is not None and settings.tenants_file is not None:
@@ -216,20 +221,14 @@ def _segment(
     scope = site.scope(namespace)
     tenant_max = scope.limits.max_time_minutes if scope is not None else None
     tenant = scope.tenant.name if scope is not None else None
-    longest = parse_time_limit(site.settings.max_total_time)
-    own = scope.limits.max_total_minutes if scope is not None else None
-    if own is not None and own < longest:
-        longest, whose = own, f"tenant {tenant}'s maxTotalTime"
-    else:
-        whose = "the site's maximum (SLURMJOB_MAX_TOTAL_TIME)"
-    if spec.walltime.total_minutes > longest:
-        raise SpecError(
-            [
-                f"spec.walltime.totalTime: {spec.walltime.total_minutes} minutes is longer "
-                f"than {whose} of {longest} minutes"
-            ]
-        )
+    site_max = parse_time_limit(site.settings.max_total_time)
     try:
+        check_total(
+            spec.walltime,
+            site_max,
+            scope.limits.max_total_minutes if scope is not None else None,
+            tenant,
+        )
         full = segment_minutes(
             spec.walltime, partition_time(resolution.partition, snapshot), tenant_max, tenant
         )

@@ -107,6 +107,20 @@ def partition_time(partition: str | None, snapshot: Snapshot | None) -> Partitio
     return PartitionTime(read=True, minutes=found.max_time_minutes)
 
 
+def check_total(
+    walltime: WalltimeSpec, site_max: int, tenant_max: int | None, tenant: str | None
+) -> None:
+    """SegmentRefused when totalTime is longer than the site's maximum or the tenant's."""
+    longest, whose = site_max, "the site's maximum (SLURMJOB_MAX_TOTAL_TIME)"
+    if tenant_max is not None and tenant_max < site_max:
+        longest, whose = tenant_max, f"tenant {tenant}'s maxTotalTime"
+    if walltime.total_minutes > longest:
+        raise SegmentRefused(
+            f"spec.walltime.totalTime: {walltime.total_minutes} minutes is longer than "
+            f"{whose} of {longest} minutes"
+        )
+
+
 def segment_minutes(
     walltime: WalltimeSpec, partition: PartitionTime, tenant_max: int | None, tenant: str | None
 ) -> int:
