@@ -11,7 +11,9 @@ one. This runner:
    slurmctld or slurmrestd, or change what every module sees), one after another, in one
    pytest process;
 3. runs every other module (the unit tier as one) in ``--lanes`` pytest processes at once,
-   each module in the lane with the least budgeted time so far (longest first);
+   each module in the lane with the least budgeted time so far (longest first), and beside
+   them each module of ``[lanes] own`` in a process of its own (modules that mostly wait on
+   Slurm's clock, such as two-minute walltime segments, and would only lengthen a lane);
 4. prints each lane's output, one combined time table against the budgets, and the time of
    each phase; stops the daemons it started.
 
