@@ -181,6 +181,11 @@ def test_the_plan_counts_segments_and_shortens_the_last_to_what_is_left() -> Non
         job_name="sj-2",
         segment=AttemptSegment(index=1, limit_minutes=3, previous_job_id=501),
     )
+    queued = lost.model_copy(update={"job_id": 502, "native_state": "PENDING"})
+    assert segments.plan_segment(CHAIN, [*one, queued], 3) == SegmentPlan(1, 3, 501)
+    # A job Slurm shows no start time for, but which ended by its limit, did run.
+    timed = queued.model_copy(update={"native_state": "TIMEOUT"})
+    assert segments.plan_segment(CHAIN, [*one, timed], 3) == SegmentPlan(2, 3, 502)
     assert segments.plan_segment(CHAIN, [*one, lost], 3) == SegmentPlan(1, 3, 501)
     # A retried attempt that was no segment (a release without walltime) starts at 0.
     plain = Attempt(number=1, job_name="sj-1", job_id=9)

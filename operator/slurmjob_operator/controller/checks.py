@@ -130,8 +130,11 @@ class Checks:
         ref = p.view.ref
         if self.probes is not None:
             await self.probes.refresh()  # from memory, read again only when it is old
-        # A walltime segment's length may derive from the partition's MaxTime.
-        snapshot = await self.limits.snapshot() if p.spec.walltime is not None else None
+        # A walltime segment's length may derive from the partition's MaxTime: read as a
+        # refusal is (a recent read, or none), since a MaxTime unlimited refuses the spec.
+        walltime = p.spec.walltime
+        derived = walltime is not None and walltime.segment_time is None
+        snapshot = await self.limits.snapshot(fresh=True) if derived else None
         p.prepared = await asyncio.to_thread(
             prepare_attempt,
             p.spec,

@@ -186,11 +186,18 @@ def plan_segment(walltime: WalltimeSpec, attempts: Sequence[Attempt], full: int)
     minutes = min(full, max(math.ceil(left / 60), floor))
     if last is None or last.segment is None:
         return SegmentPlan(0, minutes, last.job_id if last is not None else None)
-    if last.started_at is None:
-        # It never ran (its submission proven lost, or it was evicted while queued): the
-        # same segment again, resuming from the same job.
+    if never_ran(last):
+        # The same segment again, resuming from the same job as it would have.
         return SegmentPlan(last.segment.index, minutes, last.segment.previous_job_id)
     return SegmentPlan(last.segment.index + 1, minutes, last.job_id)
+
+
+def never_ran(attempt: Attempt) -> bool:
+    """Whether an attempt's job never ran: no job (its submission proven lost or declared
+    lost), or last seen pending (evicted or cancelled while queued)."""
+    if attempt.job_id is None or attempt.proven_absent_at or attempt.declared_lost:
+        return True
+    return attempt.started_at is None and attempt.native_state in (None, "PENDING")
 
 
 def segment_end(observation: Observation, walltime: WalltimeSpec) -> str | None:
