@@ -469,6 +469,7 @@ def test_removal_removes_what_it_can_and_says_what_it_could_not(
     monkeypatch.setattr(os, "unlink", refusing)
     left = checkpoint.remove(tree, "team-a", "resnet", UID)
     assert left
+    assert left[0].startswith(f"{where / 'kept' / 'stuck'}: ")
     assert "Permission denied" in left[0]
     assert not (where / "gone").exists()
     monkeypatch.setattr(os, "unlink", unlink)

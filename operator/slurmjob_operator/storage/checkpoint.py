@@ -142,7 +142,8 @@ def remove(settings: Settings, namespace: str, name: str, uid: str) -> list[str]
     def failed(_function: Callable[..., Any], path: str, info: Any) -> None:
         if len(problems) < 20:
             error = info[1] if isinstance(info, tuple) else info
-            problems.append(f"{where / path if path else where}: {error}")
+            # rmtree names what failed from the resource directory: checkpoint/...
+            problems.append(f"{where.parent / path if path else where}: {error}")
 
     try:
         with walk(settings.storage_root, parts, dir_owners(job_owner(settings))) as resource:
