@@ -20,6 +20,7 @@ from slurmjob_operator.slurm.nodes import PartitionInfo
 from .controller_fakes import Bed, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
+from .test_kueue import EVICTED_ACTION, EVICTED_BY_PREEMPTION, _admitted_on, _kueue_bed, _queued
 
 
 @pytest.fixture
@@ -121,3 +122,55 @@ async def test_a_max_time_that_cannot_be_read_waits(bed: Bed) -> None:
     assert submitted is not None
     assert submitted.reason == "PartitionUnavailable"
     assert not bed.slurm.requests
+
+
+async def test_kueue_s_workload_stays_admitted_and_ready_across_segments(tmp_path: Path) -> None:
+    bed, store, sent = _kueue_bed(tmp_path)
+    ref = _queued(bed, chain())
+    await reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    store.flavors["default"] = {}
+    workload["status"] = _admitted_on(main="default")["status"]
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "RUNNING")
+    await refresh(bed, ref)
+
+    def marks() -> dict[str, str]:
+        return {c["type"]: c["status"] for c in workload["status"]["conditions"]}
+
+    assert marks()["PodsReady"] == "True"
+    bed.slurm.set_state(100, "TIMEOUT")
+    await refresh(bed, ref)
+    assert bed.store.status(ref).phase is Phase.PENDING
+    assert marks()["PodsReady"] == "True"  # the next segment is due: not Finished
+    assert "Finished" not in marks()
+    await reconcile(bed, ref)  # no new admission needed: the same one holds
+    assert len(sent) == 2
+    assert bed.store.status(ref).segment == 1
+    bed.slurm.set_state(101, "COMPLETED", 0)
+    await refresh(bed, ref)
+    assert marks()["Finished"] == "True"
+
+
+async def test_a_segment_evicted_by_kueue_while_running_is_resumed_by_the_next(
+    tmp_path: Path,
+) -> None:
+    bed, store, _ = _kueue_bed(tmp_path)
+    ref = _queued(bed, chain())
+    await reconcile(bed, ref)
+    [workload] = store.workloads.objects.values()
+    store.flavors["default"] = {}
+    workload["status"] = _admitted_on(main="default")["status"]
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "RUNNING")
+    await refresh(bed, ref)
+    workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
+    await reconcile(bed, ref)
+    assert bed.slurm.was_cancelled(100)
+    [attempt] = bed.store.status(ref).attempts
+    assert attempt.retry_action == EVICTED_ACTION
+    workload["status"] = _admitted_on(main="default")["status"]
+    await reconcile(bed, ref)
+    env = env_records(bed, ref)
+    assert (env["SLURMJOB_SEGMENT"], env["SLURMJOB_RESUME"]) == ("1", "1")
+    assert env["SLURMJOB_PREVIOUS_JOB_ID"] == "100"
