@@ -7,6 +7,7 @@ at once when one ends by its time limit, the segment time derives from the parti
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,24 @@ async def test_a_segment_evicted_by_kueue_while_running_is_resumed_by_the_next(
     env = env_records(bed, ref)
     assert (env["SLURMJOB_SEGMENT"], env["SLURMJOB_RESUME"]) == ("1", "1")
     assert env["SLURMJOB_PREVIOUS_JOB_ID"] == "100"
+
+
+async def test_what_the_job_left_unremovable_never_holds_the_finalizer(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = bed.store.create("train", chain())
+    await reconcile(bed, ref)
+    where = checkpoint_dir(bed, ref)
+    (where / "stuck").write_bytes(b"x")
+    unlink = os.unlink
+
+    def refusing(path: Any, *args: Any, **kwargs: Any) -> None:
+        if path == "stuck":  # as a file the operator may not remove
+            raise PermissionError(13, "Permission denied")
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refusing)
+    await bed.controller.finalize(bed.store.body(ref))  # returns: the finalizer goes
+    [message] = [m for _, r, m in bed.store.events if r == "CheckpointNotRemoved"]
+    assert str(where / "stuck") in message
+    assert not bed.controller.followed()

@@ -10,6 +10,7 @@ operator's own. The cancels and waits of resources deleted together are coalesce
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from slurmjob_operator.api.resource import ResourceView
@@ -31,6 +32,8 @@ from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmNotFound
 from slurmjob_operator.storage import checkpoint
 from slurmjob_operator.storage.staging import remove_resource_dir
+
+log = logging.getLogger(__name__)
 
 
 class Deletion:
@@ -74,17 +77,25 @@ class Deletion:
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)
             # Whatever the spec says now (an edit may have dropped walltime, or broken it).
-            await self._remove_checkpoint(view)
-            await asyncio.to_thread(
-                remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
-            )
+            kept = await self._remove_checkpoint(view)
+            try:
+                await asyncio.to_thread(
+                    remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
+                )
+            except OSError as exc:
+                if not kept:
+                    raise
+                # What the job left unremovable in its checkpoint directory (said in the
+                # Event) never holds the finalizer.
+                log.warning("%s/%s: staging not removed in full: %s", ref.namespace, ref.name, exc)
             if self.queues is not None:
                 await self.queues.delete(view)  # the quota is released with the job
         self.edge.forget(ref)
 
-    async def _remove_checkpoint(self, view: ResourceView) -> None:
+    async def _remove_checkpoint(self, view: ResourceView) -> bool:
         """The walltime chain's checkpoint directory, the job's own files: removed as far as
-        they can be, what could not be said in an Event; the finalizer never waits on it."""
+        they can be, what could not be said in an Event (True: something stayed); the
+        finalizer never waits on it."""
         ref = view.ref
         left = await asyncio.to_thread(
             checkpoint.remove, self.settings, ref.namespace, ref.name, ref.uid
@@ -95,6 +106,7 @@ class Deletion:
                 f"first: {left[0]}"
             )
             await self.edge.event(ref, "Warning", "CheckpointNotRemoved", text)
+        return bool(left)
 
     async def _last_tails(self, view: ResourceView, attempt: Attempt) -> None:
         """The ended job's last log tails into the status, on the version they were read
