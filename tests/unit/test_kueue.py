@@ -526,9 +526,11 @@ EVICTED_BY_PREEMPTION = [
 ]
 
 
-async def _submitted_on_admission(tmp_path: Any) -> tuple[Bed, _KueueStore, Any, dict[str, Any]]:
+async def _submitted_on_admission(
+    tmp_path: Any, spec: dict[str, Any] | None = None
+) -> tuple[Bed, _KueueStore, Any, dict[str, Any]]:
     bed, store, _ = _kueue_bed(tmp_path)
-    ref = _queued(bed, cpu_spec())
+    ref = _queued(bed, spec if spec is not None else cpu_spec())
     await _reconcile(bed, ref)
     [workload] = store.workloads.objects.values()
     store.flavors["default"] = {}

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.segmentstatus import AttemptSegment
+from slurmjob_operator.api.spec import EnvVar
 from slurmjob_operator.api.status import Attempt, AttemptDependency, Phase, SlurmJobStatus
 from slurmjob_operator.api.walltime import WalltimeSpec
 from slurmjob_operator.config import ConfigError, RuntimeProfile, Settings
@@ -377,6 +378,20 @@ def test_a_user_mount_onto_the_checkpoint_directory_is_refused() -> None:
         _rendered(RuntimeProfile.APPTAINER, mounts=onto)
 
 
+def test_spec_env_cannot_set_a_segment_variable_even_past_validation() -> None:
+    """The preflight admits the four segment names in job.env (the operator's own records);
+    spec.env still cannot set one: render refuses it before job.env is written."""
+    spec = _spec()
+    forged = spec.model_copy(
+        update={"env": [EnvVar.model_construct(name="SLURMJOB_CHECKPOINT_DIR", value="/etc")]}
+    )
+    settings = Settings(storage_root=Path("/srv/slurmjob"))
+    ctx = make_context(forged, settings, fixed_artifact(profile_format(RuntimeProfile.APPTAINER)))
+    ctx = dataclasses.replace(ctx, segment=SegmentPlan(0, 3))
+    with pytest.raises(RenderError, match="SLURMJOB_CHECKPOINT_DIR: reserved"):
+        render_attempt(forged, ctx)
+
+
 def test_a_walltime_spec_without_a_planned_segment_is_not_rendered() -> None:
     settings = Settings(storage_root=Path("/srv/slurmjob"))
     spec = _spec()
@@ -395,7 +410,7 @@ def tree(tmp_path: Path) -> Settings:
     from slurmjob_operator.core.launch import StagedFile
 
     stage_attempt(settings, staged, {"job.sh": StagedFile(b"#!/bin/bash\n", 0o555)})
-    checkpoint.make(settings, "team-a", "resnet", UID)
+    checkpoint.make(settings, naming.resource_dir(tmp_path, "team-a", "resnet", UID))
     return settings
 
 
@@ -410,7 +425,7 @@ def _scan(settings: Settings) -> str:
 def test_the_scan_sees_every_change_and_follows_no_link(tree: Settings, tmp_path: Path) -> None:
     where = _where(tree)
     assert _scan(tree) == EMPTY_CHECKPOINT
-    checkpoint.make(tree, "team-a", "resnet", UID)  # again: kept as it is
+    checkpoint.make(tree, where.parent)  # again: kept as it is
     (where / "step").mkdir()
     (where / "step" / "model.pt").write_bytes(b"1")
     one = _scan(tree)

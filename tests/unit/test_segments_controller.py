@@ -21,7 +21,7 @@ from slurmjob_operator.slurm.nodes import PartitionInfo
 from .controller_fakes import Bed, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
-from .test_kueue import EVICTED_ACTION, EVICTED_BY_PREEMPTION, _admitted_on, _kueue_bed, _queued
+from .test_kueue import EVICTED_ACTION, EVICTED_BY_PREEMPTION, _admitted_on, _submitted_on_admission
 
 
 @pytest.fixture
@@ -125,16 +125,16 @@ async def test_a_max_time_that_cannot_be_read_waits(bed: Bed) -> None:
     assert not bed.slurm.requests
 
 
-async def test_kueue_s_workload_stays_admitted_and_ready_across_segments(tmp_path: Path) -> None:
-    bed, store, sent = _kueue_bed(tmp_path)
-    ref = _queued(bed, chain())
-    await reconcile(bed, ref)
-    [workload] = store.workloads.objects.values()
-    store.flavors["default"] = {}
-    workload["status"] = _admitted_on(main="default")["status"]
-    await reconcile(bed, ref)
+async def _running_on_admission(tmp_path: Path) -> tuple[Bed, Any, Any, dict[str, Any]]:
+    """A chain admitted by Kueue, its first segment running."""
+    bed, store, ref, workload = await _submitted_on_admission(tmp_path, chain())
     bed.slurm.set_state(100, "RUNNING")
     await refresh(bed, ref)
+    return bed, store, ref, workload
+
+
+async def test_kueue_s_workload_stays_admitted_and_ready_across_segments(tmp_path: Path) -> None:
+    bed, _, ref, workload = await _running_on_admission(tmp_path)
 
     def marks() -> dict[str, str]:
         return {c["type"]: c["status"] for c in workload["status"]["conditions"]}
@@ -146,7 +146,7 @@ async def test_kueue_s_workload_stays_admitted_and_ready_across_segments(tmp_pat
     assert marks()["PodsReady"] == "True"  # the next segment is due: not Finished
     assert "Finished" not in marks()
     await reconcile(bed, ref)  # no new admission needed: the same one holds
-    assert len(sent) == 2
+    assert len(bed.slurm.requests) == 2
     assert bed.store.status(ref).segment == 1
     bed.slurm.set_state(101, "COMPLETED", 0)
     await refresh(bed, ref)
@@ -156,15 +156,7 @@ async def test_kueue_s_workload_stays_admitted_and_ready_across_segments(tmp_pat
 async def test_a_segment_evicted_by_kueue_while_running_is_resumed_by_the_next(
     tmp_path: Path,
 ) -> None:
-    bed, store, _ = _kueue_bed(tmp_path)
-    ref = _queued(bed, chain())
-    await reconcile(bed, ref)
-    [workload] = store.workloads.objects.values()
-    store.flavors["default"] = {}
-    workload["status"] = _admitted_on(main="default")["status"]
-    await reconcile(bed, ref)
-    bed.slurm.set_state(100, "RUNNING")
-    await refresh(bed, ref)
+    bed, _, ref, workload = await _running_on_admission(tmp_path)
     workload["status"]["conditions"] = EVICTED_BY_PREEMPTION
     await reconcile(bed, ref)
     assert bed.slurm.was_cancelled(100)
@@ -196,3 +188,19 @@ async def test_what_the_job_left_unremovable_never_holds_the_finalizer(
     [message] = [m for _, r, m in bed.store.events if r == "CheckpointNotRemoved"]
     assert str(where / "stuck") in message
     assert not bed.controller.followed()
+
+
+async def test_a_previous_job_id_a_status_claims_is_only_shown_never_acted_on(bed: Bed) -> None:
+    """Whoever may write the status can make `SLURMJOB_PREVIOUS_JOB_ID` name any job (another
+    tenant's): it reaches that SlurmJob's own program as text, and no Slurm call names it."""
+    ref = bed.store.create("train", chain())
+    await reconcile(bed, ref)
+    bed.slurm.set_state(100, "TIMEOUT")
+    await refresh(bed, ref)
+    body = bed.store.body(ref)
+    body["status"]["attempts"][0]["jobId"] = 4242  # a job of someone else
+    await reconcile(bed, ref)
+    env = env_records(bed, ref)
+    assert env["SLURMJOB_PREVIOUS_JOB_ID"] == "4242"
+    assert not [call for call, _ in bed.slurm.acted if "4242" in call]
+    assert len(bed.slurm.requests) == 2  # the next segment, sent as any would be

@@ -40,6 +40,7 @@ from slurmjob_operator.core.following import (
 )
 from slurmjob_operator.core.jobview import JobSource, SlurmJobView, leader
 from slurmjob_operator.core.naming import log_files
+from slurmjob_operator.core.segments import segment_end
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
@@ -55,11 +56,16 @@ log = logging.getLogger(__name__)
 
 
 async def checkpoint_of(
-    settings: Settings, view: ResourceView, attempt: Attempt, job_uid: Callable[[str], int | None]
+    settings: Settings,
+    view: ResourceView,
+    attempt: Attempt,
+    ended: Observation,
+    job_uid: Callable[[str], int | None],
 ) -> str | None:
-    """A walltime segment's checkpoint directory as it ended (None: not a segment, or the
-    scan took longer than `READ_TIMEOUT`: then it counts as progress)."""
-    if attempt.segment is None:
+    """A walltime segment's checkpoint directory as it ended, scanned only when the end lets
+    the chain go on (None: no scan, or one longer than `READ_TIMEOUT`: counted as progress)."""
+    walltime = view.spec.walltime if view.spec is not None else None
+    if attempt.segment is None or walltime is None or segment_end(ended, walltime) is None:
         return None
     ref = view.ref
     read = asyncio.to_thread(
@@ -211,7 +217,9 @@ class Following:
                 view.generation,
                 now,
                 probe_attempts=await self.probing.attempts(),
-                checkpoint=await checkpoint_of(self.settings, view, attempt, self._job_uid),
+                checkpoint=await checkpoint_of(
+                    self.settings, view, attempt, decided, self._job_uid
+                ),
             )
             transition = after_attempt(end)
         await self.edge.apply(view, transition)

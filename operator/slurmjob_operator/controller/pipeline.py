@@ -157,8 +157,6 @@ class PreparedAttempt:
     probe_plan: ProbePlan | None = None
     segment: SegmentPlan | None = None
     """The walltime segment this attempt runs (None: no spec.walltime)."""
-    ref: tuple[str, str, str] = ("", "", "")
-    """The SlurmJob's namespace, name and uid (where its checkpoint directory is)."""
 
 
 @dataclass(frozen=True)
@@ -285,9 +283,7 @@ def prepare_attempt(
     rendered = render_attempt(spec, ctx)
     body = dialect_for(api_version).submit_body(rendered.launch)
     check_rendered(rendered, secret_values, json.dumps(body))
-    return PreparedAttempt(
-        rendered, resolution, body, api_version, keys, plan, segment, (namespace, name, uid)
-    )
+    return PreparedAttempt(rendered, resolution, body, api_version, keys, plan, segment)
 
 
 def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
@@ -310,9 +306,8 @@ def stage(prepared: PreparedAttempt, settings: Settings) -> None:
         stage_attempt(settings, rendered.staging_dir, rendered.files, job_uid=job_uid)
     else:  # the staging owner of the settings, if any
         stage_attempt(settings, rendered.staging_dir, rendered.files)
-    if prepared.segment is not None:
-        ref = prepared.ref
-        checkpoint.make(settings, ref[0], ref[1], ref[2], job_uid=job_uid)
+    if prepared.segment is not None:  # beside the attempt directory, in the resource's
+        checkpoint.make(settings, rendered.staging_dir.parent, job_uid=job_uid)
 
 
 def render_manifest(

@@ -85,9 +85,11 @@ class Verdict:
         return not self.refusals and self.unavailable is None
 
 
-def _partition_of(launch: LaunchRequest, snapshot: Snapshot) -> Partition | None:
-    if launch.partition is not None:
-        return snapshot.partitions.get(launch.partition)
+def partition_of(name: str | None, snapshot: Snapshot) -> Partition | None:
+    """The partition a job naming `name` goes to (None: the cluster's one default), if the
+    snapshot has it."""
+    if name is not None:
+        return snapshot.partitions.get(name)
     defaults = [p for p in snapshot.partitions.values() if p.default]
     return defaults[0] if len(defaults) == 1 else None
 
@@ -167,7 +169,7 @@ def check(launch: LaunchRequest, snapshot: Snapshot, pools: Sequence[str] = ()) 
             f" (partitions: {known})"
         )
         return Verdict(refusals=(Refusal("spec.partition", message),), checked=("partition",))
-    partition = _partition_of(launch, snapshot)
+    partition = partition_of(launch.partition, snapshot)
     if partition is None:
         if launch.partition is None or not snapshot.partitions:
             return Verdict(checked=("partition",))  # Slurm's default, or nothing read

@@ -23,7 +23,7 @@ from datetime import datetime
 from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Phase, SlurmJobStatus
 from slurmjob_operator.api.walltime import SIGNAL_SLACK_SECONDS, WalltimeSpec, warning_problem
-from slurmjob_operator.core.limits import Snapshot
+from slurmjob_operator.core.limits import Snapshot, partition_of
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import (
@@ -95,13 +95,7 @@ def partition_time(partition: str | None, snapshot: Snapshot | None) -> Partitio
     limits check reads it; a list of partitions has none to derive from."""
     if partition is not None and "," in partition:
         return PartitionTime(read=True, is_list=True)
-    if snapshot is None:
-        return PartitionTime(read=False)
-    if partition is not None:
-        found = snapshot.partitions.get(partition)
-    else:
-        defaults = [p for p in snapshot.partitions.values() if p.default]
-        found = defaults[0] if len(defaults) == 1 else None
+    found = partition_of(partition, snapshot) if snapshot is not None else None
     if found is None:
         return PartitionTime(read=False)
     return PartitionTime(read=True, minutes=found.max_time_minutes)

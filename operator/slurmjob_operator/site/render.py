@@ -47,7 +47,12 @@ from slurmjob_operator.site.catalogs import (
     RuntimeArtifact,
 )
 from slurmjob_operator.site.probe import probe_values
-from slurmjob_operator.site.segments import mount_conflict, segment_parts, warning_fields
+from slurmjob_operator.site.segments import (
+    SegmentParts,
+    mount_conflict,
+    segment_parts,
+    warning_fields,
+)
 from slurmjob_operator.site.templating import RenderError, environment
 
 BASE_TEMPLATE = "job.sh.j2"
@@ -194,7 +199,7 @@ SHAPE_TEMPLATES: dict[LaunchShape | None, str] = {
 
 
 def _template_values(
-    spec: SlurmJobSpec, ctx: RenderContext, cluster_dir: PurePosixPath
+    spec: SlurmJobSpec, ctx: RenderContext, cluster_dir: PurePosixPath, segment: SegmentParts
 ) -> dict[str, Any]:
     settings = ctx.settings
     profile = settings.slurm_runtime_profile
@@ -210,7 +215,7 @@ def _template_values(
         raise RenderError(f"mount target {cluster_dir} is the attempt's staging directory")
     # The attempt directory, at the same path, read-only: the job can read its records.
     mounts.append(_mount_spec(cluster_dir, str(cluster_dir), True))
-    segment_vars, checkpoint = _segment(spec, ctx)
+    segment_vars, checkpoint = segment
     if checkpoint is not None:
         conflict = mount_conflict([m.target for m in spec.mounts], checkpoint)
         if conflict:
@@ -280,19 +285,21 @@ def _template_values(
     }
 
 
-def _segment(
-    spec: SlurmJobSpec, ctx: RenderContext
-) -> tuple[list[tuple[str, str]], PurePosixPath | None]:
+def _segment(spec: SlurmJobSpec, ctx: RenderContext) -> SegmentParts:
     local = naming.checkpoint_dir(ctx.settings.storage_root, ctx.namespace, ctx.name, ctx.uid)
     return segment_parts(spec, ctx.segment, PurePosixPath(ctx.settings.to_cluster_path(local)))
 
 
-def render_script(spec: SlurmJobSpec, ctx: RenderContext) -> str:
+def render_script(
+    spec: SlurmJobSpec, ctx: RenderContext, segment: SegmentParts | None = None
+) -> str:
+    """The batch script; `segment`: the walltime segment's parts when the caller has them."""
     _check_words(spec)
     cluster_dir = _cluster_staging_dir(ctx)
+    parts = segment if segment is not None else _segment(spec, ctx)
     try:
         template = environment(ctx.settings).get_template(BASE_TEMPLATE)
-        return template.render(_template_values(spec, ctx, cluster_dir))
+        return template.render(_template_values(spec, ctx, cluster_dir, parts))
     except jinja2.TemplateError as exc:
         raise RenderError(f"batch-script template: {exc}") from exc
 
@@ -332,8 +339,9 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     staging = _staging_dir(ctx)
     cluster_dir = _cluster_staging_dir(ctx)
     array = _array(spec, ctx)
-    script = render_script(spec, ctx)
-    plain = list(spec.plain_env.items()) + _segment(spec, ctx)[0]
+    segment = _segment(spec, ctx)
+    script = render_script(spec, ctx, segment)
+    plain = list(spec.plain_env.items()) + segment[0]
     files = {
         SCRIPT_FILE: StagedFile(_utf8(script, "the script's values"), SCRIPT_MODE),
         ENV_FILE: StagedFile(_env_records(plain), ENV_MODE),

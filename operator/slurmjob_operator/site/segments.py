@@ -11,6 +11,10 @@ from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.core.segments import SegmentPlan
 from slurmjob_operator.site.templating import RenderError
 
+#: A segment's variables (after spec.env's in job.env) and its checkpoint directory as the
+#: cluster sees it; nothing for a job without walltime.
+SegmentParts = tuple[list[tuple[str, str]], PurePosixPath | None]
+
 #: The variables a segment's job.env carries after spec.env's (reserved for spec.env).
 SEGMENT_ENV_NAMES = frozenset(
     {"SLURMJOB_SEGMENT", "SLURMJOB_RESUME", "SLURMJOB_PREVIOUS_JOB_ID", "SLURMJOB_CHECKPOINT_DIR"}
@@ -44,9 +48,8 @@ def mount_conflict(targets: list[str], checkpoint: PurePosixPath) -> str | None:
 
 def segment_parts(
     spec: SlurmJobSpec, plan: SegmentPlan | None, checkpoint: PurePosixPath
-) -> tuple[list[tuple[str, str]], PurePosixPath | None]:
-    """A segment's variables (after spec.env's in job.env) and its checkpoint directory as
-    the cluster sees it; nothing for a job without walltime."""
+) -> SegmentParts:
+    """The segment's parts (`SegmentParts`)."""
     if plan is None:
         if spec.walltime is not None:
             raise RenderError("spec.walltime: the segment is not planned")

@@ -21,6 +21,7 @@ import os
 import shutil
 import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from slurmjob_operator.config import Settings, parse_owner
@@ -33,9 +34,9 @@ from slurmjob_operator.storage.nofollow import (
     dir_owners,
     job_owner,
     lstat_at,
-    open_dir,
     walk,
 )
+from slurmjob_operator.storage.staging import enter_dir
 from slurmjob_operator.storage.stagingtree import StagingError
 
 #: The most entries (files, directories, links) the progress scan looks at.
@@ -53,30 +54,20 @@ def _resource_parts(settings: Settings, namespace: str, name: str, uid: str) -> 
     return below(settings.storage_root, path)
 
 
-def make(
-    settings: Settings, namespace: str, name: str, uid: str, *, job_uid: int | None = None
-) -> None:
-    """Make the checkpoint directory once its resource directory exists (the first segment's
-    staging made it), as the attempt directories are made: the staging owner's, or in ACL
-    mode (`job_uid`) the operator's with the job's uid granted. An existing one is kept."""
-    parts = _resource_parts(settings, namespace, name, uid)
+def make(settings: Settings, resource_dir: Path, *, job_uid: int | None = None) -> None:
+    """Make the checkpoint directory in `resource_dir` (a segment's staging made it, beside
+    its attempt directory) as the attempt directories are made (`staging.enter_dir`): the
+    staging owner's, or in ACL mode (`job_uid`) the operator's with the job's uid granted. An
+    existing one is kept."""
+    parts = below(settings.storage_root, resource_dir)
     owner = None if job_uid is not None else parse_owner(settings.staging_owner)
     mode = ACL_MODE if job_uid is not None else CHECKPOINT_MODE
     owners = dir_owners(owner[0] if owner is not None else os.geteuid())
-    where = settings.storage_root.joinpath(*parts, naming.CHECKPOINT_DIR)
+    where = resource_dir / naming.CHECKPOINT_DIR
     try:
         with walk(settings.storage_root, parts, owners) as resource:
+            fd, _ = enter_dir(resource, naming.CHECKPOINT_DIR, where, mode, owner, owners)
             try:
-                os.mkdir(naming.CHECKPOINT_DIR, mode, dir_fd=resource)
-                made = True
-            except FileExistsError:
-                made = False
-            fd = open_dir(resource, naming.CHECKPOINT_DIR, owners, str(where))
-            try:
-                if made:
-                    os.fchmod(fd, mode)  # mkdir's mode is filtered by the umask
-                    if owner is not None:
-                        os.fchown(fd, owner[0], owner[1])
                 if job_uid is not None:
                     acl.grant_dir(fd, job_uid, os.geteuid())
             finally:

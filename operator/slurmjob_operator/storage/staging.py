@@ -90,7 +90,7 @@ def _parts(settings: Settings, staging_dir: Path) -> tuple[str, ...]:
     return parts
 
 
-def _enter(
+def enter_dir(
     parent: int,
     name: str,
     where: Path,
@@ -216,7 +216,7 @@ def stage_attempt(
             mode = ATTEMPT_MODE if last else PARENT_MODE
             if job_uid is not None:
                 mode = ACL_DIR_MODE
-            fd, made = _enter(fds[-1], part, where, mode, owner, dir_owners(uid))
+            fd, made = enter_dir(fds[-1], part, where, mode, owner, dir_owners(uid))
             fds.append(fd)
             if job_uid is not None and not last:
                 _granted(where, partial(acl.grant_traverse, fd, [job_uid]))
