@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmjob_operator.controller.fairness import FairLimiter
+from slurmjob_operator.controller.fairness import FairLimiter, Held, Start
 
 #: A slot that leaked shows as waiters that never finish: fail in seconds, not hang.
 LEAK = 2.0
@@ -30,12 +30,29 @@ def assert_empty(limiter: FairLimiter[str]) -> None:
 
 
 async def granted_in_order(
-    limiter: FairLimiter[str], keys: list[str], labels: list[str] | None = None
+    limiter: FairLimiter[str],
+    keys: list[str],
+    labels: list[str] | None = None,
+    parked: list[bool] | None = None,
 ) -> list[str]:
-    """Fill every slot, queue one waiter per entry of `keys` (in that order), free the slots;
-    the waiters' labels (default: their keys) in the order they were granted."""
+    """Fill every slot, queue one waiter per entry of `keys` (in that order; `parked[i]`: that
+    one parked, no task), free the slots; the waiters' labels (default: their keys) in the
+    order they were granted."""
     gate = asyncio.Event()
     order: list[str] = []
+    started: list[asyncio.Task[None]] = []
+
+    def parker(label: str) -> Start:
+        async def work(held: Held) -> None:
+            order.append(label)
+            await asyncio.sleep(0)
+            held.release()
+
+        def start(held: Held) -> bool:
+            started.append(asyncio.get_running_loop().create_task(work(held)))
+            return True
+
+        return start
 
     async def block() -> None:
         async with limiter.slot("blocker"):
@@ -50,13 +67,22 @@ async def granted_in_order(
     await settle()
     assert limiter.held == limiter.limit
     waiters = []
-    for key, label in zip(keys, labels or keys, strict=True):
-        waiters.append(asyncio.create_task(wait(key, label)))
+    for key, label, park in zip(keys, labels or keys, parked or [False] * len(keys), strict=True):
+        if park:
+            limiter.park(key, label, parker(label))
+        else:
+            waiters.append(asyncio.create_task(wait(key, label)))
         await asyncio.sleep(0)  # arrivals in this order
     await settle()
     assert limiter.waiting == len(keys)
     gate.set()
     await asyncio.wait_for(asyncio.gather(*held, *waiters), LEAK)
+    for _ in range(20 * len(keys)):  # each parked grant's task is made by a release
+        if len(started) == sum(parked or []):
+            break
+        await asyncio.sleep(0)
+    assert len(started) == sum(parked or [])
+    await asyncio.wait_for(asyncio.gather(*started), LEAK)
     assert_empty(limiter)
     return order
 
@@ -239,6 +265,65 @@ async def test_waiters_are_reported() -> None:
     assert seen == [1, 2, 3, 2, 1, 0]
 
 
+# -- parked waiters ---------------------------------------------------------------------------
+
+
+def recording(log: list[tuple[str, Held]], label: str, *, takes: bool = True) -> Start:
+    def start(held: Held) -> bool:
+        log.append((label, held))
+        return takes
+
+    return start
+
+
+async def test_a_parked_waiter_starts_at_once_when_a_slot_is_free() -> None:
+    limiter = FairLimiter[str](1)
+    log: list[tuple[str, Held]] = []
+    limiter.park("a", "x", recording(log, "x"))
+    assert [label for label, _ in log] == ["x"]
+    assert (limiter.held, limiter.waiting) == (1, 0)
+    log[0][1].release()
+    assert_empty(limiter)
+
+
+async def test_a_token_parked_again_keeps_its_place_and_takes_the_newer_start() -> None:
+    limiter = FairLimiter[str](1)
+    first = limiter.try_slot()
+    assert first is not None
+    assert limiter.try_slot() is None
+    log: list[tuple[str, Held]] = []
+    limiter.park("a", "x", recording(log, "x-old"))
+    limiter.park("a", "y", recording(log, "y"))
+    limiter.park("a", "x", recording(log, "x-new"))
+    assert limiter.waiting == 2
+    first.release()
+    assert [label for label, _ in log] == ["x-new"]
+    log[-1][1].release()
+    assert [label for label, _ in log] == ["x-new", "y"]
+    log[-1][1].release()
+    assert_empty(limiter)
+
+
+async def test_a_start_that_cannot_run_passes_the_slot_on() -> None:
+    """Its owner closed (a wake service stopped): the next waiter gets the slot, and with no
+    other waiter the slot is free again; none is held twice or lost."""
+    limiter = FairLimiter[str](1)
+    first = limiter.try_slot()
+    assert first is not None
+    log: list[tuple[str, Held]] = []
+    limiter.park("a", "gone", recording(log, "gone", takes=False))
+    limiter.park("b", "next", recording(log, "next"))
+    limiter.park("a", "gone-too", recording(log, "gone-too", takes=False))
+    first.release()
+    assert [label for label, _ in log] == ["gone", "next"]
+    assert limiter.held == 1
+    log[-1][1].release()
+    assert [label for label, _ in log] == ["gone", "next", "gone-too"]
+    assert_empty(limiter)
+    limiter.park("a", "closed", recording(log, "closed", takes=False))
+    assert_empty(limiter)
+
+
 def test_misuse_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         FairLimiter[str](0)
@@ -330,15 +415,20 @@ def round_robin(arrivals: list[str]) -> list[int]:
 @settings(max_examples=100, deadline=None)
 @given(
     limit=st.integers(1, 4),
-    arrivals=st.lists(st.sampled_from("abcde"), min_size=1, max_size=60),
+    arrivals=st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), min_size=1, max_size=60),
 )
-def test_grants_follow_the_round_robin_reference(limit: int, arrivals: list[str]) -> None:
-    """Whatever the arrivals and the limit, the grants are the reference's rounds: a key that
-    starts waiting is served after at most one grant to each key already waiting."""
+def test_grants_follow_the_round_robin_reference(
+    limit: int, arrivals: list[tuple[str, bool]]
+) -> None:
+    """Whatever the arrivals, the limit and which waiters are parked (no task), the grants
+    are the reference's rounds: a key that starts waiting is served after at most one grant
+    to each key already waiting."""
+    keys = [key for key, _ in arrivals]
 
     async def run() -> list[str]:
         labels = [str(i) for i in range(len(arrivals))]
-        return await granted_in_order(FairLimiter[str](limit), arrivals, labels)
+        parked = [park for _, park in arrivals]
+        return await granted_in_order(FairLimiter[str](limit), keys, labels, parked)
 
     order = asyncio.run(run())
-    assert [int(label) for label in order] == round_robin(arrivals)
+    assert [int(label) for label in order] == round_robin(keys)

@@ -176,3 +176,22 @@ async def test_drain_waits_for_what_is_due_now_on_the_real_loop() -> None:
     assert target.calls == ["a"]  # B stays pending
     assert wakes.due_in(B.uid) is not None
     await wakes.close()
+
+
+async def test_a_run_now_is_a_wake_and_its_done_comes_however_it_ends() -> None:
+    """`run` (a parked submit granted its slot): the reconcile runs as a wake's does (its wait
+    becomes a wake), `done` follows, even for a run cancelled by `close` before it started;
+    once closed nothing runs and the caller is told."""
+    clock, target = Clock(), Target()
+    wakes = service(clock, target)
+    done: list[str] = []
+    target.then = [RetryLater("Kueue: waiting", 12)]
+    assert wakes.run(A, target, done=lambda: done.append("a"))
+    await wakes.drain()
+    assert (target.calls, done, wakes.due_in(A.uid)) == (["a"], ["a"], 12)
+    assert wakes.run(B, target, done=lambda: done.append("b"))
+    await wakes.close()  # before the run's first step
+    assert target.calls == ["a"]
+    assert done == ["a", "b"]
+    assert not wakes.run(A, target, done=lambda: done.append("late"))
+    assert done == ["a", "b"]

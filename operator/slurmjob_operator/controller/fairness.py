@@ -20,7 +20,12 @@ Properties the submission side relies on:
   on; a holder that is cancelled releases its slot (`slot` is a context manager);
 * no polling: each waiter awaits its own future, resolved by the release that grants it;
 * O(1) per grant, per arrival and per cancellation (ordered dicts: a FIFO that can also drop
-  any entry, the key ring likewise), and memory only for the current waiters.
+  any entry, the key ring likewise), and memory only for the current waiters;
+* a waiter may also be parked (`park`): no task and no future, only a token and what to start
+  once granted, so a burst of 10,000 creates waits as 10,000 small entries instead of 10,000
+  kopf handlers each holding its body, its task and its handler's machinery (the burst's
+  memory high-water mark: docs/benchmarks.md). A token parked again keeps its place and takes
+  the newer start.
 
 Lock order: a slot is never awaited while a resource's lock is held (`Submission.reconcile`
 takes the slot first, then the lock). A holder only ever waits for its own resource's lock,
@@ -56,6 +61,12 @@ class Held:
             release()
 
 
+#: What a parked waiter starts once granted: True when it took the slot (it releases the
+#: `Held` it was given, once its work is done), False when it cannot run any more (its owner
+#: closed): the slot then goes to the next waiter. It must not run the work synchronously.
+Start = Callable[[Held], bool]
+
+
 class FairLimiter(Generic[K]):
     """At most `limit` holders; waiters grouped by key and served round-robin across keys.
 
@@ -71,7 +82,8 @@ class FairLimiter(Generic[K]):
         self._on_waiting = on_waiting
         # Per key, its waiters in arrival order; the ring holds exactly the keys with waiters,
         # the next one to serve first.
-        self._queues: dict[K, OrderedDict[asyncio.Future[None], None]] = {}
+        # A waiter is a future (`acquire`) mapped to None, or a parked token mapped to its start.
+        self._queues: dict[K, OrderedDict[Hashable, Start | None]] = {}
         self._ring: OrderedDict[K, None] = OrderedDict()
 
     @property
@@ -102,6 +114,32 @@ class FairLimiter(Generic[K]):
         finally:
             held.release()
 
+    def try_slot(self) -> Held | None:
+        """A slot at once, or None when every slot is taken (or anyone waits)."""
+        if self._held < self._limit:
+            self._held += 1
+            return Held(self.release)
+        return None
+
+    def park(self, key: K, token: Hashable, start: Start) -> None:
+        """Wait in `key`'s queue as `token` without a task: `start(held)` is called once a
+        slot is granted (at once when one is free). A token already parked keeps its place
+        and takes this `start` instead."""
+        queue = self._queues.get(key)
+        if queue is not None and token in queue:
+            queue[token] = start
+            return
+        held = self.try_slot()
+        if held is not None:
+            if not start(held):
+                self.release()
+            return
+        if queue is None:
+            queue = self._queues[key] = OrderedDict()
+            self._ring[key] = None
+        queue[token] = start
+        self._changed(+1)
+
     async def acquire(self, key: K) -> None:
         """Take a slot (pair with `release`; `slot` does both)."""
         if self._held < self._limit:
@@ -131,19 +169,23 @@ class FairLimiter(Generic[K]):
         while self._ring:
             key = next(iter(self._ring))
             queue = self._queues[key]
-            future, _ = queue.popitem(last=False)
+            waiter, start = queue.popitem(last=False)
             if queue:
                 self._ring.move_to_end(key)
             else:
                 del self._queues[key]
                 del self._ring[key]
             self._changed(-1)
-            if not future.done():  # a waiter cancelled but not yet resumed is skipped
-                future.set_result(None)
+            if start is not None:
+                if start(Held(self.release)):
+                    return
+            elif isinstance(waiter, asyncio.Future) and not waiter.done():
+                # (a waiter cancelled but not yet resumed is skipped)
+                waiter.set_result(None)
                 return
         self._held -= 1
 
-    def _discard(self, key: K, future: asyncio.Future[None]) -> None:
+    def _discard(self, key: K, future: Hashable) -> None:
         """Drop a cancelled waiter (a release may have dropped it already)."""
         queue = self._queues.get(key)
         if queue is None or future not in queue:

@@ -8,7 +8,9 @@ What changes a tenant's job (the POST, a cancel, hold and release) is done as th
 (`slurmlink`).
 
 At most `submit_concurrency` submits at once; the others wait for a slot of the controller's
-`FairLimiter`, served round-robin by namespace (lock order: `Submission.reconcile`).
+`FairLimiter`, served round-robin by namespace (lock order: `Submission.reconcile`). A submit
+due from the watch's copy waits parked (the uid and that copy, no task, no kopf handler: the
+handler returns), so a burst of creates costs memory for small entries, not for handlers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from slurmjob_operator.controller.adopter import Adopter
 from slurmjob_operator.controller.dependencies import Dependencies
 from slurmjob_operator.controller.evictions import Evictions
 from slurmjob_operator.controller.expiry import Expiry
-from slurmjob_operator.controller.fairness import FairLimiter, Held
+from slurmjob_operator.controller.fairness import FairLimiter, Held, Start
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.gates import Chain, Pending
 from slurmjob_operator.controller.gates.queue import AdmissionGate, RequiredQueueGate
@@ -168,20 +170,42 @@ class Submission:
                     if self.expiry is not None and next_step(seen.status) is Step.DONE:
                         await self.expiry.look(seen)
                     return
-                async with self._limiter.slot(ref.namespace) as held:
-                    try:
-                        await self._step(
-                            ref, slot=held, seen=seen if seen.resource_version else None
-                        )
-                    except Stale:
-                        # Changed since the watch saw it: read again and decide again (a
-                        # second conflict is a wake, like any RetryLater).
-                        await self._step(ref, slot=held)
+                held = self._limiter.try_slot()
+                if held is None:
+                    # Every slot taken: the handler returns, and the submit waits parked, as
+                    # the uid and this copy (`FairLimiter.park`), then runs as a wake.
+                    self._limiter.park(ref.namespace, ref.uid, self._parked(seen))
+                    return
+                await self._submit_seen(seen, held)
                 return
         if not await self._step(ref, slot=None):
             return
         async with self._limiter.slot(ref.namespace) as held:
             await self._step(ref, slot=held)
+
+    async def _submit_seen(self, seen: ResourceView, held: Held) -> None:
+        """The due submit of `seen`, in the slot `held` (given back at the latest here)."""
+        try:
+            try:
+                await self._step(seen.ref, slot=held, seen=seen if seen.resource_version else None)
+            except Stale:
+                # Changed since the watch saw it: read again and decide again (a second
+                # conflict is a wake, like any RetryLater).
+                await self._step(seen.ref, slot=held)
+        finally:
+            held.release()
+
+    def _parked(self, seen: ResourceView) -> Start:
+        """What a parked submit starts once granted a slot: the step from `seen` as a wake
+        (its RetryLater and failures become wakes, `close` cancels it), the slot given back
+        however it ends."""
+
+        def start(held: Held) -> bool:
+            return self.following.wakes.run(
+                seen.ref, lambda _: self._submit_seen(seen, held), done=held.release
+            )
+
+        return start
 
     def _settled(self, seen: ResourceView) -> bool | None:
         """From the watch's copy alone: True when a submit is due now (not suspended, no

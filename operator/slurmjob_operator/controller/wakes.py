@@ -129,11 +129,29 @@ class Wakes:
         pending = self._pending.pop(uid, None)
         if pending is None or self._target is None or self._closed:
             return
-        target, ref = self._target, pending.ref
+        target = self._target
+        self._spawn(pending.ref, target)
 
+    def run(
+        self,
+        ref: ObjectRef,
+        reconcile: Target,
+        done: Callable[[], None] | None = None,
+    ) -> bool:
+        """Run `reconcile(ref)` now as a wake does (a task of its own, under `attempt`,
+        cancelled by `close`), then `done()` however it ended, even cancelled before it
+        started. False, and nothing run, once closed."""
+        if self._closed:
+            return False
+        self._spawn(ref, reconcile, done)
+        return True
+
+    def _spawn(
+        self, ref: ObjectRef, target: Target, done: Callable[[], None] | None = None
+    ) -> None:
         async def run() -> None:
-            # The reconcile is made here, not in `_fire`: a task cancelled before it starts
-            # leaves no coroutine behind that was never awaited.
+            # The reconcile is made here, not by the caller: a task cancelled before it
+            # starts leaves no coroutine behind that was never awaited.
             await self.attempt(ref, target(ref))
 
         task = asyncio.get_running_loop().create_task(
@@ -141,6 +159,8 @@ class Wakes:
         )
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        if done is not None:
+            task.add_done_callback(lambda _: done())
 
     async def drain(self) -> None:
         """Wait for the wakes due now and those running, and what they woke for now in turn
