@@ -28,6 +28,9 @@ testbed:
 	bash tests/testbed/install.sh
 	bash tests/k8s/build.sh
 	@command -v lua5.4 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua5.4; }
+	@# jemalloc, the allocator the image runs the operator with (Dockerfile; the scale bench and
+	@# tests/unit/test_memtrim.py load it the same way).
+	@dpkg -s libjemalloc2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2; }
 
 lint: venv
 	$(BIN)/ruff check operator tests

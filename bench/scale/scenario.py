@@ -126,7 +126,14 @@ def percentile(values: list[float], q: float) -> float | None:
 #: with, so that the bench measures what users run (tests/unit/test_memtrim.py keeps them equal).
 #: The baseline is plain kopf and keeps Python's defaults. `--operator-env PYTHONMALLOC=pymalloc`
 #: measures the operator without them.
-OPERATOR_ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
+OPERATOR_ALLOCATOR_ENV = {
+    "PYTHONMALLOC": "malloc",
+    "MALLOC_CONF": "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0",
+    "LD_PRELOAD": "libjemalloc.so.2",
+}
+#: What the image sets and the chart leaves to it: the chart may run another image, where a
+#: preload of a library that is not there would print an error in every process it starts.
+IMAGE_ONLY_ENV = frozenset({"LD_PRELOAD"})
 
 
 class Process:

@@ -3,9 +3,13 @@
 A burst (the first list of 10,000 SlurmJobs, a mass apply) makes a task, a queue, a body and a
 patch per object at once. When the burst ends most of that is freed, but a few long-lived
 objects allocated in its middle keep the heap's high-water mark: the freed pages stay with the
-process and RSS never falls. With Python's objects in glibc's heap (`PYTHONMALLOC=malloc`, as
-the image and the chart run it), `malloc_trim(0)` hands back every free page of the heap, not
-only its top. Without glibc (musl, macOS) there is nothing to call and nothing is done.
+process and RSS never falls. The image and the chart run the operator with Python's objects in
+the C allocator (`PYTHONMALLOC=malloc`) and that allocator jemalloc (`LD_PRELOAD`), whose
+size-classed runs fragment less than glibc's heap after such a burst and which returns unused
+pages on its own after `dirty_decay_ms` (docs/benchmarks.md measured both). The periodic trim
+here is what makes an idle process return them too: jemalloc's purge of every arena when
+jemalloc is the process's malloc, else glibc's `malloc_trim(0)` (every free page of the heap,
+not only its top); with neither (musl, macOS) nothing is done.
 """
 
 from __future__ import annotations
@@ -23,21 +27,51 @@ log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+#: jemalloc's `mallctl` name for "every arena" (MALLCTL_ARENAS_ALL).
+_PURGE_ALL = b"arena.4096.purge"
+
+
+#: jemalloc's `mallctl` name for "every arena" (MALLCTL_ARENAS_ALL).
+_PURGE_ALL = b"arena.4096.purge"
+
+
 @functools.cache
-def _trim_function() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, by its soname (no `find_library`: that runs ldconfig, at every
-    start of every process that imports this); None without glibc."""
+def _trimmer() -> tuple[str, Callable[[], object]] | None:
+    """The allocator and what returns its free pages: jemalloc's purge when jemalloc is this
+    process's malloc (its `mallctl` is among the symbols the process was linked or preloaded
+    with), else glibc's malloc_trim (by its soname: no `find_library`, which runs ldconfig at
+    every start of every process that imports this), else None."""
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        mallctl = None
+    if mallctl is not None:
+        mallctl.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+        ]
+        mallctl.restype = ctypes.c_int
+        return "jemalloc", lambda: mallctl(_PURGE_ALL, None, None, None, 0)
+    try:
+        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return "glibc", lambda: malloc_trim(0)
+
+
+def allocator() -> str | None:
+    """Which allocator the trim talks to: "jemalloc", "glibc" or None."""
+    trimmer = _trimmer()
+    return trimmer[0] if trimmer is not None else None
 
 
 def available() -> bool:
-    return _trim_function() is not None
+    return _trimmer() is not None
 
 
 def resident_bytes() -> int | None:
@@ -53,11 +87,11 @@ def trim() -> int:
     """Return the heap's free pages to the system; the resident bytes that went (0 when none,
     or where it cannot be measured or done). It takes the allocator's lock for as long as it
     walks the heap: milliseconds for a heap of a few hundred MB."""
-    trim_function = _trim_function()
-    if trim_function is None:
+    trimmer = _trimmer()
+    if trimmer is None:
         return 0
     before = resident_bytes()
-    trim_function(0)
+    trimmer[1]()
     after = resident_bytes()
     if before is None or after is None:
         return 0
@@ -66,9 +100,9 @@ def trim() -> int:
 
 async def trim_periodically(interval: float, on_trim: Callable[[int], None]) -> None:
     """Trim every `interval` seconds until cancelled; `on_trim` gets the bytes returned."""
-    if interval <= 0 or _trim_function() is None:
+    if interval <= 0 or _trimmer() is None:
         if interval > 0:
-            log.info("memory trim: no glibc malloc_trim here, nothing to do")
+            log.info("memory trim: neither jemalloc nor glibc's malloc_trim here, nothing to do")
         return
     while True:
         await asyncio.sleep(interval)

@@ -362,9 +362,12 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.workerIdleTimeout | quote }}
 - name: SLURMJOB_MEMORY_TRIM_INTERVAL
   value: {{ .Values.memoryTrimInterval | quote }}
-# Python's objects in glibc's heap, so that the trim above gives them back.
+# Python's objects in the C allocator, so that the trim above gives them back; jemalloc's
+# settings when the image preloads it (this chart's image does: Dockerfile), else unused.
 - name: PYTHONMALLOC
   value: malloc
+- name: MALLOC_CONF
+  value: background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0
 - name: SLURMJOB_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
 - name: SLURMJOB_METRICS_ADDRESS
