@@ -31,10 +31,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PURGE_ALL = b"arena.4096.purge"
 
 
-#: jemalloc's `mallctl` name for "every arena" (MALLCTL_ARENAS_ALL).
-_PURGE_ALL = b"arena.4096.purge"
-
-
 @functools.cache
 def _trimmer() -> tuple[str, Callable[[], object]] | None:
     """The allocator and what returns its free pages: jemalloc's purge when jemalloc is this
@@ -100,10 +96,13 @@ def trim() -> int:
 
 async def trim_periodically(interval: float, on_trim: Callable[[int], None]) -> None:
     """Trim every `interval` seconds until cancelled; `on_trim` gets the bytes returned."""
-    if interval <= 0 or _trimmer() is None:
+    trimmer = _trimmer()
+    if interval <= 0 or trimmer is None:
         if interval > 0:
             log.info("memory trim: neither jemalloc nor glibc's malloc_trim here, nothing to do")
         return
+    # Which one: an image without jemalloc runs on glibc's heap, with other figures (helm.md).
+    log.info("memory trim: %s, every %g s", trimmer[0], interval)
     while True:
         await asyncio.sleep(interval)
         on_trim(trim())

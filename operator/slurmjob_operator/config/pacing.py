@@ -96,7 +96,8 @@ class PacingSettings(BaseSettings):
         ge=0,
         description=(
             "Seconds between two returns of the allocator's free memory to the system "
-            "(glibc's malloc_trim; the image runs with PYTHONMALLOC=malloc so that Python's "
-            "objects are in that heap); 0 never trims."
+            "(jemalloc's purge where jemalloc is the process's malloc, as the image preloads "
+            "it, else glibc's malloc_trim; the image runs with PYTHONMALLOC=malloc so that "
+            "Python's objects are in that heap); 0 never trims."
         ),
     )
