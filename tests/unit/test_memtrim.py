@@ -141,3 +141,4 @@ def test_the_bench_measures_the_allocator_the_image_and_the_chart_ship() -> None
         else:
             assert f"- name: {name}\n  value: {value}\n" in env
     assert "apt-get install -y --no-install-recommends libjemalloc2" in dockerfile
+    assert "COPY --from=jemalloc /jemalloc/libjemalloc.so.2 /usr/local/lib/" in dockerfile
