@@ -12,7 +12,7 @@ import kopf
 import pytest
 
 from slurmjob_operator import memtrim
-from slurmjob_operator.config import Settings
+from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.handlers.lifecycle import configure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,3 +142,24 @@ def test_the_bench_measures_the_allocator_the_image_and_the_chart_ship() -> None
             assert f"- name: {name}\n  value: {value}\n" in env
     assert "apt-get install -y --no-install-recommends libjemalloc2" in dockerfile
     assert "COPY --from=jemalloc /jemalloc/libjemalloc.so.2 /usr/local/lib/" in dockerfile
+
+
+def test_the_operators_allocator_settings_never_reach_a_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The image's LD_PRELOAD and MALLOC_CONF are the operator's own: the job's environment
+    is the explicit one the render writes, so a cluster node without jemalloc never sees a
+    preload it cannot satisfy, and nothing of the operator's environment crosses into a job."""
+    from tests.unit.test_render import golden_render
+
+    monkeypatch.setenv("LD_PRELOAD", "libjemalloc.so.2")
+    monkeypatch.setenv("MALLOC_CONF", "background_thread:true")
+    monkeypatch.setenv("PYTHONMALLOC", "malloc")
+    rendered = golden_render(RuntimeProfile.APPTAINER, "cpu")
+    carried = [
+        rendered.launch.script,
+        repr(rendered.launch.environment),
+        *(f.content.decode() for f in rendered.files.values()),
+    ]
+    for name in ("LD_PRELOAD", "MALLOC_CONF", "PYTHONMALLOC", "jemalloc"):
+        assert not any(name in text for text in carried), name

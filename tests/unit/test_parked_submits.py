@@ -11,6 +11,7 @@ import copy
 from pathlib import Path
 
 from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.core.kueue.workload import QUEUE_LABEL
 
 from .controller_fakes import Bed, cpu_spec, make_bed
 
@@ -90,3 +91,21 @@ async def test_a_closed_service_drops_its_parked_submits_and_frees_the_slots(
     assert (slots.waiting, slots.held) == (0, 0)
     assert bed.slurm.submitted == []
     assert all(bed.store.status(ref).attempts == [] for ref in refs)
+
+
+async def test_a_handler_whose_submit_needs_a_fresh_read_parks_too(tmp_path: Path) -> None:
+    """A SlurmJob the watch's copy cannot settle (a Kueue queue label: decided on a fresh
+    read) waits parked as well when every slot is taken: its handler returns at once, and the
+    submit is made once, from a fresh read, when the slot frees."""
+    bed = make_bed(tmp_path, submit_concurrency=1)
+    ref = bed.store.create("queued", cpu_spec())
+    bed.store.touch(ref, **{QUEUE_LABEL: "team-queue"})
+    slots = bed.controller.submit_slots
+    async with slots.slot("elsewhere"):
+        await asyncio.wait_for(bed.controller.reconcile(ref, watched(bed, ref)), 1)
+        assert slots.waiting == 1
+        assert bed.slurm.submitted == []
+    await asyncio.wait_for(bed.controller.wakes.drain(), 5)
+    assert len(bed.slurm.submitted) == 1
+    assert bed.store.status(ref).phase is Phase.QUEUED
+    assert slots.waiting == slots.held == 0

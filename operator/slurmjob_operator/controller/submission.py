@@ -10,7 +10,8 @@ What changes a tenant's job (the POST, a cancel, hold and release) is done as th
 At most `submit_concurrency` submits at once; the others wait for a slot of the controller's
 `FairLimiter`, served round-robin by namespace (lock order: `Submission.reconcile`). A submit
 due from the watch's copy waits parked (the uid and that copy, no task, no kopf handler: the
-handler returns), so a burst of creates costs memory for small entries, not for handlers.
+handler returns; a handler never waits for a slot), so a burst of creates costs memory for
+small entries, not for handlers.
 """
 
 from __future__ import annotations
@@ -170,39 +171,50 @@ class Submission:
                     if self.expiry is not None and next_step(seen.status) is Step.DONE:
                         await self.expiry.look(seen)
                     return
-                held = self._limiter.try_slot()
-                if held is None:
-                    # Every slot taken: the handler returns, and the submit waits parked, as
-                    # the uid and this copy (`FairLimiter.park`), then runs as a wake.
-                    self._limiter.park(ref.namespace, ref.uid, self._parked(seen))
-                    return
-                await self._submit_seen(seen, held)
+                await self._in_slot(ref, seen, park=True)
                 return
         if not await self._step(ref, slot=None):
             return
-        async with self._limiter.slot(ref.namespace) as held:
-            await self._step(ref, slot=held)
+        # A handler's call (`seen` given) waits for no slot either; a wake's or a test's does.
+        await self._in_slot(ref, None, park=seen is not None)
 
-    async def _submit_seen(self, seen: ResourceView, held: Held) -> None:
-        """The due submit of `seen`, in the slot `held` (given back at the latest here)."""
+    async def _in_slot(self, ref: ObjectRef, seen: ResourceView | None, *, park: bool) -> None:
+        """The due submit of `ref` in a slot, from `seen` or a fresh read. With `park`, when
+        every slot is taken the caller returns at once and the submit waits parked (the uid
+        and `seen`: `FairLimiter.park`), to run as a wake once granted."""
+        if not park:
+            async with self._limiter.slot(ref.namespace) as held:
+                await self._submit(ref, seen, held)
+            return
+        free = self._limiter.try_slot()
+        if free is None:
+            self._limiter.park(ref.namespace, ref.uid, self._parked(ref, seen))
+            return
+        await self._submit(ref, seen, free)
+
+    async def _submit(self, ref: ObjectRef, seen: ResourceView | None, held: Held) -> None:
+        """The due submit in the slot `held` (given back at the latest here): from `seen`, a
+        conditioned copy read again once when it is stale (a second conflict is a wake, like
+        any RetryLater), or from a fresh read."""
         try:
+            if seen is None:
+                await self._step(ref, slot=held)
+                return
             try:
-                await self._step(seen.ref, slot=held, seen=seen if seen.resource_version else None)
+                await self._step(ref, slot=held, seen=seen if seen.resource_version else None)
             except Stale:
-                # Changed since the watch saw it: read again and decide again (a second
-                # conflict is a wake, like any RetryLater).
-                await self._step(seen.ref, slot=held)
+                await self._step(ref, slot=held)
         finally:
             held.release()
 
-    def _parked(self, seen: ResourceView) -> Start:
-        """What a parked submit starts once granted a slot: the step from `seen` as a wake
-        (its RetryLater and failures become wakes, `close` cancels it), the slot given back
-        however it ends."""
+    def _parked(self, ref: ObjectRef, seen: ResourceView | None) -> Start:
+        """What a parked submit starts once granted a slot: the step as a wake (its RetryLater
+        and failures become wakes, `close` cancels it), the slot given back however it
+        ends."""
 
         def start(held: Held) -> bool:
             return self.following.wakes.run(
-                seen.ref, lambda _: self._submit_seen(seen, held), done=held.release
+                ref, lambda _: self._submit(ref, seen, held), done=held.release
             )
 
         return start
