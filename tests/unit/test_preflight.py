@@ -11,9 +11,11 @@ import pytest
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.launch import StagedFile
+from slurmjob_operator.site import preflight
 from slurmjob_operator.site.catalogs import ArtifactFormat
 from slurmjob_operator.site.preflight import (
     PreflightError,
+    check_bash_syntax,
     check_env_file,
     check_rendered,
     find_shellcheck,
@@ -61,6 +63,50 @@ def test_syntax_error_is_caught() -> None:
     broken = _with_script(rendered, rendered.launch.script + "\nif then fi (\n")
     with pytest.raises(PreflightError, match="does not parse"):
         check_rendered(broken, values, _body(broken))
+
+
+@pytest.mark.parametrize("memfd", [True, False], ids=["memfd", "pipe"])
+def test_bash_reads_the_script_from_memory_or_a_pipe_alike(
+    memfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same verdict and message whether bash reads the script from a file in memory or,
+    where there is none, from a pipe; a script larger than a pipe's buffer included."""
+    if not memfd:
+        monkeypatch.delattr(preflight.os, "memfd_create", raising=False)
+    script, _ = _rendered()
+    large = script.launch.script + "\n" + "echo padding-line-of-the-script\n" * 8000
+    assert len(large) > 200_000
+    check_bash_syntax(large)
+    # Where bash says the open quote ends: it read the whole script, not a buffer's worth.
+    line = large.count("\n") + 1
+    with pytest.raises(PreflightError, match=f"line {line}: unexpected EOF while looking for"):
+        check_bash_syntax(large + 'echo "unclosed\n')
+    with pytest.raises(PreflightError, match="unexpected token"):
+        check_bash_syntax("#!/bin/bash\nif true; then\n}\n")
+
+
+def test_the_script_file_in_memory_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No descriptor is left behind per check, passed or refused."""
+    closed: list[int] = []
+    real_close = preflight.os.close
+    made: list[int] = []
+    real_memfd = preflight.os.memfd_create
+
+    def memfd_create(name: str, flags: int = 0) -> int:
+        made.append(real_memfd(name, flags))
+        return made[-1]
+
+    def close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(preflight.os, "memfd_create", memfd_create)
+    monkeypatch.setattr(preflight.os, "close", close)
+    check_bash_syntax("#!/bin/bash\necho ok\n")
+    with pytest.raises(PreflightError):
+        check_bash_syntax("#!/bin/bash\nif\n")
+    assert len(made) == 2
+    assert set(made) <= set(closed)
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ class PacingSettings(BaseSettings):
         description="Seconds a deletion waits for a cancelled job to end before trying again.",
     )
     submit_concurrency: int = Field(
-        default=8,
+        default=16,
         ge=1,
         le=256,
         description=(

@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 from typing import Self
 
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
+from yarl import URL
 
 COMPONENT = "slurmjob-operator"
 MERGE_PATCH = "application/merge-patch+json"
@@ -26,6 +28,31 @@ def api_message(exc: ApiException) -> str:
         return ""
     message = body.get("message") if isinstance(body, dict) else None
     return str(message)[:2048] if message else ""
+
+
+def _proxy_from_env(configuration: k8s.Configuration) -> None:
+    """A proxy the environment names for the apiserver (HTTPS_PROXY, NO_PROXY), read once: the
+    configuration's own (a kubeconfig's proxy-url) wins."""
+    if configuration.proxy:
+        return
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(configuration.host))
+    except LookupError:
+        return
+    configuration.proxy = str(proxy)
+    if auth is not None:
+        configuration.proxy_headers = {"Proxy-Authorization": auth.encode()}
+
+
+def _no_lookups_per_request(api: k8s.ApiClient) -> None:
+    """kubernetes_asyncio's session trusts the environment, so aiohttp looked for a proxy and
+    read ~/.netrc in a worker thread before every request: two thread hops per status write
+    and Event at every submission. The proxy is read once (`_proxy_from_env`), and netrc can
+    give nothing here (the client sends its own Authorization header, which aiohttp refuses to
+    combine with netrc's)."""
+    session = api.rest_client.pool_manager
+    if session.trust_env:
+        session._trust_env = False  # no public setter; tests/unit/test_kube_base.py checks it
 
 
 class Edge:
@@ -51,7 +78,10 @@ class Edge:
                 config_file=str(kubeconfig) if kubeconfig else None,
                 client_configuration=configuration,
             )
-        return cls(k8s.ApiClient(configuration))
+        _proxy_from_env(configuration)
+        api = k8s.ApiClient(configuration)
+        _no_lookups_per_request(api)
+        return cls(api)
 
     @property
     def api(self) -> k8s.ApiClient:

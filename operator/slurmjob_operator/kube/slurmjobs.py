@@ -105,4 +105,12 @@ class SlurmJobs(Edge):
             "lastTimestamp": rfc3339(now),
             "count": 1,
         }
-        await self._core.create_namespaced_event(ref.namespace, body)
+        # The answer read but not made into a V1Event (its timestamps parsed): nothing uses it.
+        answer = await self._core.create_namespaced_event(
+            ref.namespace, body, _preload_content=False
+        )
+        data = await answer.read()  # read whole: the connection goes back to the pool
+        if not 200 <= answer.status <= 299:
+            refused = ApiException(status=answer.status, reason=answer.reason)
+            refused.body, refused.headers = data, answer.headers
+            raise refused

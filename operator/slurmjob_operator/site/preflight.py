@@ -19,13 +19,15 @@ Error messages name the variable and the place, never the value.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from slurmjob_operator.api.scriptwords import reserved_env_name
@@ -50,19 +52,42 @@ def _forms(value: str) -> set[str]:
     return {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
 
 
+@contextlib.contextmanager
+def _script_input(script: bytes) -> Iterator[tuple[int | None, bytes | None]]:
+    """What `bash -n` reads the script from: a file in memory where the kernel has them.
+    bash reads a pipe one byte at a time (it must not read past what it executes), which
+    made the check of an 8 KB script cost 4 ms of CPU against 1.5 ms from a seekable file,
+    at every submission. The file has no path: nothing else can open or change it."""
+    try:
+        fd = os.memfd_create("job.sh", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # no memfd (not Linux, or refused): through a pipe
+        yield None, script
+        return
+    try:
+        view = memoryview(script)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd, None
+    finally:
+        os.close(fd)
+
+
 def check_bash_syntax(script: str) -> None:
     """Raise PreflightError when `bash -n` refuses the script."""
     bash = shutil.which("bash")
     if bash is None:
         raise PreflightError("bash is not on PATH: cannot syntax-check the batch script")
     try:
-        result = subprocess.run(
-            [bash, "-n"],
-            input=script.encode("utf-8"),
-            capture_output=True,
-            timeout=_BASH_TIMEOUT,
-            check=False,
-        )
+        with _script_input(script.encode("utf-8")) as (stdin, data):
+            result = subprocess.run(
+                [bash, "-n"],
+                stdin=stdin,
+                input=data,
+                capture_output=True,
+                timeout=_BASH_TIMEOUT,
+                check=False,
+            )
     except subprocess.TimeoutExpired as exc:
         raise PreflightError("bash -n did not finish on the batch script") from exc
     if result.returncode != 0:
