@@ -57,7 +57,7 @@ def _script_input(script: bytes) -> Iterator[tuple[int | None, bytes | None]]:
     """What `bash -n` reads the script from: a file in memory where the kernel has them.
     bash reads a pipe one byte at a time (it must not read past what it executes), which
     made the check of an 8 KB script cost 4 ms of CPU against 1.5 ms from a seekable file,
-    at every submission. The file has no path: nothing else can open or change it."""
+    at every submission. The file has no name in any filesystem: no other path leads to it."""
     try:
         fd = os.memfd_create("job.sh", os.MFD_CLOEXEC)
     except (AttributeError, OSError):  # no memfd (not Linux, or refused): through a pipe
