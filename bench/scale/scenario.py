@@ -218,6 +218,19 @@ async def cancel_all(ctx: Context, job_ids: list[int], concurrency: int = 16) ->
     return times
 
 
+#: How long a clean-up waits for cancelled bench jobs to end (COMPLETING holds their nodes).
+CLEAN_UP_WAIT = 60.0
+
+
+async def _ended(ctx: Context, seconds: float) -> None:
+    """Until no bench job is live any more: a cancelled job still COMPLETING holds its CPUs, and
+    the next run's queued jobs would start in its steady window (per-job reads counted there)."""
+    for _ in range(int(seconds / 0.5)):
+        if not await own_live_jobs(ctx):
+            return
+        await asyncio.sleep(0.5)
+
+
 async def clean_up(ctx: Context, process: Process | None) -> None:
     """No objects, no live bench jobs, no operator left; safe to call at any point."""
     if process is not None:
@@ -228,6 +241,7 @@ async def clean_up(ctx: Context, process: Process | None) -> None:
             if live:
                 log(f"cancelling {len(live)} live bench jobs")
                 await cancel_all(ctx, sorted(live))
+                await _ended(ctx, CLEAN_UP_WAIT)
         except SlurmError as exc:
             log(f"clean-up: Slurm: {exc}")
         items = await ctx.kube.list_all(NAMESPACE)
