@@ -85,6 +85,21 @@ def test_bash_reads_the_script_from_memory_or_a_pipe_alike(
         check_bash_syntax("#!/bin/bash\nif true; then\n}\n")
 
 
+def test_bash_n_runs_nothing_a_tenant_wrote(tmp_path: Path) -> None:
+    """The check parses and never executes: a command substitution, a redirection and a
+    command in the tenant's words leave no trace, and the script cannot read the check's own
+    input past itself (bash gets it from a file in memory, nothing after the script)."""
+    marker = tmp_path / "ran"
+    hostile = (
+        "#!/bin/bash\n"
+        f"touch {marker}\n"
+        f"echo $(touch {marker}.subst) > {marker}.redirect\n"
+        f'read -r line; echo "$line" > {marker}.stdin\n'
+    )
+    check_bash_syntax(hostile)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_script_file_in_memory_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """No descriptor is left behind per check, passed or refused."""
     closed: list[int] = []

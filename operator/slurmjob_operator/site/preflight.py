@@ -20,6 +20,7 @@ Error messages name the variable and the place, never the value.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -73,9 +74,15 @@ def _script_input(script: bytes) -> Iterator[tuple[int | None, bytes | None]]:
         os.close(fd)
 
 
+@functools.cache
+def _bash(path: str | None) -> str | None:
+    """bash on the operator's `path`, looked up once per PATH, not at every submission."""
+    return shutil.which("bash", path=path)
+
+
 def check_bash_syntax(script: str) -> None:
     """Raise PreflightError when `bash -n` refuses the script."""
-    bash = shutil.which("bash")
+    bash = _bash(os.environ.get("PATH"))
     if bash is None:
         raise PreflightError("bash is not on PATH: cannot syntax-check the batch script")
     try:
