@@ -89,13 +89,16 @@ demo-down: venv
 	$(BIN)/python -m tests.testbed.demo down
 
 # The scale bench of docs/benchmarks.md ("Scale"): the baseline and the operator, one after the
-# other, at each N of BENCH_SIZES, on the dev stack (started or re-used as dev-up does). Writes
-# docs/benchmarks/scale.json, the plots next to it and the Scale section. Hours at 10,000.
+# other, BENCH_REPEATS times at each N of BENCH_SIZES (the report gives medians), on the dev
+# stack (started or re-used as dev-up does). Writes docs/benchmarks/scale.json, the plots next
+# to it and the Scale section. Hours at 10,000.
 BENCH_SIZES ?= 1000,5000,10000
+BENCH_REPEATS ?= 3
 bench-scale: venv testbed
 	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet 'matplotlib>=3.8'
 	$(BIN)/python -m tests.testbed.dev up --slurm 26.05
-	PYTHONPATH=$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m bench.scale --sizes $(BENCH_SIZES)
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m bench.scale --sizes $(BENCH_SIZES) \
+		--repeats $(BENCH_REPEATS)
 
 # The wheel, the sdist, the chart package and the image build context of the version in
 # slurmjob_operator/__init__.py, into dist/ (refused when the chart, the Dockerfile or

@@ -2,9 +2,10 @@
 
     PYTHONPATH=operator:. .venv/bin/python -m bench.scale --sizes 1000,5000,10000
 
-Starts (or re-uses) the dev stack as `make dev-up` does, runs the baseline and then the
-operator for each N and shape (never at the same time), writes the JSON results, the plots and
-the "Scale" section of docs/benchmarks.md. `--report-only` redoes the last two from a JSON.
+Starts (or re-uses) the dev stack as `make dev-up` does, runs the baseline and the operator
+`--repeats` times for each N and shape (never at the same time; the order swapped in every
+second repeat), writes the JSON results, the plots and the "Scale" section of
+docs/benchmarks.md. `--report-only` redoes the last two from a JSON.
 """
 
 from __future__ import annotations
@@ -137,14 +138,16 @@ async def bench(
             )
             for n in args.sizes:
                 for shape in args.shapes:
-                    for kind in args.operators:
-                        t0 = time.time()
-                        scenario.log(f"== {kind} {shape} N={n}")
-                        run = await scenario.run(ctx, kind, shape, n, opts)
-                        run["wall_seconds"] = time.time() - t0
-                        results["runs"].append(run)
-                        if args.json:
-                            write_json(args.json, results)
+                    for repeat in range(args.repeats):
+                        for kind in order(args.operators, repeat):
+                            t0 = time.time()
+                            scenario.log(f"== {kind} {shape} N={n} (run {repeat + 1})")
+                            run = await scenario.run(ctx, kind, shape, n, opts)
+                            run["wall_seconds"] = time.time() - t0
+                            run["repeat"] = repeat
+                            results["runs"].append(run)
+                            if args.json:
+                                write_json(args.json, results)
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
@@ -153,6 +156,12 @@ async def bench(
     if args.logtail:
         results["logtail"] = logtail.measure()
     return results
+
+
+def order(operators: list[str], repeat: int) -> list[str]:
+    """The operators in the order of one repeat: reversed in every second one, so that neither
+    always runs first (on a Slurm and an apiserver the other just left) in a median of three."""
+    return list(reversed(operators)) if repeat % 2 else list(operators)
 
 
 def write_json(path: Path, results: dict[str, Any]) -> None:
@@ -166,6 +175,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default=sizes, type=lambda s: [int(x) for x in s.split(",") if x])
     p.add_argument("--operators", default="baseline,operator", type=lambda s: s.split(","))
     p.add_argument("--shapes", default="live,backlog", type=lambda s: s.split(","))
+    repeats = int(os.environ.get("BENCH_REPEATS") or "3")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help="runs of each operator at each N and shape; the report gives their medians",
+    )
     p.add_argument("--interval", type=float, default=10.0)
     p.add_argument("--steady-intervals", type=int, default=3)
     p.add_argument("--change-rounds", type=int, default=2)
@@ -186,6 +202,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-report", dest="report", action="store_false")
     p.add_argument("--report-only", action="store_true", help="plots and doc from --json")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the record in the results
     return args
 

@@ -74,14 +74,37 @@ ROWS: list[tuple[str, tuple[str, ...], float, str, bool]] = [
 ]
 
 
-def _pair(results: dict[str, Any], n: int, shape: str) -> tuple[dict[str, Any] | None, ...]:
-    def find(kind: str) -> dict[str, Any] | None:
-        return next(
-            (r for r in results["runs"] if (r["operator"], r["shape"], r["n"]) == (kind, shape, n)),
+def _runs(results: dict[str, Any], kind: str, n: int, shape: str) -> list[dict[str, Any]]:
+    """The runs of one operator at one N and shape, in the order they were made."""
+    return [r for r in results["runs"] if (r["operator"], r["shape"], r["n"]) == (kind, shape, n)]
+
+
+def _median(runs: list[dict[str, Any]], path: tuple[str, ...]) -> float | None:
+    """The median of a figure over the runs that have it (the lower middle of an even count:
+    a figure that was measured, not a mean of two)."""
+    values = sorted(v for v in (_get(r, *path) for r in runs) if isinstance(v, int | float))
+    if not values:
+        return None
+    return float(values[(len(values) - 1) // 2])
+
+
+def submit_ratios(results: dict[str, Any], n: int, shape: str) -> list[float]:
+    """The operator's apply → Submitted throughput over the baseline's, per repeat (the two
+    runs of a repeat follow each other on the same machine)."""
+    ratios = []
+    for base in _runs(results, "baseline", n, shape):
+        ours = next(
+            (
+                r
+                for r in _runs(results, "operator", n, shape)
+                if r.get("repeat", 0) == base.get("repeat", 0)
+            ),
             None,
         )
-
-    return find("baseline"), find("operator")
+        b, o = _get(base, "submit", "per_second"), _get(ours, "submit", "per_second")
+        if b and o:
+            ratios.append(o / b)
+    return ratios
 
 
 def table(results: dict[str, Any]) -> str:
@@ -90,16 +113,18 @@ def table(results: dict[str, Any]) -> str:
         {(r["n"], r["shape"]) for r in results["runs"]}, key=lambda c: (c[0], c[1] != "live")
     )
     for n, shape in combos:
-        base, ours = _pair(results, n, shape)
+        base, ours = _runs(results, "baseline", n, shape), _runs(results, "operator", n, shape)
         what = "created while it runs" if shape == "live" else "backlog created before it starts"
+        count = max(len(base), len(ours))
+        median = f", median of {count} runs each" if count > 1 else ""
         out += [
-            f"#### N = {n:,}, {what}",
+            f"#### N = {n:,}, {what}{median}",
             "",
             "| measured | baseline (per-object timers) | operator |",
             "| --- | ---: | ---: |",
         ]
         for label, path, scale, unit, lower in ROWS:
-            b, o = _get(base, *path), _get(ours, *path)
+            b, o = _median(base, path), _median(ours, path)
             if b is None and o is None:
                 continue
             bs = _num(b / scale if b is not None else None, unit)
@@ -113,9 +138,20 @@ def table(results: dict[str, Any]) -> str:
             if label.startswith("bulk delete") and shape == "backlog":
                 label += ", right after a SIGKILL and restart"
             out.append(f"| {label} | {bs} | {os_}{note} |")
-        for run in (base, ours):
-            if run and run.get("error"):
-                out.append(f"\n{run['operator']}: stopped early: `{run['error']}`")
+        ratios = submit_ratios(results, n, shape)
+        if len(ratios) > 1:
+            each = " / ".join(f"{r:.2f}" for r in ratios)
+            middle = sorted(ratios)[(len(ratios) - 1) // 2]
+            out.append(
+                f"| apply → Submitted, operator over baseline per run | | {each}; "
+                f"median **{middle:.2f}x** |"
+            )
+        for run in (*base, *ours):
+            if run.get("error"):
+                out.append(
+                    f"\n{run['operator']} (run {run.get('repeat', 0) + 1}): stopped early: "
+                    f"`{run['error']}`"
+                )
         out.append("")
     return "\n".join(out)
 
@@ -130,9 +166,11 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     img.mkdir(parents=True, exist_ok=True)
     written = []
     runs = results["runs"]
+    # Over time, one run of each (the first repeat): three of each would hide one another.
+    firsts = [r for r in runs if r.get("repeat", 0) == 0]
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in runs:
+    for r in firsts:
         series = r.get("rss_series") or []
         if series:
             ax.plot(
@@ -153,12 +191,12 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for kind in ("baseline", "operator"):
         for shape in ("live", "backlog"):
-            pts = sorted(
-                (r["n"], _get(r, "steady", "slurm", "requests"))
-                for r in runs
-                if (r["operator"], r["shape"]) == (kind, shape)
-                and _get(r, "steady", "slurm", "requests") is not None
+            sizes = sorted({r["n"] for r in runs if (r["operator"], r["shape"]) == (kind, shape)})
+            medians = (
+                (n, _median(_runs(results, kind, n, shape), ("steady", "slurm", "requests")))
+                for n in sizes
             )
+            pts = [(n, m) for n, m in medians if m is not None]
             if pts:
                 ax.plot(
                     [p[0] for p in pts],
@@ -178,7 +216,7 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for r in runs:
+    for r in firsts:
         delays = _get(r, "change", "delays") or []
         if delays:
             ax.step(
@@ -221,7 +259,9 @@ def section(results: dict[str, Any]) -> str:
             "",
         ]
     walls = [
-        f"{r['operator']} {r['shape']} N={r['n']:,}: {r.get('wall_seconds', 0):.0f} s"
+        f"{r['operator']} {r['shape']} N={r['n']:,}"
+        f"{' run ' + str(r['repeat'] + 1) if 'repeat' in r else ''}: "
+        f"{r.get('wall_seconds', 0):.0f} s"
         for r in results["runs"]
     ]
     lines += ["Wall time per run: " + "; ".join(walls) + ".", ""]

@@ -31,6 +31,7 @@ def test_scale_bench_smoke(kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path
         [
             f"--sizes={N}",
             "--shapes=live",
+            "--repeats=1",
             f"--interval={INTERVAL:g}",
             "--steady-intervals=2",
             "--change-rounds=1",
