@@ -5,7 +5,8 @@
 Starts (or re-uses) the dev stack as `make dev-up` does, runs the baseline and the operator
 `--repeats` times for each N and shape (never at the same time; the order swapped in every
 second repeat), writes the JSON results, the plots and the "Scale" section of
-docs/benchmarks.md. `--report-only` redoes the last two from a JSON.
+docs/benchmarks.md. `--report-only` redoes the last two from a JSON, or from several
+invocations' JSONs of the same code (`--merge`, `merging`): a full run in parts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tests.integration.sitefiles import site_env  # noqa: E402
 from tests.k8s import kube as kubebed  # noqa: E402
 from tests.testbed import slurm as slurmbed  # noqa: E402
 
-from bench.scale import logtail, report, scenario  # noqa: E402
+from bench.scale import logtail, merging, report, scenario  # noqa: E402
 from bench.scale.kubeapi import Kube  # noqa: E402
 from bench.scale.requests import RequestLog  # noqa: E402
 from slurmjob_operator.config import Settings  # noqa: E402
@@ -124,6 +125,8 @@ async def bench(
         "slurm": tb.name,
         "interval": args.interval,
         "options": vars(args),
+        # What a merge of several invocations checks (`merging`): the same code in each.
+        "source": merging.provenance(ROOT),
         "runs": [],
     }
     pki = kubebed.PKI_DIR
@@ -201,16 +204,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-logtail", dest="logtail", action="store_false")
     p.add_argument("--no-report", dest="report", action="store_false")
     p.add_argument("--report-only", action="store_true", help="plots and doc from --json")
+    p.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="JSON",
+        help="with --report-only: the results of several invocations of the same code "
+        "(repeatable), merged into --json, then reported",
+    )
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.merge and not args.report_only:
+        p.error("--merge goes with --report-only")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the record in the results
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.report_only:
+    if args.report_only and args.merge:
+        parts = [(str(path), json.loads(path.read_text())) for path in args.merge]
+        try:
+            results = merging.merge(parts)
+        except merging.MergeRefused as exc:
+            raise SystemExit(f"not merged: {exc}") from exc
+        write_json(args.json, results)
+    elif args.report_only:
         results = json.loads(args.json.read_text())
     else:
         log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="slurmjob-bench-scale-"))

@@ -1,8 +1,10 @@
 """The scale bench's report (bench/scale/report.py) over repeated runs: medians per figure, the
-throughput ratio per repeat and its median, the order of the operators in each repeat."""
+throughput ratio per repeat and its median, the order of the operators in each repeat; and the
+merge of several invocations' results (bench/scale/merging.py), only of the same code."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.scale import report  # noqa: E402
+from bench.scale import merging, report  # noqa: E402
 from bench.scale.__main__ import order, parse  # noqa: E402
 
 
@@ -91,3 +93,84 @@ def test_repeats_default_and_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as refused:
         parse(["--repeats=0"])
     assert refused.value.code == 2
+
+
+TREES = {"operator": "a1", "templates": "b2", "bench": "c3"}
+
+
+def _part(*runs: dict[str, Any], trees: dict[str, str] = TREES, dirty: bool = False) -> Any:
+    return {
+        "started": "2026-12-06 02:33 UTC",
+        "command": "python -m bench.scale",
+        "machine": "2 CPUs",
+        "slurm": "26.05.5",
+        "interval": 10.0,
+        "source": {"commit": "f00", "trees": dict(trees), "dirty": dirty},
+        "runs": list(runs),
+    }
+
+
+def test_merge_numbers_the_repeats_again() -> None:
+    one = _part(_run("baseline", 0, 60.0, 1), _run("operator", 0, 45.0, 1))
+    two = _part(_run("operator", 0, 30.0, 1), _run("baseline", 0, 60.0, 1))
+    merged = merging.merge([("one", one), ("two", two)])
+    assert [(r["operator"], r["repeat"]) for r in merged["runs"]] == [
+        ("baseline", 0),
+        ("operator", 0),
+        ("operator", 1),
+        ("baseline", 1),
+    ]
+    assert report.submit_ratios(merged, 1000, "live") == [0.75, 0.5]
+    assert merged["parts"] == ["one", "two"]
+    assert merged["source"] == {"commits": ["f00"], "trees": TREES, "dirty": False}
+    # A merged document merges again with a part of the same code.
+    again = merging.merge([("merged", merged), ("one", one)])
+    assert [r["repeat"] for r in again["runs"]][-2:] == [2, 2]
+
+
+def test_merge_refuses_other_or_unknown_code() -> None:
+    ours = _part(_run("operator", 0, 45.0, 1))
+    cases = {
+        "other code": _part(trees={**TREES, "operator": "zz"}),
+        "with changes": _part(dirty=True),
+        "no record": {k: v for k, v in ours.items() if k != "source"},
+        "a tree missing": _part(trees={"operator": "a1", "templates": "b2"}),
+        "another machine": {**ours, "machine": "64 CPUs"},
+    }
+    for case, part in cases.items():
+        with pytest.raises(merging.MergeRefused):
+            merging.merge([("ours", ours), (case, part)])
+    with pytest.raises(merging.MergeRefused):
+        merging.merge([])
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_provenance_records_trees_and_changes(tmp_path: Path) -> None:
+    assert merging.provenance(tmp_path) is None  # not a checkout
+    for path in ("operator/x.py", "templates/t.j2", "bench/b.py", "README.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "c")
+    clean = merging.provenance(tmp_path)
+    assert clean is not None
+    assert clean["dirty"] is False
+    assert all(clean["trees"][path] for path in merging.MEASURED)
+    (tmp_path / "README.md").write_text("2\n")  # not a measured path
+    assert merging.provenance(tmp_path) == clean
+    (tmp_path / "bench" / "new.py").write_text("untracked\n")
+    assert merging.provenance(tmp_path)["dirty"] is True  # type: ignore[index]
+    (tmp_path / "bench" / "new.py").unlink()
+    (tmp_path / "operator" / "x.py").write_text("2\n")
+    changed = merging.provenance(tmp_path)
+    assert changed is not None
+    assert changed["dirty"] is True
+    assert changed["trees"] == clean["trees"]  # HEAD's trees: the change is what dirty says
