@@ -9,6 +9,8 @@ DOC_BEGIN = "<!-- scale:begin -->"
 DOC_END = "<!-- scale:end -->"
 IMG = Path("docs") / "benchmarks"
 MB = 1e6
+#: Issue 24's floor for the operator's submission rate over the baseline's (median of three).
+TARGET_RATIO = 0.75
 
 
 def _num(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -79,13 +81,16 @@ def _runs(results: dict[str, Any], kind: str, n: int, shape: str) -> list[dict[s
     return [r for r in results["runs"] if (r["operator"], r["shape"], r["n"]) == (kind, shape, n)]
 
 
+def middle(values: list[float]) -> float:
+    """The median, the lower middle of an even count: a figure that was measured, not a mean
+    of two."""
+    return float(sorted(values)[(len(values) - 1) // 2])
+
+
 def _median(runs: list[dict[str, Any]], path: tuple[str, ...]) -> float | None:
-    """The median of a figure over the runs that have it (the lower middle of an even count:
-    a figure that was measured, not a mean of two)."""
-    values = sorted(v for v in (_get(r, *path) for r in runs) if isinstance(v, int | float))
-    if not values:
-        return None
-    return float(values[(len(values) - 1) // 2])
+    """The median of a figure over the runs that have it."""
+    values = [v for v in (_get(r, *path) for r in runs) if isinstance(v, int | float)]
+    return middle(values) if values else None
 
 
 def submit_ratios(results: dict[str, Any], n: int, shape: str) -> list[float]:
@@ -107,12 +112,22 @@ def submit_ratios(results: dict[str, Any], n: int, shape: str) -> list[float]:
     return ratios
 
 
-def table(results: dict[str, Any]) -> str:
-    out = []
-    combos = sorted(
+def _combos(results: dict[str, Any]) -> list[tuple[int, str]]:
+    """(N, shape) of the runs, by N, live before backlog."""
+    return sorted(
         {(r["n"], r["shape"]) for r in results["runs"]}, key=lambda c: (c[0], c[1] != "live")
     )
-    for n, shape in combos:
+
+
+def ratio_rows(results: dict[str, Any]) -> list[tuple[str, list[float]]]:
+    """("N shape", the submission ratio of each repeat) where both operators ran."""
+    rows = [(f"{n:,} {shape}", submit_ratios(results, n, shape)) for n, shape in _combos(results)]
+    return [(label, ratios) for label, ratios in rows if ratios]
+
+
+def table(results: dict[str, Any]) -> str:
+    out = []
+    for n, shape in _combos(results):
         base, ours = _runs(results, "baseline", n, shape), _runs(results, "operator", n, shape)
         what = "created while it runs" if shape == "live" else "backlog created before it starts"
         count = max(len(base), len(ours))
@@ -141,10 +156,9 @@ def table(results: dict[str, Any]) -> str:
         ratios = submit_ratios(results, n, shape)
         if len(ratios) > 1:
             each = " / ".join(f"{r:.2f}" for r in ratios)
-            middle = sorted(ratios)[(len(ratios) - 1) // 2]
             out.append(
                 f"| apply → Submitted, operator over baseline per run | | {each}; "
-                f"median **{middle:.2f}x** |"
+                f"median **{middle(ratios):.2f}x** |"
             )
         for run in (*base, *ours):
             if run.get("error"):
@@ -156,7 +170,8 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plots(results: dict[str, Any], root: Path) -> list[Path]:
+def plots(results: dict[str, Any], root: Path, stem: str = "scale") -> list[Path]:
+    """The PNGs under docs/benchmarks, named `<stem>-<what>.png`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,7 +199,7 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     ax.set_title("Operator RSS over a run (submit, steady, change, restart, delete)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    written.append(img / "scale-rss.png")
+    written.append(img / f"{stem}-rss.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
@@ -211,7 +226,7 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     ax.set_title("Steady polling cost against N")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(img / "scale-requests.png")
+    written.append(img / f"{stem}-requests.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
@@ -231,9 +246,25 @@ def plots(results: dict[str, Any], root: Path) -> list[Path]:
     ax.set_title("State-change propagation (CDF)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    written.append(img / "scale-propagation.png")
+    written.append(img / f"{stem}-propagation.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
+
+    rows = ratio_rows(results)
+    if rows:
+        fig, ax = plt.subplots(figsize=(6.5, 0.6 * len(rows) + 1.6))
+        for y, (_, ratios) in enumerate(rows):
+            ax.plot(ratios, [y] * len(ratios), "o", color="tab:blue", alpha=0.6)
+            ax.plot([middle(ratios)], [y], "|", color="black", markersize=18)
+        ax.axvline(TARGET_RATIO, color="tab:red", ls=":", lw=1, label=f"target {TARGET_RATIO}x")
+        ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+        ax.set_ylim(len(rows) - 0.3, -0.7)  # the first row on top
+        ax.set_xlabel("apply → Submitted rate, operator over baseline (dots: runs; bar: median)")
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        written.append(img / f"{stem}-ratios.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
     return written
 
 
@@ -270,6 +301,8 @@ def section(results: dict[str, Any]) -> str:
         "![slurmrestd requests per interval against N](benchmarks/scale-requests.png)",
         "![propagation CDF](benchmarks/scale-propagation.png)",
     ]
+    if any(len(ratios) > 1 for _, ratios in ratio_rows(results)):
+        lines.append("![submission rate ratio per run](benchmarks/scale-ratios.png)")
     return "\n".join(lines)
 
 

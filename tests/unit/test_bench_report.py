@@ -71,6 +71,23 @@ def test_table_gives_medians_and_the_median_ratio() -> None:
     assert "0.75 / 0.50 / 0.80; median **0.75x**" in text
 
 
+def test_ratio_rows_by_size_live_first() -> None:
+    results = _results(
+        {**_run("baseline", 0, 50.0, 1), "n": 5000},
+        {**_run("operator", 0, 40.0, 1), "n": 5000},
+        {**_run("baseline", 0, 60.0, 1), "shape": "backlog"},
+        {**_run("operator", 0, 30.0, 1), "shape": "backlog"},
+        _run("baseline", 0, 60.0, 1),
+        _run("operator", 0, 45.0, 1),
+        {**_run("operator", 0, 45.0, 1), "n": 10000},  # no baseline: no ratio
+    )
+    assert report.ratio_rows(results) == [
+        ("1,000 live", [0.75]),
+        ("1,000 backlog", [0.5]),
+        ("5,000 live", [0.8]),
+    ]
+
+
 def test_one_run_each_reads_as_before() -> None:
     results = _results(_run("baseline", 0, 60.0, 100e6), _run("operator", 0, 45.0, 200e6))
     text = report.table(results)
