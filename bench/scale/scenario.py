@@ -32,6 +32,7 @@ from bench.scale import requests as reqs
 from bench.scale.kubeapi import BATCH_LABEL, BATCH_SIZE, Kube, Watcher, etcd_db_size
 from bench.scale.sampler import Sampler
 from slurmjob_operator.config import Settings
+from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.slurm.auth import MintedToken
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
@@ -196,11 +197,11 @@ async def own_live_jobs(ctx: Context) -> dict[int, str]:
     """Live jobs of the bench (name prefix) owned by the job user: id -> name. Never another
     user's: a refused cancel hangs slurmctld 26.05.5."""
     listing = await ctx.slurm.list_jobs()
-    return {
-        j.job_id: j.name
-        for j in listing.jobs
-        if j.name.startswith(JOB_PREFIX) and j.user == ctx.slurm_user and not j.is_final
-    }
+    return {j.job_id: j.name for j in listing.jobs if _own_live(ctx, j)}
+
+
+def _own_live(ctx: Context, job: SlurmJobView) -> bool:
+    return job.name.startswith(JOB_PREFIX) and job.user == ctx.slurm_user and not job.is_final
 
 
 async def cancel_all(ctx: Context, job_ids: list[int], concurrency: int = 16) -> list[float]:
@@ -218,17 +219,22 @@ async def cancel_all(ctx: Context, job_ids: list[int], concurrency: int = 16) ->
     return times
 
 
-#: How long a clean-up waits for cancelled bench jobs to end (COMPLETING holds their nodes).
+#: How long a clean-up waits for the cluster's CPUs to be free (COMPLETING holds them too).
 CLEAN_UP_WAIT = 60.0
 
 
-async def _ended(ctx: Context, seconds: float) -> None:
-    """Until no bench job is live any more: a cancelled job still COMPLETING holds its CPUs, and
-    the next run's queued jobs would start in its steady window (per-job reads counted there)."""
+async def _quiet(ctx: Context, seconds: float) -> None:
+    """Until no bench job is live and no job of any user holds CPUs (running or completing;
+    read only, never cancelled): a job that ends during the next run's steady window frees
+    CPUs, that run's queued jobs start there, and their per-job reads are counted in it. A
+    bench job cancelled by the clean-up, or an earlier test's job under the smoke in
+    `make test`, is such a job."""
     for _ in range(int(seconds / 0.5)):
-        if not await own_live_jobs(ctx):
+        listing = await ctx.slurm.list_jobs()
+        if not any(j.base_state is BaseState.RUNNING or _own_live(ctx, j) for j in listing.jobs):
             return
         await asyncio.sleep(0.5)
+    log(f"clean-up: jobs still hold CPUs after {seconds:g} s; the run starts anyway")
 
 
 async def clean_up(ctx: Context, process: Process | None) -> None:
@@ -241,7 +247,7 @@ async def clean_up(ctx: Context, process: Process | None) -> None:
             if live:
                 log(f"cancelling {len(live)} live bench jobs")
                 await cancel_all(ctx, sorted(live))
-                await _ended(ctx, CLEAN_UP_WAIT)
+            await _quiet(ctx, CLEAN_UP_WAIT)
         except SlurmError as exc:
             log(f"clean-up: Slurm: {exc}")
         items = await ctx.kube.list_all(NAMESPACE)

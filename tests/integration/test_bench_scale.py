@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 
 N = 12
 INTERVAL = 2.0
-
-
-def _wait_quiet(slurm: SlurmTestbed, seconds: float = 90.0) -> None:
-    """Until no job of any user is running or completing on the cluster (read only): a job of
-    an earlier test that ends during the steady window frees CPUs, the smoke's queued jobs
-    start there, and their state changes are read per job, which the smoke counts."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        out = slurm.run("squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i", check=False)
-        if out.returncode == 0 and not out.stdout.strip():
-            return
-        time.sleep(0.5)
 
 
 @pytest.mark.timeout(330)
@@ -56,7 +43,6 @@ def test_scale_bench_smoke(kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path
             "--no-report",
         ]
     )
-    _wait_quiet(slurm_2605)
     results = asyncio.run(scale.bench(args, tmp_path, slurm_2605, kube))
     assert (tmp_path / "scale.json").exists()
     runs: dict[str, dict[str, Any]] = {r["operator"]: r for r in results["runs"]}

@@ -100,6 +100,18 @@ def test_bash_n_runs_nothing_a_tenant_wrote(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bash_is_looked_up_again_when_path_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bash is found on the operator's own PATH (never a tenant's: PATH is a reserved name in
+    a spec), once per PATH value: a PATH without bash refuses, the next PATH finds it again."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no bash there
+    with pytest.raises(PreflightError, match="bash is not on PATH"):
+        check_bash_syntax("#!/bin/bash\necho ok\n")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    check_bash_syntax("#!/bin/bash\necho ok\n")
+
+
 def test_the_script_file_in_memory_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """No descriptor is left behind per check, passed or refused."""
     closed: list[int] = []
