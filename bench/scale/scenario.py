@@ -237,6 +237,28 @@ async def _quiet(ctx: Context, seconds: float) -> None:
     log(f"clean-up: jobs still hold CPUs after {seconds:g} s; the run starts anyway")
 
 
+#: The longest wait for the bench's jobs to stop changing state before the steady window.
+SETTLE_WAIT = 60.0
+
+
+async def _settled(ctx: Context, interval: float) -> None:
+    """Until no bench job has changed state for two intervals (at most SETTLE_WAIT): a job the
+    scheduler starts after its submit is a change the operator reads once, by its id, at its
+    next sweep (at most an interval later); the steady window must not count that read."""
+    seen: dict[int, tuple[str, ...]] = {}
+    changed = time.monotonic()
+    deadline = changed + SETTLE_WAIT
+    while time.monotonic() < deadline:
+        listing = await ctx.slurm.list_jobs()
+        now = {j.job_id: j.raw_state for j in listing.jobs if _own_live(ctx, j)}
+        if now != seen:
+            seen, changed = now, time.monotonic()
+        elif time.monotonic() - changed >= 2 * interval:
+            return
+        await asyncio.sleep(max(0.5, interval / 4))
+    log(f"the bench's jobs still change state after {SETTLE_WAIT:g} s; steady window starts")
+
+
 async def clean_up(ctx: Context, process: Process | None) -> None:
     """No objects, no live bench jobs, no operator left; safe to call at any point."""
     if process is not None:
@@ -414,8 +436,8 @@ async def _run_phases(
     if not done:
         raise RuntimeError(f"only {len(latencies)} of {n} submitted in {opts.submit_timeout} s")
 
-    # -- steady: nothing changes for W intervals (after one to settle)
-    await asyncio.sleep(interval)
+    # -- steady: nothing changes for W intervals (once the jobs' states have settled)
+    await _settled(ctx, interval)
     marks["steady"] = time.time()
     api0 = await ctx.kube.apiserver_requests()
     await asyncio.sleep(opts.steady_intervals * interval)
