@@ -150,6 +150,9 @@ class Process:
             run = ["slurmjob_operator", "run", "-n", NAMESPACE]
             if self.env.get("BENCH_TRACEMALLOC"):
                 return [sys.executable, "-m", "bench.scale.traced", *run]
+            # With BENCH_ALLOCSTATS set: the allocator's own counts (bench.scale.allocstats).
+            if self.env.get("BENCH_ALLOCSTATS"):
+                return [sys.executable, "-m", "bench.scale.allocstats", *run]
             return [sys.executable, "-m", *run]
         baseline = ROOT / "bench" / "baseline_operator.py"
         return [sys.executable, "-m", "kopf", "run", "--standalone", "-n", NAMESPACE, str(baseline)]

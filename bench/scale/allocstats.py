@@ -1,0 +1,100 @@
+"""Run the operator with its allocator's own counts sampled: where a memory peak lives.
+
+    BENCH_ALLOCSTATS=DIR python -m bench.scale.allocstats slurmjob_operator run -n NS
+
+(what the scale bench starts with `--operator-env BENCH_ALLOCSTATS=DIR`). Every
+`BENCH_ALLOCSTATS_EVERY` seconds (default 1) one JSON line goes to
+`DIR/allocstats-<pid>.jsonl`: the process's VmRSS, Python's allocated blocks (pymalloc's
+only: 0 under PYTHONMALLOC=malloc) and, when jemalloc is the process's malloc, jemalloc's own
+figures: `allocated` (bytes the program holds), `active` (the pages those sit in),
+`resident`, `mapped`, `retained`. Allocated against resident tells objects still held from
+pages the allocator keeps. Unlike the traced run (`bench.scale.traced`) this costs next to
+nothing, so the run's figures stay the bench's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+STATS = ("allocated", "active", "resident", "mapped", "retained", "metadata")
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _jemalloc() -> Callable[[], dict[str, int]] | None:
+    """jemalloc's statistics reader, or None when the process's malloc is not jemalloc."""
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
+    mallctl.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
+    mallctl.restype = ctypes.c_int
+
+    def read() -> dict[str, int]:
+        # The statistics are a snapshot taken when the epoch is advanced.
+        epoch = ctypes.c_uint64(1)
+        size = ctypes.c_size_t(ctypes.sizeof(epoch))
+        mallctl(b"epoch", ctypes.byref(epoch), ctypes.byref(size), ctypes.byref(epoch), size)
+        out: dict[str, int] = {}
+        for name in STATS:
+            value = ctypes.c_size_t(0)
+            length = ctypes.c_size_t(ctypes.sizeof(value))
+            key = f"stats.{name}".encode()
+            if mallctl(key, ctypes.byref(value), ctypes.byref(length), None, 0) == 0:
+                out[name] = value.value
+        return out
+
+    return read
+
+
+def sample(jemalloc: Callable[[], dict[str, int]] | None) -> dict[str, object]:
+    row: dict[str, object] = {
+        "t": time.time(),
+        "rss": _rss(),
+        "python_blocks": sys.getallocatedblocks(),
+    }
+    if jemalloc is not None:
+        row["jemalloc"] = jemalloc()
+    return row
+
+
+def _dump(path: Path, every: float) -> None:
+    jemalloc = _jemalloc()
+    while True:
+        with path.open("a") as out:
+            out.write(json.dumps(sample(jemalloc)) + "\n")
+        time.sleep(every)
+
+
+def main() -> None:
+    out = Path(os.environ["BENCH_ALLOCSTATS"])
+    out.mkdir(parents=True, exist_ok=True)
+    every = float(os.environ.get("BENCH_ALLOCSTATS_EVERY", "1"))
+    path = out / f"allocstats-{os.getpid()}.jsonl"
+    threading.Thread(target=_dump, args=(path, every), daemon=True).start()
+    module, *rest = sys.argv[1:]
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The scale bench's allocator sampler (bench/scale/allocstats.py): the run it wraps goes on
+unchanged, and each line holds VmRSS and, under jemalloc, jemalloc's own figures."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JEMALLOC = "libjemalloc.so.2"
+
+
+def _wrapped(tmp_path: Path, env: dict[str, str]) -> list[dict[str, object]]:
+    out = tmp_path / "stats"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scale.allocstats",
+            "timeit",
+            "-n",
+            "1",
+            "-r",
+            "1",
+            "import time; time.sleep(0.3)",
+        ],
+        cwd=REPO,
+        env={
+            **os.environ,
+            **env,
+            "BENCH_ALLOCSTATS": str(out),
+            "BENCH_ALLOCSTATS_EVERY": "0.05",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "1 loop" in done.stdout, "the wrapped module ran as its own __main__"
+    files = list(out.glob("allocstats-*.jsonl"))
+    assert len(files) == 1
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def test_without_jemalloc_the_lines_hold_rss_only(tmp_path: Path) -> None:
+    rows = _wrapped(tmp_path, {"LD_PRELOAD": "", "PYTHONMALLOC": "pymalloc"})
+    assert len(rows) >= 3
+    assert all(row["rss"] > 0 and "jemalloc" not in row for row in rows)
+    assert any(row["python_blocks"] > 0 for row in rows)
+
+
+def test_under_jemalloc_the_lines_hold_its_figures(tmp_path: Path) -> None:
+    if ctypes.util.find_library("jemalloc") is None:
+        pytest.skip("libjemalloc2 is not installed (make testbed installs it)")
+    rows = _wrapped(tmp_path, {"LD_PRELOAD": JEMALLOC, "PYTHONMALLOC": "malloc"})
+    stats = [row["jemalloc"] for row in rows]
+    assert stats
+    assert all(isinstance(s, dict) for s in stats)
+    for s in stats:
+        assert set(s) >= {"allocated", "active", "resident", "mapped", "retained"}
+        assert 0 < s["allocated"] <= s["active"] <= s["mapped"]
