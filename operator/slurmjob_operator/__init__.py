@@ -9,3 +9,4 @@ PLURAL = "slurmjobs"
 SINGULAR = "slurmjob"
 SHORT_NAMES = ("sj",)
 PREFIX = "slurmjob.io/"
+FINALIZER = f"{GROUP}/finalizer"

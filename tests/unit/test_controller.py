@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from slurmjob_operator import FINALIZER
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.controller import Controller, Tracked
 from slurmjob_operator.controller.poller import Poller
+from slurmjob_operator.core.decisions import tails_outlive_deletion
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
@@ -638,6 +640,50 @@ async def test_deleting_many_at_once_cancels_them_in_one_request_and_waits_toget
     assert all(job.base_state == "CANCELLED" for job in bed.slurm.jobs.values())
     assert bed.store.reasons().count("Cancelled") >= 60
     assert not bed.controller.followed()
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "seen"),
+    [
+        ((), False),
+        ((FINALIZER,), False),
+        ((FINALIZER, FINALIZER), False),
+        ((FINALIZER, "foregroundDeletion"), True),
+        (("backup.example.com/keep", FINALIZER), True),
+        (("backup.example.com/keep",), True),
+    ],
+)
+def test_the_last_tails_outlive_a_deletion_only_while_another_holds_it(
+    finalizers: tuple[str, ...], seen: bool
+) -> None:
+    assert tails_outlive_deletion(finalizers, FINALIZER) is seen
+
+
+async def test_deleting_writes_the_last_tails_only_where_they_will_be_read(bed: Bed) -> None:
+    """Both jobs are cancelled and both Events posted; the last tails go into the status of
+    the SlurmJob another finalizer keeps, not into the one that goes as the operator's
+    finalizer does (nobody could read them: no read, no log read, no write)."""
+    alone = bed.store.create("alone", cpu_spec())
+    kept = bed.store.create("kept", cpu_spec())
+    for ref in (alone, kept):
+        await reconcile(bed, ref)
+        staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+        (staging / "stdout.log").write_text("epoch 1\nlast words\n")
+    bed.store.body(alone)["metadata"]["finalizers"] = [FINALIZER]
+    bed.store.body(kept)["metadata"]["finalizers"] = [FINALIZER, "backup.example.com/keep"]
+    gets, patches = bed.store.gets, bed.store.patches
+    await bed.controller.finalize(bed.store.body(alone))
+    assert (bed.store.gets, bed.store.patches) == (gets + 1, patches), "one read, no write"
+    await bed.controller.finalize(bed.store.body(kept))
+    left = bed.store.status(alone).logs
+    assert left is None or left.stdout is None, "no tails written into a resource going away"
+    logs = bed.store.status(kept).logs
+    assert logs is not None
+    assert logs.stdout is not None
+    assert logs.stdout.tail == "epoch 1\nlast words\n"
+    assert bed.slurm.was_cancelled(100)
+    assert bed.slurm.was_cancelled(101)
+    assert bed.store.reasons().count("Cancelled") == 2
 
 
 async def test_deleting_an_unconfirmed_attempt_cancels_what_carries_its_identity(

@@ -48,6 +48,8 @@ class ResourceView:
     # The version a status write from this view is conditioned on (a 409 when the resource
     # changed since), the one its last write returned; None: on the uid only.
     resource_version: str | None = None
+    # Who holds the resource from going (metadata.finalizers): the operator's own, and any other.
+    finalizers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, body: Mapping[str, Any], *, conditioned: bool = False) -> ResourceView:
@@ -68,6 +70,7 @@ class ResourceView:
                 {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
             ),
             resource_version=str(version) if version else None,
+            finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
         )
 
     @cached_property
@@ -153,6 +156,7 @@ class ResourceView:
             self._raw_spec,
             self.labels,
             resource_version if self.resource_version is not None else None,
+            self.finalizers,
         )
         if "_parsed" in self.__dict__:
             new.__dict__["_parsed"] = self.__dict__["_parsed"]

@@ -1,6 +1,8 @@
 """Deleting a resource: cancel its job unless it is final, wait for the end, write the last
-log tails into the status, archive every attempt's files (`archiving.Archiver`, when the admin
-set an archive root), remove the staging directory.
+log tails into the status when anything besides the operator's finalizer still holds the
+resource (`decisions.tails_outlive_deletion`: otherwise it is gone at once and nobody reads
+them), archive every attempt's files (`archiving.Archiver`, when the admin set an archive
+root), remove the staging directory.
 
 The cancel is sent as the Slurm user of the resource's tenant, found from its namespace (the
 tenants file), never from the status; looking the job up and waiting for its end is the
@@ -13,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from slurmjob_operator import FINALIZER
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
@@ -23,7 +26,7 @@ from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import shown_index
-from slurmjob_operator.core.decisions import belongs
+from slurmjob_operator.core.decisions import belongs, tails_outlive_deletion
 from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.jobview import by_leader
@@ -73,7 +76,8 @@ class Deletion:
             if attempt is not None and live:
                 client = await self.slurm()
                 await self._end_job(view, client, attempt)
-                await self._last_tails(view, attempt)
+                if tails_outlive_deletion(view.finalizers, FINALIZER):
+                    await self._last_tails(view, attempt)
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)
             # Whatever the spec says now (an edit may have dropped walltime, or broken it).

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from slurmjob_operator import GROUP
+from slurmjob_operator import FINALIZER, GROUP
 from slurmjob_operator.certkeeper import cert_keeper_from_settings
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def configure(settings: kopf.OperatorSettings, config: Settings) -> None:
     """Every kopf setting the operator changes, in one place."""
     # Our own prefix for everything kopf stores on the resources.
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = UnmarkedProgress(prefix=GROUP)
     # What a change is compared against, in memory: no annotation PATCH after each handled
     # creation or change (`handlers.diffbase`).
