@@ -748,7 +748,12 @@ async def reconcile_once(bed: Bed, ref: Any) -> RetryLater | None:
 
 
 def make_bed(
-    root: Path, slurm: MemorySlurm | None = None, store: MemoryStore | None = None, **settings: Any
+    root: Path,
+    slurm: MemorySlurm | None = None,
+    store: MemoryStore | None = None,
+    *,
+    resources_kept: bool = False,
+    **settings: Any,
 ) -> Bed:
     config = make_settings(root, **settings)
     store = store or MemoryStore()
@@ -761,5 +766,6 @@ def make_bed(
         metrics,
         token=StubToken(),  # type: ignore[arg-type]
         link=fake,  # type: ignore[arg-type]
+        resources_kept=resources_kept,
     )
     return Bed(config, store, fake, controller, metrics)

@@ -50,7 +50,7 @@ def _wrapped(tmp_path: Path, env: dict[str, str]) -> list[dict[str, object]]:
 
 def test_without_jemalloc_the_lines_hold_rss_only(tmp_path: Path) -> None:
     rows = _wrapped(tmp_path, {"LD_PRELOAD": "", "PYTHONMALLOC": "pymalloc"})
-    assert len(rows) >= 3
+    assert rows
     assert all(row["rss"] > 0 and "jemalloc" not in row for row in rows)
     assert any(row["python_blocks"] > 0 for row in rows)
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from slurmjob_operator import FINALIZER
+from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.controller import Controller, Tracked
 from slurmjob_operator.controller.poller import Poller
@@ -684,6 +685,26 @@ async def test_deleting_writes_the_last_tails_only_where_they_will_be_read(bed: 
     assert bed.slurm.was_cancelled(100)
     assert bed.slurm.was_cancelled(101)
     assert bed.store.reasons().count("Cancelled") == 2
+
+
+async def test_a_store_that_keeps_deleted_resources_gets_their_last_tails(
+    tmp_path: Path,
+) -> None:
+    """The local runner's files stay after a cancel and their final status is printed: the
+    last tails are written there with no other finalizer, and a status write keeps the view's
+    finalizers (`with_status`)."""
+    bed = make_bed(tmp_path, resources_kept=True)
+    ref = bed.store.create("local", cpu_spec())
+    await reconcile(bed, ref)
+    staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")
+    (staging / "stdout.log").write_text("last words\n")
+    await bed.controller.finalize(bed.store.body(ref))
+    logs = bed.store.status(ref).logs
+    assert logs is not None
+    assert logs.stdout is not None
+    assert logs.stdout.tail == "last words\n"
+    view = ResourceView.of({**bed.store.body(ref), "metadata": {"finalizers": ["a", "b"]}})
+    assert view.with_status(view.status, "7").finalizers == ("a", "b")
 
 
 async def test_deleting_an_unconfirmed_attempt_cancels_what_carries_its_identity(

@@ -48,7 +48,8 @@ class ResourceView:
     # The version a status write from this view is conditioned on (a 409 when the resource
     # changed since), the one its last write returned; None: on the uid only.
     resource_version: str | None = None
-    # Who holds the resource from going (metadata.finalizers): the operator's own, and any other.
+    # metadata.finalizers: whether anyone besides the operator keeps the resource once it lets
+    # go decides what a deletion still writes into it.
     finalizers: tuple[str, ...] = ()
 
     @classmethod
@@ -148,15 +149,15 @@ class ResourceView:
         """The same resource after a status write (the spec parse is not repeated); a
         conditioned view takes the version that write returned."""
         new = ResourceView(
-            self.ref,
-            self.generation,
-            self.annotations,
-            self.deleting,
-            status,
-            self._raw_spec,
-            self.labels,
-            resource_version if self.resource_version is not None else None,
-            self.finalizers,
+            ref=self.ref,
+            generation=self.generation,
+            annotations=self.annotations,
+            deleting=self.deleting,
+            status=status,
+            _raw_spec=self._raw_spec,
+            labels=self.labels,
+            resource_version=resource_version if self.resource_version is not None else None,
+            finalizers=self.finalizers,
         )
         if "_parsed" in self.__dict__:
             new.__dict__["_parsed"] = self.__dict__["_parsed"]

@@ -56,10 +56,12 @@ class Controller:
         clusters: Clusters | None = None,
         submit_slots: FairLimiter[str] | None = None,
         wakes: Wakes | None = None,
+        resources_kept: bool = False,
     ) -> None:
         """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
         (None: this one alone); `wakes`: the process's wake service (the fleet's, bound to
-        its routing; None: one of its own, reconciling here)."""
+        its routing; None: one of its own, reconciling here); `resources_kept`: the store keeps
+        a resource after its deletion (the local runner's files: its last tails are read)."""
         self.settings = settings
         self.name = settings.cluster_name
         self.clusters = clusters or Clusters((self.name,))
@@ -152,6 +154,7 @@ class Controller:
             self.site.job_uid,
         )
         self._deletion.archiver = self.archiver
+        self._deletion.resources_kept = resources_kept
         # The collective probe's cache and avoid lists, where the store holds ConfigMaps.
         self.probes = (
             ProbeBook(

@@ -59,6 +59,9 @@ class Deletion:
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
         self.queues: Queues | None = None
+        # True where the store keeps a resource after its finalizer (the local runner's
+        # files, whose final status is printed): the last tails are read there.
+        self.resources_kept = False
         self.archiver: Archiver | None = None
 
     async def _client_as(self, user: str | None) -> SlurmClient:
@@ -76,7 +79,7 @@ class Deletion:
             if attempt is not None and live:
                 client = await self.slurm()
                 await self._end_job(view, client, attempt)
-                if tails_outlive_deletion(view.finalizers, FINALIZER):
+                if tails_outlive_deletion(view.finalizers, FINALIZER, kept=self.resources_kept):
                     await self._last_tails(view, attempt)
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)

@@ -1,6 +1,7 @@
 """The controller's remaining choices, as pure functions: what a failed submit step becomes,
-whether spec.suspend gates or holds, which of the jobs found by name is adopted, and whether a
-Slurm job is the attempt's own before anything is folded from it or done to it.
+whether spec.suspend gates or holds, which of the jobs found by name is adopted, whether a
+Slurm job is the attempt's own before anything is folded from it or done to it, and whether a
+deletion's last tails would be read.
 
 The controller only classifies what happened (an exception, a lookup result) and carries out
 the returned transition and plan.
@@ -356,10 +357,12 @@ def adoption(
 # -- deletion ---------------------------------------------------------------------------------
 
 
-def tails_outlive_deletion(finalizers: Sequence[str], own: str) -> bool:
-    """Whether the last log tails written into a deleted resource's status would be seen:
-    only while something besides the operator's finalizer `own` holds it (another controller's
-    finalizer, foreground deletion's). Otherwise it is gone the moment the operator lets go,
-    and the write (a read, the log files' read, a status write, held by every deletion in a
-    mass delete: the 10,000 bench's peak, docs/benchmarks.md) would have no reader."""
-    return any(name != own for name in finalizers)
+def tails_outlive_deletion(finalizers: Sequence[str], own: str, *, kept: bool = False) -> bool:
+    """Whether the last log tails written into a deleted resource's status would be read: only
+    while something besides the operator's finalizer `own` holds it (another controller's
+    finalizer, or a foreground deletion's while it waits), or when the store keeps resources
+    after their deletion (`kept`: the local runner's files). Otherwise it is gone the moment
+    the operator lets go, and the write (a read, the log files' read, a status write, held by
+    every deletion of a mass delete: the 10,000 bench's peak, docs/benchmarks.md) would be
+    read at most by a watcher's last event."""
+    return kept or any(name != own for name in finalizers)

@@ -6,7 +6,7 @@ logs (each array task's too), its script and the resource's final status into th
 root the admin sets (`SLURMJOB_ARCHIVE_ROOT`):
 
     <archive root>/<namespace>/<uid>/record.json       who it was (namespace uid, name), when
-    <archive root>/<namespace>/<uid>/status.json       the final status, as the API had it
+    <archive root>/<namespace>/<uid>/status.json       the status, as the API had it
     <archive root>/<namespace>/<uid>/attempt-<n>/...   stdout.log, stderr.log, stdout-<i>.log,
                                                        stderr-<i>.log, job.sh
 
