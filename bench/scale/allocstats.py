@@ -17,12 +17,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import runpy
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench.scale.traced import run_sampled
+from slurmjob_operator.memtrim import jemalloc_mallctl
 
 STATS = ("allocated", "active", "resident", "mapped", "retained", "metadata")
 
@@ -36,18 +37,9 @@ def _rss() -> int:
 
 def _jemalloc() -> Callable[[], dict[str, int]] | None:
     """jemalloc's statistics reader, or None when the process's malloc is not jemalloc."""
-    try:
-        mallctl = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
+    mallctl = jemalloc_mallctl()
+    if mallctl is None:
         return None
-    mallctl.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-    ]
-    mallctl.restype = ctypes.c_int
 
     def read() -> dict[str, int]:
         # The statistics are a snapshot taken when the epoch is advanced.
@@ -89,11 +81,7 @@ def main() -> None:
     out = Path(os.environ["BENCH_ALLOCSTATS"])
     out.mkdir(parents=True, exist_ok=True)
     every = float(os.environ.get("BENCH_ALLOCSTATS_EVERY", "1"))
-    path = out / f"allocstats-{os.getpid()}.jsonl"
-    threading.Thread(target=_dump, args=(path, every), daemon=True).start()
-    module, *rest = sys.argv[1:]
-    sys.argv = [module, *rest]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_sampled(_dump, out / f"allocstats-{os.getpid()}.jsonl", every)
 
 
 if __name__ == "__main__":

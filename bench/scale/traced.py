@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 TOP = 30
@@ -61,8 +62,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     every = float(os.environ.get("BENCH_TRACEMALLOC_EVERY", "30"))
     tracemalloc.start(1)
-    path = out / f"profile-{os.getpid()}.jsonl"
-    threading.Thread(target=_dump, args=(path, every), daemon=True).start()
+    run_sampled(_dump, out / f"profile-{os.getpid()}.jsonl", every)
+
+
+def run_sampled(dump: Callable[[Path, float], None], path: Path, every: float) -> None:
+    """`dump(path, every)` in a daemon thread beside the module this process runs: the one
+    named by the first argument, as its own `__main__`, with the rest as its argv."""
+    threading.Thread(target=dump, args=(path, every), daemon=True).start()
     module, *rest = sys.argv[1:]
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -32,24 +32,32 @@ _PURGE_ALL = b"arena.4096.purge"
 
 
 @functools.cache
-def _trimmer() -> tuple[str, Callable[[], object]] | None:
-    """The allocator and what returns its free pages: jemalloc's purge when jemalloc is this
-    process's malloc (its `mallctl` is among the symbols the process was linked or preloaded
-    with), else glibc's malloc_trim (by its soname: no `find_library`, which runs ldconfig at
-    every start of every process that imports this), else None."""
+def jemalloc_mallctl() -> Callable[..., int] | None:
+    """jemalloc's `mallctl(name, oldp, oldlenp, newp, newlen)` when jemalloc is this process's
+    malloc (the symbol is among those the process was linked or preloaded with), else None."""
     try:
         mallctl = ctypes.CDLL(None).mallctl
     except (OSError, AttributeError):
-        mallctl = None
+        return None
+    mallctl.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
+    mallctl.restype = ctypes.c_int
+    function: Callable[..., int] = mallctl
+    return function
+
+
+@functools.cache
+def _trimmer() -> tuple[str, Callable[[], object]] | None:
+    """The allocator and what returns its free pages: jemalloc's purge when jemalloc is this
+    process's malloc, else glibc's malloc_trim (by its soname: no `find_library`, which runs
+    ldconfig at every start of every process that imports this), else None."""
+    mallctl = jemalloc_mallctl()
     if mallctl is not None:
-        mallctl.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-        ]
-        mallctl.restype = ctypes.c_int
         return "jemalloc", lambda: mallctl(_PURGE_ALL, None, None, None, 0)
     try:
         malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
