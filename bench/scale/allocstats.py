@@ -4,12 +4,12 @@
 
 (what the scale bench starts with `--operator-env BENCH_ALLOCSTATS=DIR`). Every
 `BENCH_ALLOCSTATS_EVERY` seconds (default 1) one JSON line goes to
-`DIR/allocstats-<pid>.jsonl`: the process's VmRSS, Python's allocated blocks (pymalloc's
-only: 0 under PYTHONMALLOC=malloc) and, when jemalloc is the process's malloc, jemalloc's own
-figures: `allocated` (bytes the program holds), `active` (the pages those sit in),
-`resident`, `mapped`, `retained`. Allocated against resident tells objects still held from
-pages the allocator keeps. Unlike the traced run (`bench.scale.traced`) this costs next to
-nothing, so the run's figures stay the bench's own.
+`DIR/allocstats-<pid>.jsonl`: the process's resident set (`memtrim.resident_bytes`), Python's
+allocated blocks (pymalloc's only: 0 under PYTHONMALLOC=malloc) and, when jemalloc is the
+process's malloc, jemalloc's own figures: `allocated` (bytes the program holds), `active`
+(the pages those sit in), `resident`, `mapped`, `retained`. Allocated against resident tells
+objects still held from pages the allocator keeps. Unlike the traced run
+(`bench.scale.traced`) this costs next to nothing, so the run's figures stay the bench's own.
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.scale.traced import run_sampled
-from slurmjob_operator.memtrim import jemalloc_mallctl
+from slurmjob_operator.memtrim import jemalloc_mallctl, resident_bytes
 
 STATS = ("allocated", "active", "resident", "mapped", "retained", "metadata")
-
-
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _jemalloc() -> Callable[[], dict[str, int]] | None:
@@ -61,7 +54,7 @@ def _jemalloc() -> Callable[[], dict[str, int]] | None:
 def sample(jemalloc: Callable[[], dict[str, int]] | None) -> dict[str, object]:
     row: dict[str, object] = {
         "t": time.time(),
-        "rss": _rss(),
+        "rss": resident_bytes() or 0,
         "python_blocks": sys.getallocatedblocks(),
     }
     if jemalloc is not None:

@@ -207,6 +207,12 @@ def _own_live(ctx: Context, job: SlurmJobView) -> bool:
     return job.name.startswith(JOB_PREFIX) and job.user == ctx.slurm_user and not job.is_final
 
 
+def holds_cpus(job: SlurmJobView) -> bool:
+    """Started and not over: running, suspended, or ended but still COMPLETING (a cancelled
+    job's base state is CANCELLED while its COMPLETING flag holds the nodes)."""
+    return not job.is_final and job.base_state is not BaseState.PENDING
+
+
 async def cancel_all(ctx: Context, job_ids: list[int], concurrency: int = 16) -> list[float]:
     """Cancel each job; the wall time each cancel was answered (the state changed by then)."""
     slots = asyncio.Semaphore(concurrency)
@@ -234,7 +240,7 @@ async def _quiet(ctx: Context, seconds: float) -> None:
     `make test`, is such a job."""
     for _ in range(int(seconds / 0.5)):
         listing = await ctx.slurm.list_jobs()
-        if not any(j.base_state is BaseState.RUNNING or _own_live(ctx, j) for j in listing.jobs):
+        if not any(holds_cpus(j) or _own_live(ctx, j) for j in listing.jobs):
             return
         await asyncio.sleep(0.5)
     log(f"clean-up: jobs still hold CPUs after {seconds:g} s; the run starts anyway")

@@ -21,14 +21,9 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+from slurmjob_operator.memtrim import resident_bytes
+
 TOP = 30
-
-
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _top(snapshot: tracemalloc.Snapshot, key: str) -> list[dict[str, object]]:
@@ -47,7 +42,7 @@ def _dump(path: Path, every: float) -> None:
         current, peak = tracemalloc.get_traced_memory()
         row = {
             "t": time.time(),
-            "rss": _rss(),
+            "rss": resident_bytes() or 0,
             "traced": current,
             "traced_peak": peak,
             "by_file": _top(snapshot, "filename"),

@@ -17,6 +17,9 @@ if str(REPO) not in sys.path:
 
 from bench.scale import merging, report  # noqa: E402
 from bench.scale.__main__ import order, parse  # noqa: E402
+from bench.scale.scenario import holds_cpus  # noqa: E402
+
+from slurmjob_operator.core.jobview import SlurmJobView, normalise_state  # noqa: E402
 
 
 def _run(kind: str, repeat: int, per_second: float, rss: float) -> dict[str, Any]:
@@ -191,3 +194,23 @@ def test_provenance_records_trees_and_changes(tmp_path: Path) -> None:
     assert changed is not None
     assert changed["dirty"] is True
     assert changed["trees"] == clean["trees"]  # HEAD's trees: the change is what dirty says
+
+
+@pytest.mark.parametrize(
+    ("state", "holds"),
+    [
+        (["PENDING"], False),
+        (["RUNNING"], True),
+        (["SUSPENDED"], True),
+        (["CANCELLED", "COMPLETING"], True),
+        (["COMPLETED", "COMPLETING"], True),
+        (["CANCELLED"], False),
+        (["COMPLETED"], False),
+    ],
+)
+def test_the_clean_up_waits_for_every_job_that_holds_cpus(state: list[str], holds: bool) -> None:
+    """A job cancelled but still COMPLETING holds its nodes though its base state is final:
+    the bench's clean-up waits for it too (it reads other users' jobs, never cancels them)."""
+    base, flags = normalise_state(state)
+    job = SlurmJobView(job_id=7, raw_state=tuple(state), base_state=base, flags=flags)
+    assert holds_cpus(job) is holds

@@ -652,6 +652,10 @@ async def test_deleting_many_at_once_cancels_them_in_one_request_and_waits_toget
         ((FINALIZER, "foregroundDeletion"), True),
         (("backup.example.com/keep", FINALIZER), True),
         (("backup.example.com/keep",), True),
+        # A tenant writes its own SlurmJob's finalizers: names like ours but not ours count
+        # as another's (the old behaviour for that object only); nothing else reads them.
+        ((FINALIZER + " ",), True),
+        (("../../etc/passwd", "$(reboot)"), True),
     ],
 )
 def test_the_last_tails_outlive_a_deletion_only_while_another_holds_it(
@@ -685,6 +689,33 @@ async def test_deleting_writes_the_last_tails_only_where_they_will_be_read(bed: 
     assert bed.slurm.was_cancelled(100)
     assert bed.slurm.was_cancelled(101)
     assert bed.store.reasons().count("Cancelled") == 2
+
+
+async def test_a_tenants_own_finalizer_changes_only_its_own_deletion(bed: Bed) -> None:
+    """A hostile namespace adds finalizers to its SlurmJob (its own metadata): its deletion
+    writes the last tails into that SlurmJob only; another namespace's SlurmJob is neither
+    read nor written, nor its job cancelled. Malformed finalizers (not a list of strings)
+    count as none."""
+    other = bed.store.create("theirs", cpu_spec(), namespace="team-b")
+    mine = bed.store.create("mine", cpu_spec(), namespace="team-evil")
+    for ref in (other, mine):
+        await reconcile(bed, ref)
+    staging = Path(bed.store.status(mine).attempts[0].staging_dir or "")
+    (staging / "stdout.log").write_text("mine\n")
+    version = bed.store.body(other)["metadata"]["resourceVersion"]
+    bed.store.body(mine)["metadata"]["finalizers"] = [FINALIZER, "team-b/theirs", "../../x"]
+    await bed.controller.finalize(bed.store.body(mine))
+    logs = bed.store.status(mine).logs
+    assert logs is not None
+    assert logs.stdout is not None
+    assert logs.stdout.tail == "mine\n"
+    assert bed.store.body(other)["metadata"]["resourceVersion"] == version
+    assert not bed.slurm.was_cancelled(100), "the other namespace's job (submitted first)"
+    assert bed.slurm.was_cancelled(101)
+    body = {**bed.store.body(mine), "metadata": {"finalizers": "abc"}}
+    assert ResourceView.of(body).finalizers == ()
+    body = {**bed.store.body(mine), "metadata": {"finalizers": [FINALIZER, 3, None]}}
+    assert ResourceView.of(body).finalizers == (FINALIZER,)
 
 
 async def test_a_store_that_keeps_deleted_resources_gets_their_last_tails(

@@ -71,7 +71,7 @@ class ResourceView:
                 {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
             ),
             resource_version=str(version) if version else None,
-            finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
+            finalizers=_names(meta.get("finalizers")),
         )
 
     @cached_property
@@ -162,3 +162,11 @@ class ResourceView:
         if "_parsed" in self.__dict__:
             new.__dict__["_parsed"] = self.__dict__["_parsed"]
         return new
+
+
+def _names(raw: Any) -> tuple[str, ...]:
+    """metadata.finalizers as a tuple of names: anything but a list of strings (the apiserver
+    never sends one) counts as none, rather than a string read letter by letter."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple(name for name in raw if isinstance(name, str))
