@@ -9,7 +9,8 @@ allocated blocks (pymalloc's only: 0 under PYTHONMALLOC=malloc) and, when jemall
 process's malloc, jemalloc's own figures: `allocated` (bytes the program holds), `active`
 (the pages those sit in), `resident`, `mapped`, `retained`. Allocated against resident tells
 objects still held from pages the allocator keeps. Unlike the traced run
-(`bench.scale.traced`) this costs next to nothing, so the run's figures stay the bench's own.
+(`bench.scale.traced`) it does not slow the process several times over; its own cost was
+within the runs' noise (docs/benchmarks.md), not measured apart.
 """
 
 from __future__ import annotations
