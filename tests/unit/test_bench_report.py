@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ if str(REPO) not in sys.path:
 
 from bench.scale import merging, report  # noqa: E402
 from bench.scale.__main__ import order, parse  # noqa: E402
-from bench.scale.scenario import holds_cpus  # noqa: E402
+from bench.scale.scenario import _own_live, holds_cpus  # noqa: E402
 
 from slurmjob_operator.core.jobview import SlurmJobView, normalise_state  # noqa: E402
 
@@ -214,3 +215,29 @@ def test_the_clean_up_waits_for_every_job_that_holds_cpus(state: list[str], hold
     base, flags = normalise_state(state)
     job = SlurmJobView(job_id=7, raw_state=tuple(state), base_state=base, flags=flags)
     assert holds_cpus(job) is holds
+
+
+@pytest.mark.parametrize(
+    ("name", "user", "state", "own"),
+    [
+        ("sj-bench-scale-op-live-00001", "bench", ["RUNNING"], True),
+        ("sj-bench-scale-op-live-00001", "bench", ["PENDING"], True),
+        ("sj-bench-scale-op-live-00001", "bench", ["COMPLETED"], False),
+        # Another user's job that borrows the bench's name is never cancelled by it.
+        ("sj-bench-scale-op-live-00001", "alice", ["RUNNING"], False),
+        ("sj-bench-scale-op-live-00001", None, ["RUNNING"], False),
+        ("sj-team-a-train", "bench", ["RUNNING"], False),
+        ("xsj-bench-scale-1", "bench", ["RUNNING"], False),
+    ],
+)
+def test_the_bench_cancels_only_its_own_users_live_bench_jobs(
+    name: str, user: str | None, state: list[str], own: bool
+) -> None:
+    """What the clean-up and the cancels act on (`own_live_jobs`): its own user's live jobs
+    named sj-bench-scale-*; a name alone, as anyone can give a job, is not enough."""
+    base, flags = normalise_state(state)
+    job = SlurmJobView(
+        job_id=7, raw_state=tuple(state), base_state=base, flags=flags, name=name, user=user
+    )
+    ctx = SimpleNamespace(slurm_user="bench")
+    assert _own_live(ctx, job) is own  # type: ignore[arg-type]
