@@ -170,6 +170,31 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+RssLine = tuple[str, str, list[float], list[float]]
+
+
+def rss_panels(results: dict[str, Any]) -> dict[str, list[RssLine]]:
+    """The RSS lines of each operator's panel: (label, colour, seconds, MB) of its first repeats.
+
+    One panel per operator, because the baseline's gigabytes would flatten the operator's
+    lines; one colour per N and shape in both, so a line is found in the other panel by it."""
+    colour = {combo: f"C{i % 10}" for i, combo in enumerate(_combos(results))}
+    panels: dict[str, list[RssLine]] = {"baseline": [], "operator": []}
+    for r in results["runs"]:
+        series = r.get("rss_series") or []
+        if r.get("repeat", 0) != 0 or not series or r["operator"] not in panels:
+            continue
+        panels[r["operator"]].append(
+            (
+                f"{r['shape']} N={r['n']:,}",
+                colour[(r["n"], r["shape"])],
+                [s[0] for s in series],
+                [s[1] / MB for s in series],
+            )
+        )
+    return panels
+
+
 def plots(results: dict[str, Any], root: Path, stem: str = "scale") -> list[Path]:
     """The PNGs under docs/benchmarks, named `<stem>-<what>.png`."""
     import matplotlib
@@ -184,20 +209,18 @@ def plots(results: dict[str, Any], root: Path, stem: str = "scale") -> list[Path
     # Over time, one run of each (the first repeat): three of each would hide one another.
     firsts = [r for r in runs if r.get("repeat", 0) == 0]
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in firsts:
-        series = r.get("rss_series") or []
-        if series:
-            ax.plot(
-                [s[0] for s in series],
-                [s[1] / MB for s in series],
-                lw=1,
-                label=f"{r['operator']} {r['shape']} N={r['n']:,}",
-            )
-    ax.set_xlabel("seconds since the run began")
-    ax.set_ylabel("RSS (MB)")
-    ax.set_title("Operator RSS over a run (submit, steady, change, restart, delete)")
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    panels = rss_panels(results)
+    for ax, kind in zip(axes, ("baseline", "operator"), strict=True):
+        for label, colour, xs, ys in panels[kind]:
+            ax.plot(xs, ys, lw=1, color=colour, label=label)
+        ax.set_title(kind)
+        ax.set_xlabel("seconds since the run began")
+        ax.set_ylabel("RSS (MB)")
+        ax.set_ylim(bottom=0)
+        if panels[kind]:
+            ax.legend(fontsize=7)
+    fig.suptitle("RSS over a run (submit, steady, change, restart, delete)")
     fig.tight_layout()
     written.append(img / f"{stem}-rss.png")
     fig.savefig(written[-1], dpi=110)

@@ -241,3 +241,36 @@ def test_the_bench_cancels_only_its_own_users_live_bench_jobs(
     )
     ctx = SimpleNamespace(slurm_user="bench")
     assert _own_live(ctx, job) is own  # type: ignore[arg-type]
+
+
+def test_rss_panels_split_the_operators_and_keep_one_colour_per_size_and_shape() -> None:
+    def run(kind: str, n: int, shape: str, repeat: int = 0) -> dict[str, Any]:
+        return {
+            "operator": kind,
+            "shape": shape,
+            "n": n,
+            "repeat": repeat,
+            "rss_series": [[0.0, 100e6], [1.0, 2e9 if kind == "baseline" else 300e6]],
+        }
+
+    results = _results(
+        run("operator", 1000, "backlog"),  # in another order than the baseline's
+        run("baseline", 1000, "live"),
+        run("baseline", 1000, "backlog"),
+        run("operator", 1000, "live"),
+        run("operator", 1000, "live", repeat=1),  # a later repeat: not drawn
+        run("baseline", 5000, "live"),
+        {**run("operator", 5000, "live"), "rss_series": []},  # nothing sampled: no line
+    )
+    panels = report.rss_panels(results)
+    assert [label for label, *_ in panels["baseline"]] == [
+        "live N=1,000",
+        "backlog N=1,000",
+        "live N=5,000",
+    ]
+    assert [label for label, *_ in panels["operator"]] == ["backlog N=1,000", "live N=1,000"]
+    assert max(max(ys) for *_, ys in panels["operator"]) == 300.0  # MB, the operator's own
+    colours = {kind: {label: c for label, c, *_ in lines} for kind, lines in panels.items()}
+    for label, colour in colours["operator"].items():
+        assert colours["baseline"][label] == colour
+    assert len(set(colours["baseline"].values())) == 3
