@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef
@@ -747,12 +747,16 @@ async def reconcile_once(bed: Bed, ref: Any) -> RetryLater | None:
     return None
 
 
+class KeepingStore(MemoryStore):
+    """A `MemoryStore` that keeps a SlurmJob after its deletion, as `LocalStore` does."""
+
+    keeps_deleted: Literal[True] = True
+
+
 def make_bed(
     root: Path,
     slurm: MemorySlurm | None = None,
     store: MemoryStore | None = None,
-    *,
-    resources_kept: bool = False,
     **settings: Any,
 ) -> Bed:
     config = make_settings(root, **settings)
@@ -766,6 +770,5 @@ def make_bed(
         metrics,
         token=StubToken(),  # type: ignore[arg-type]
         link=fake,  # type: ignore[arg-type]
-        resources_kept=resources_kept,
     )
     return Bed(config, store, fake, controller, metrics)

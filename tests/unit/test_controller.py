@@ -27,7 +27,15 @@ from slurmjob_operator.core.reconcile import DECLARE_LOST_ANNOTATION
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.errors import SlurmAuthError, SlurmTransient
 
-from .controller_fakes import SIF, Bed, MemorySlurm, StubToken, cpu_spec, make_bed
+from .controller_fakes import (
+    SIF,
+    Bed,
+    KeepingStore,
+    MemorySlurm,
+    StubToken,
+    cpu_spec,
+    make_bed,
+)
 from .controller_fakes import reconcile_once as reconcile
 
 
@@ -724,7 +732,7 @@ async def test_a_store_that_keeps_deleted_resources_gets_their_last_tails(
     """The local runner's files stay after a cancel and their final status is printed: the
     last tails are written there with no other finalizer, and a status write keeps the view's
     finalizers (`with_status`)."""
-    bed = make_bed(tmp_path, resources_kept=True)
+    bed = make_bed(tmp_path, store=KeepingStore())
     ref = bed.store.create("local", cpu_spec())
     await reconcile(bed, ref)
     staging = Path(bed.store.status(ref).attempts[0].staging_dir or "")

@@ -15,7 +15,8 @@ import yaml
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.cli import EXIT_INVALID, main
 from slurmjob_operator.config import Settings
-from slurmjob_operator.kube import SecretError
+from slurmjob_operator.kube import KubeApi, SecretError
+from slurmjob_operator.kube.ports import KeepsDeleted
 from slurmjob_operator.local import (
     LocalInputError,
     LocalStore,
@@ -39,6 +40,13 @@ def _body(name: str = "job", namespace: str = "team-a", uid: str = "u-1") -> dic
 
 
 # -- the store --------------------------------------------------------------------------
+
+
+def test_only_the_local_store_says_it_keeps_deleted_slurmjobs(tmp_path: Path) -> None:
+    """Its files stay after a cancel, so a deletion writes the last tails there; the
+    Kubernetes API removes a SlurmJob with its last finalizer (no tails written for no one)."""
+    assert isinstance(LocalStore(tmp_path), KeepsDeleted)
+    assert not hasattr(KubeApi, "keeps_deleted")
 
 
 async def test_patch_status_merges_into_the_stored_status(tmp_path: Path) -> None:

@@ -34,7 +34,12 @@ from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
-from slurmjob_operator.kube.ports import ConfigMapStore, NamespaceReader, ResourceDeleter
+from slurmjob_operator.kube.ports import (
+    ConfigMapStore,
+    KeepsDeleted,
+    NamespaceReader,
+    ResourceDeleter,
+)
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.servingcert import operator_namespace
 from slurmjob_operator.slurm.auth import TokenProvider
@@ -56,12 +61,10 @@ class Controller:
         clusters: Clusters | None = None,
         submit_slots: FairLimiter[str] | None = None,
         wakes: Wakes | None = None,
-        resources_kept: bool = False,
     ) -> None:
         """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
         (None: this one alone); `wakes`: the process's wake service (the fleet's, bound to
-        its routing; None: one of its own, reconciling here); `resources_kept`: the store keeps
-        a resource after its deletion (the local runner's files: its last tails are read)."""
+        its routing; None: one of its own, reconciling here)."""
         self.settings = settings
         self.name = settings.cluster_name
         self.clusters = clusters or Clusters((self.name,))
@@ -154,7 +157,7 @@ class Controller:
             self.site.job_uid,
         )
         self._deletion.archiver = self.archiver
-        self._deletion.resources_kept = resources_kept
+        self._deletion.resources_kept = isinstance(kube, KeepsDeleted)
         # The collective probe's cache and avoid lists, where the store holds ConfigMaps.
         self.probes = (
             ProbeBook(

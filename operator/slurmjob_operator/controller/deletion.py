@@ -59,8 +59,8 @@ class Deletion:
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
         self.queues: Queues | None = None
-        # True where the store keeps a resource after its finalizer (the local runner's
-        # files, whose final status is printed): the last tails are read there.
+        # Where the store keeps a resource after its finalizer (`KeepsDeleted`), the last
+        # tails are read there.
         self.resources_kept = False
         self.archiver: Archiver | None = None
 

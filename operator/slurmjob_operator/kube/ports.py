@@ -4,7 +4,7 @@ through `KubeApi`, or local files for `slurmjob-operator submit`), and the error
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.core.requestheader import RemoteUser
@@ -80,6 +80,15 @@ class ResourceDeleter(Protocol):
     """Deletes a finished SlurmJob whose TTL passed (`KubeApi`; the local runner keeps all)."""
 
     async def delete_slurmjob(self, ref: ObjectRef, resource_version: str) -> bool: ...
+
+
+@runtime_checkable
+class KeepsDeleted(Protocol):
+    """A store that keeps a SlurmJob after its last finalizer goes (`LocalStore`: the file stays
+    and its final status is printed), so a deletion writes its last tails there; the Kubernetes
+    API removes the resource at that moment, and they would be read by no one."""
+
+    keeps_deleted: Literal[True]
 
 
 @runtime_checkable

@@ -145,11 +145,7 @@ class LocalRunner:
     async def __aenter__(self) -> LocalRunner:
         transport = open_transport(self.settings)
         try:
-            # Its files stay after a cancel and their final status is printed: the last
-            # tails are written there as a deletion kept by another finalizer gets them.
-            self._controller = Controller(
-                self.settings, self.store, transport, Metrics(), resources_kept=True
-            )
+            self._controller = Controller(self.settings, self.store, transport, Metrics())
         except BaseException:
             await transport.close()
             raise

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import yaml
 
@@ -83,6 +83,10 @@ def load_secrets_file(path: Path) -> dict[str, dict[str, str]]:
 
 class LocalStore:
     """The controller's `ResourceStore` on local files (see the module docstring)."""
+
+    # Its files stay after a cancel and their final status is printed (`KeepsDeleted`): a
+    # deletion writes the last tails there, as it does where another finalizer holds one.
+    keeps_deleted: Literal[True] = True
 
     def __init__(
         self,
