@@ -1,5 +1,6 @@
 """The scale bench's allocator sampler (bench/scale/allocstats.py): the run it wraps goes on
-unchanged, and each line holds VmRSS and, under jemalloc, jemalloc's own figures."""
+unchanged, and each line holds VmRSS and, under jemalloc, jemalloc's own figures; and the plot
+of those lines over a run (bench/scale/allocplot.py)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,23 @@ def test_under_jemalloc_the_lines_hold_its_figures(tmp_path: Path) -> None:
     for s in stats:
         assert set(s) >= {"allocated", "active", "resident", "mapped", "retained"}
         assert 0 < s["allocated"] <= s["active"] <= s["mapped"]
+
+
+def test_the_plot_lines_are_megabytes_against_the_runs_own_clock(tmp_path: Path) -> None:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from bench.scale import allocplot
+
+    run = {"shape": "live", "n": 12, "marks": {"begin": 1000.0, "steady": 1002.0}}
+    samples = [
+        {"t": 1001.0, "rss": 200e6, "jemalloc": {"allocated": 100e6, "active": 150e6}},
+        {"t": 1003.5, "rss": 210e6},  # no jemalloc figures (another allocator): RSS only
+    ]
+    assert allocplot.lines(run, samples) == {
+        "RSS": [(1.0, 200.0), (3.5, 210.0)],
+        "active": [(1.0, 150.0)],
+        "allocated": [(1.0, 100.0)],
+    }
+    out = tmp_path / "floor.png"
+    allocplot.plot({"runs": [run], "allocstats": {"first process": samples}}, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
