@@ -33,8 +33,8 @@ testbed:
 	@dpkg -s libjemalloc2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2; }
 
 lint: venv
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

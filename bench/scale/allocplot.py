@@ -22,7 +22,9 @@ MB = 1e6
 PHASES = ("created", "submitted", "steady", "steady_end", "restart", "delete", "delete_end")
 
 
-def lines(run: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+def lines(
+    run: dict[str, Any], samples: list[dict[str, Any]]
+) -> dict[str, list[tuple[float, float]]]:
     """(seconds since the run began, MB) of RSS, active and allocated; a sample without
     jemalloc's figures (another allocator) gives RSS only."""
     begin = float(run["marks"]["begin"])
