@@ -81,12 +81,22 @@ def merge(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             repeat = offsets.get(key, 0) + run.get("repeat", 0)
             runs.append({**run, "repeat": repeat})
             seen[key] = max(seen.get(key, 0), repeat + 1)
-    merged = {key: value for key, value in first.items() if key not in ("runs", "logtail")}
+    # What one invocation was asked and what was noted of it stay with that invocation: at the
+    # top they would describe the first part as if it were the whole.
+    per_part = ("runs", "logtail", "note", "options", "part_records")
+    merged = {key: value for key, value in first.items() if key not in per_part}
     commits = list(dict.fromkeys(part["source"].get("commit") for _, part in parts))
     merged["source"] = {"commits": commits, "trees": trees, "dirty": False}
     merged["started"] = " / ".join(part.get("started", "?") for _, part in parts)
     merged["command"] = " ; ".join(part.get("command", "?") for _, part in parts)
     merged["parts"] = [name for name, _ in parts]
+    merged["part_records"] = {}
+    for name, part in parts:
+        # A merged document brings its own parts' records along.
+        merged["part_records"].update(
+            part.get("part_records")
+            or {name: {key: part[key] for key in ("options", "note") if key in part}}
+        )
     merged["runs"] = runs
     tails = [part["logtail"] for _, part in parts if part.get("logtail")]
     if tails:

@@ -133,6 +133,7 @@ def _part(*runs: dict[str, Any], trees: dict[str, str] = TREES, dirty: bool = Fa
 
 def test_merge_numbers_the_repeats_again() -> None:
     one = _part(_run("baseline", 0, 60.0, 1), _run("operator", 0, 45.0, 1))
+    one |= {"note": "part one; part two to come", "options": {"sizes": [1000]}}
     two = _part(_run("operator", 0, 30.0, 1), _run("baseline", 0, 60.0, 1))
     merged = merging.merge([("one", one), ("two", two)])
     assert [(r["operator"], r["repeat"]) for r in merged["runs"]] == [
@@ -144,9 +145,17 @@ def test_merge_numbers_the_repeats_again() -> None:
     assert report.submit_ratios(merged, 1000, "live") == [0.75, 0.5]
     assert merged["parts"] == ["one", "two"]
     assert merged["source"] == {"commits": ["f00"], "trees": TREES, "dirty": False}
+    # The first part's note and options are its own, not the merged document's.
+    assert "note" not in merged
+    assert "options" not in merged
+    assert merged["part_records"] == {
+        "one": {"note": "part one; part two to come", "options": {"sizes": [1000]}},
+        "two": {},
+    }
     # A merged document merges again with a part of the same code.
-    again = merging.merge([("merged", merged), ("one", one)])
+    again = merging.merge([("merged", merged), ("three", one)])
     assert [r["repeat"] for r in again["runs"]][-2:] == [2, 2]
+    assert list(again["part_records"]) == ["one", "two", "three"]
 
 
 def test_merge_refuses_other_or_unknown_code() -> None:
