@@ -1,9 +1,13 @@
 """Draw a run's allocator figures over time: where its resident set sits.
 
+    python -m bench.scale.allocplot --attach DIR RUN.json   # once: DIR's samples into RUN.json
     python -m bench.scale.allocplot RUN.json OUT.png
 
-RUN.json is a scale bench result with one run and an `allocstats` mapping of process label ->
-samples (the lines `bench.scale.allocstats` wrote). For each process: its RSS, jemalloc's
+RUN.json is a scale bench result with one run (`--json`); DIR is the `BENCH_ALLOCSTATS`
+directory of that run, one `allocstats-<pid>.jsonl` per operator process it started.
+`--attach` adds every fifth sample of each, under an `allocstats` mapping of process label
+("first process", then "restarted process") -> samples, and keeps the JSON self-contained for
+docs/benchmarks. For each process the plot draws: its RSS, jemalloc's
 `active` pages (those holding at least one live allocation) and `allocated` bytes (what the
 program holds), in MB against seconds since the run began, with the run's phases marked. The
 gap between `active` and `allocated` is memory no purge can return: pages pinned by a few live
@@ -17,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MB = 1e6
+from bench.scale.report import MB
+
+KEEP_EVERY = 5  # samples are one a second; every fifth keeps the shape at a fifth of the size
+
 # The run's marks drawn as phase boundaries (bench/scale/scenario.py sets them).
 PHASES = ("created", "submitted", "steady", "steady_end", "restart", "delete", "delete_end")
 
@@ -37,6 +44,23 @@ def lines(
             if key in jemalloc:
                 out[key].append((t, jemalloc[key] / MB))
     return out
+
+
+def attach(results: dict[str, Any], stats_dir: Path, every: int = KEEP_EVERY) -> None:
+    """Put the samples of `stats_dir` into `results["allocstats"]`, the processes in the order
+    they started (the first sample's time), every `every`-th sample of each."""
+    processes = []
+    for path in stats_dir.glob("allocstats-*.jsonl"):
+        samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if samples:
+            processes.append(samples)
+    processes.sort(key=lambda samples: float(samples[0]["t"]))
+    labels = ["first process"] + [
+        "restarted process" + ("" if i == 1 else f" {i}") for i in range(1, len(processes))
+    ]
+    results["allocstats"] = {
+        label: samples[::every] for label, samples in zip(labels, processes, strict=True)
+    }
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
@@ -76,6 +100,12 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "--attach":
+        path = Path(argv[2])
+        results = json.loads(path.read_text())
+        attach(results, Path(argv[1]))
+        path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

@@ -173,6 +173,11 @@ def table(results: dict[str, Any]) -> str:
 RssLine = tuple[str, str, list[float], list[float]]
 
 
+def first_repeats(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs drawn over time: one of each (the first repeat), three would hide one another."""
+    return [r for r in results["runs"] if r.get("repeat", 0) == 0]
+
+
 def rss_panels(results: dict[str, Any]) -> dict[str, list[RssLine]]:
     """The RSS lines of each operator's panel: (label, colour, seconds, MB) of its first repeats.
 
@@ -180,9 +185,9 @@ def rss_panels(results: dict[str, Any]) -> dict[str, list[RssLine]]:
     lines; one colour per N and shape in both, so a line is found in the other panel by it."""
     colour = {combo: f"C{i % 10}" for i, combo in enumerate(_combos(results))}
     panels: dict[str, list[RssLine]] = {"baseline": [], "operator": []}
-    for r in results["runs"]:
+    for r in first_repeats(results):
         series = r.get("rss_series") or []
-        if r.get("repeat", 0) != 0 or not series or r["operator"] not in panels:
+        if not series or r["operator"] not in panels:
             continue
         panels[r["operator"]].append(
             (
@@ -206,8 +211,6 @@ def plots(results: dict[str, Any], root: Path, stem: str = "scale") -> list[Path
     img.mkdir(parents=True, exist_ok=True)
     written = []
     runs = results["runs"]
-    # Over time, one run of each (the first repeat): three of each would hide one another.
-    firsts = [r for r in runs if r.get("repeat", 0) == 0]
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     panels = rss_panels(results)
@@ -254,7 +257,7 @@ def plots(results: dict[str, Any], root: Path, stem: str = "scale") -> list[Path
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for r in firsts:
+    for r in first_repeats(results):
         delays = _get(r, "change", "delays") or []
         if delays:
             ax.step(

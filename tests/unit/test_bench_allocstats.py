@@ -92,3 +92,24 @@ def test_the_plot_lines_are_megabytes_against_the_runs_own_clock() -> None:
         "active": [(1.0, 150.0)],
         "allocated": [(1.0, 100.0)],
     }
+
+
+def test_attach_orders_the_processes_by_start_and_keeps_every_fifth(tmp_path: Path) -> None:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from bench.scale import allocplot
+
+    def write(pid: int, start: float, count: int) -> None:
+        lines = [json.dumps({"t": start + i, "rss": i}) for i in range(count)]
+        (tmp_path / f"allocstats-{pid}.jsonl").write_text("\n".join(lines) + "\n")
+
+    write(900, 2000.0, 7)  # the restarted process: a lower pid, started later
+    write(3100, 1000.0, 11)
+    (tmp_path / "allocstats-5.jsonl").write_text("")  # a process killed before its first line
+    results: dict[str, object] = {"runs": []}
+    allocplot.attach(results, tmp_path)
+    stats = results["allocstats"]
+    assert isinstance(stats, dict)
+    assert list(stats) == ["first process", "restarted process"]
+    assert [s["t"] for s in stats["first process"]] == [1000.0, 1005.0, 1010.0]
+    assert [s["t"] for s in stats["restarted process"]] == [2000.0, 2005.0]
