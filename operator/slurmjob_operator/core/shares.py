@@ -1,0 +1,92 @@
+"""The share rule for state every tenant writes into one place (the probe cache's ConfigMap,
+the log archive): who loses an entry when the place is full.
+
+Each owner (a tenant; a namespace where no tenants file is set) may hold at most
+`max(floor, capacity / active owners)` units (bytes), where `floor` and `capacity` are site
+settings. When the floors of the owners present add up to more than the capacity, the floor
+shrinks to `capacity / owners`, and below that every owner still keeps one entry: past that,
+an incoming entry of a new owner evicts the oldest entry of the largest owner.
+
+Past capacity, eviction starts with the owner furthest over its share, its oldest entry
+first, and stops as soon as the total fits. An owner at or under its share loses nothing while
+another is over its own, so one tenant flooding the place evicts only its own entries.
+
+Pure: the callers measure sizes and ages and act on the keys returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Held:
+    """One entry: its key, its owner, its size in the place's unit, and its age as an order
+    (smaller is older: a timestamp, a sequence number)."""
+
+    key: Hashable
+    owner: str
+    size: int
+    order: float
+
+
+def share(capacity: int, floor: int, owners: int) -> float:
+    """What one of `owners` active owners may hold: `max(floor, capacity / owners)`, with
+    the floor shrunk to `capacity / owners` when the floors add up to more than capacity."""
+    if owners <= 0:
+        return float(capacity)
+    even = capacity / owners
+    return max(min(floor, even), even)
+
+
+def evictions(
+    entries: Sequence[Held], capacity: int, floor: int, *, keep: Hashable | None = None
+) -> list[Hashable]:
+    """The keys to remove, in order, so that what stays fits `capacity`.
+
+    `keep` names the entry being written now: it is never chosen (a caller refuses or
+    truncates an entry larger than the capacity before it asks)."""
+    total = sum(e.size for e in entries)
+    if total <= capacity:
+        return []
+    by_owner: dict[str, list[Held]] = {}
+    for entry in sorted(entries, key=lambda e: (e.order, str(e.key))):
+        by_owner.setdefault(entry.owner, []).append(entry)
+    allowed = share(capacity, floor, len(by_owner))
+    used = {owner: sum(e.size for e in held) for owner, held in by_owner.items()}
+    gone: list[Hashable] = []
+    while total > capacity:
+        victim = _victim(by_owner, used, allowed, keep)
+        if victim is None:
+            break
+        by_owner[victim.owner].remove(victim)
+        used[victim.owner] -= victim.size
+        total -= victim.size
+        gone.append(victim.key)
+    return gone
+
+
+def _victim(
+    by_owner: dict[str, list[Held]], used: dict[str, int], allowed: float, keep: Hashable | None
+) -> Held | None:
+    """The next entry to go: the oldest evictable entry of the owner furthest over its share
+    (a share is never less than the owner's newest entry: one entry each is the last floor);
+    when nobody is over, the oldest evictable entry of the largest owner."""
+
+    def evictable(owner: str) -> list[Held]:
+        return [e for e in by_owner[owner] if e.key != keep]
+
+    def over(owner: str) -> float:
+        held = by_owner[owner]
+        return used[owner] - max(allowed, held[-1].size if held else 0)
+
+    candidates = [o for o in by_owner if evictable(o)]
+    if not candidates:
+        return None
+    furthest = max(candidates, key=lambda o: (over(o), used[o], o))
+    if over(furthest) > 0:
+        return evictable(furthest)[0]
+    # Everyone within its share yet the place is over: more owners than entries fit.
+    largest = max(candidates, key=lambda o: (used[o], o))
+    return evictable(largest)[0]
