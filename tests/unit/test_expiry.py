@@ -13,7 +13,8 @@ import pytest
 
 from slurmjob_operator.api.resource import ObjectRef
 from slurmjob_operator.api.status import Phase
-from slurmjob_operator.core.expiry import TtlPolicy, effective_ttl, expires_in, finished_at
+from slurmjob_operator.core.claims import finished_at
+from slurmjob_operator.core.expiry import TtlPolicy, effective_ttl, expires_in
 from slurmjob_operator.times import rfc3339
 
 from .controller_fakes import Bed, cpu_spec, make_bed
@@ -61,14 +62,15 @@ async def test_the_clock_starts_when_finished_turned_true(tmp_path: Path) -> Non
     await reconcile(bed, ref)
     status = bed.store.status(ref)
     assert status.phase is Phase.FAILED
-    at = finished_at(status)
+    now = datetime.now(tz=UTC)
+    at = finished_at(status, None, now)
     assert at is not None
     assert expires_in(status, 60, at + timedelta(seconds=15)) == 45
     assert expires_in(status, 60, at + timedelta(seconds=600)) == 0
     assert expires_in(status, None, at) is None
     # Not final (or Finished=False): no clock at all.
     pending = status.model_copy(update={"phase": Phase.PENDING})
-    assert finished_at(pending) is None
+    assert finished_at(pending, None, now) is None
 
 
 async def test_a_finished_slurmjob_is_deleted_once_its_ttl_passed(tmp_path: Path) -> None:

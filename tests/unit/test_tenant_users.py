@@ -192,9 +192,9 @@ async def test_deleting_an_unconfirmed_attempt_cancels_as_the_tenants_user(bed: 
     ref = await submit(bed)
     assert bed.store.status(ref).attempts[0].job_id is None
     await bed.controller.finalize(bed.store.body(ref))
-    assert bed.slurm.made_as("team-a") == ["submit", "cancel 100"]
+    assert bed.slurm.made_as("team-a") == ["submit", "cancel_many s00000100"]
     assert bed.slurm.jobs[100].base_state == "CANCELLED"
-    assert any(c.startswith("find_by_name") for c in bed.slurm.made_as(None))
+    assert "list_jobs" in bed.slurm.made_as(None), "found by name, as the operator"
 
 
 async def test_a_duplicate_found_at_adoption_is_cancelled_as_the_tenants_user(bed: Bed) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
 
+from slurmjob_operator.api.claim import Claim
 from slurmjob_operator.api.model import Model
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.segmentstatus import AttemptSegment
@@ -89,7 +90,7 @@ class Condition(_Model):
         max_length=CONDITION_MESSAGE_MAX,
         description="Human-readable detail; may be empty.",
     )
-    last_transition_time: str = Field(
+    last_transition_time: Annotated[str, Claim("the TTL's start (Finished)")] = Field(
         json_schema_extra=_RFC3339,
         description="When status last changed (RFC 3339).",
     )
@@ -159,7 +160,7 @@ class Attempt(_Model):
         default=None, ge=1, description="Slurm job id; the leader's id for a heterogeneous job."
     )
     sluid: str | None = Field(default=None, description="Slurm's unique job id, when it has one.")
-    cluster: str | None = Field(
+    cluster: Annotated[str | None, Claim("routing")] = Field(
         default=None,
         description=(
             "Name of the Slurm cluster the attempt was submitted to (unset: written by a "
@@ -209,7 +210,7 @@ class Attempt(_Model):
     retry_of: int | None = Field(
         default=None, ge=1, description="Number of the attempt this one retries."
     )
-    retry_action: str | None = Field(
+    retry_action: Annotated[str | None, Claim("the attempt budgets")] = Field(
         default=None,
         description="What the retry rules decided when this attempt failed: Retry, Ignore or Fail.",
     )
@@ -224,10 +225,10 @@ class Attempt(_Model):
             "SlurmJob's current job), repointed when an upstream is retried."
         ),
     )
-    probe: AttemptProbe | None = Field(
-        default=None, description="The collective probe of this attempt, when it has one."
+    probe: Annotated[AttemptProbe | None, Claim("the probe's keys, avoid list and retries")] = (
+        Field(default=None, description="The collective probe of this attempt, when it has one.")
     )
-    segment: AttemptSegment | None = Field(
+    segment: Annotated[AttemptSegment | None, Claim("a chain's segments and time")] = Field(
         default=None, description="The walltime segment this attempt ran (spec.walltime)."
     )
 

@@ -116,6 +116,7 @@ class Controller:
             self.name,
             self.wakes,
             interval=waiting_interval(settings.poll_interval),
+            tenants=self.site.tenants,
         )
         # Kueue's Workloads, where the store can hold them (not the local runner's files).
         self._queues = Queues(kube) if isinstance(kube, WorkloadStore) else None
@@ -206,6 +207,12 @@ class Controller:
     async def finalize(self, body: Mapping[str, Any] | ResourceView) -> None:
         """Deletion; raises RetryLater while the job is still ending."""
         await self._deletion.finalize(_view(body))
+
+    async def end_jobs(self, view: ResourceView) -> bool:
+        """Cancel the resource's live jobs on this cluster and wait for their end (a deletion
+        of a resource that belongs to another cluster while its attempt names this one)."""
+        async with self._edge.step(view.ref.uid):
+            return await self._deletion.end_jobs(view)
 
     async def report_reachability(self, reachable: bool, reason: Reason, message: str) -> None:
         await self._reachability.report(self.registry.followed(), reachable, reason, message)

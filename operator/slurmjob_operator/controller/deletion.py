@@ -1,13 +1,14 @@
-"""Deleting a resource: cancel its job unless it is final, wait for the end, write the last
-log tails into the status when anything besides the operator's finalizer still holds the
-resource (`decisions.tails_outlive_deletion`: otherwise it is gone at once and nobody reads
-them), archive every attempt's files (`archiving.Archiver`, when the admin set an archive
-root), remove the staging directory.
+"""Deleting a resource: cancel its live jobs (found by name, whatever its status says), wait
+for the end, write the last log tails into the status when anything besides the operator's
+finalizer still holds the resource (`decisions.tails_outlive_deletion`: otherwise it is gone
+at once and nobody reads them), archive every attempt's files (`archiving.Archiver`, when the
+admin set an archive root), remove the staging directory.
 
 The cancel is sent as the Slurm user of the resource's tenant, found from its namespace (the
-tenants file), never from the status; looking the job up and waiting for its end is the
-operator's own. The cancels and waits of resources deleted together are coalesced
-(`cancelling.Canceller`): one `DELETE /jobs` and one state sweep per moment for all of them."""
+tenants file), never from the status; looking the jobs up and waiting for their end is the
+operator's own. The listings, cancels and waits of resources deleted together are coalesced
+(`joblisting.SharedListing`, `cancelling.Canceller`): one `GET /jobs`, one `DELETE /jobs` and
+one state sweep per moment for all of them."""
 
 from __future__ import annotations
 
@@ -23,17 +24,21 @@ from slurmjob_operator.controller.archiving import Archiver
 from slurmjob_operator.controller.cancelling import Canceller
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
+from slurmjob_operator.controller.joblisting import SharedListing
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.core import naming
 from slurmjob_operator.core.arrays import shown_index
-from slurmjob_operator.core.decisions import belongs, tails_outlive_deletion
-from slurmjob_operator.core.finality import is_final
+from slurmjob_operator.core.claims import next_attempt
+from slurmjob_operator.core.decisions import tails_outlive_deletion
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.jobview import by_leader
 from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.slurm.errors import SlurmNotFound
+from slurmjob_operator.slurm.errors import SlurmError
 from slurmjob_operator.storage import checkpoint
+from slurmjob_operator.storage.ledger import attempts_made
 from slurmjob_operator.storage.staging import remove_resource_dir
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,7 @@ class Deletion:
         self.identity = identity
         self._slurm_as = slurm_as
         self.canceller = Canceller(slurm, self._client_as)
+        self.listing = SharedListing(slurm)
         self.queues: Queues | None = None
         # Where the store keeps a resource after its finalizer (`KeepsDeleted`), the last
         # tails are read there.
@@ -73,14 +79,16 @@ class Deletion:
         async with self.edge.step(ref.uid):
             # The handler's body predates the lock: a retry may have submitted a new attempt.
             view = await self.edge.fresh(ref) or view
-            status = view.status
-            attempt = status.current_attempt
-            live = not is_final(status)
-            if attempt is not None and live:
-                client = await self.slurm()
-                await self._end_job(view, client, attempt)
-                if tails_outlive_deletion(view.finalizers, FINALIZER, kept=self.resources_kept):
-                    await self._last_tails(view, attempt)
+            attempt = view.status.current_attempt
+            # Whatever the status says (final, another job, another cluster: claims), the
+            # resource's live jobs on this cluster are looked for by name and ended.
+            ended = await self.end_jobs(view)
+            if (
+                ended
+                and attempt is not None
+                and tails_outlive_deletion(view.finalizers, FINALIZER, kept=self.resources_kept)
+            ):
+                await self._last_tails(view, attempt)
             if self.archiver is not None and self.archiver.enabled:
                 await self.archiver.archive(await self.edge.fresh(ref) or view)
             # Whatever the spec says now (an edit may have dropped walltime, or broken it).
@@ -130,43 +138,52 @@ class Deletion:
 
         await self.edge.on_fresh(view.ref, write_tails, quiet=True)
 
-    async def _end_job(self, view: ResourceView, client: SlurmClient, attempt: Attempt) -> None:
-        """Cancel the attempt's job, once a read shows it is the resource's to cancel, and
-        wait for its end. Returns at once (the finalizer goes) when it is gone, not the
-        attempt's, or not the resource's to change on this cluster (each said in an Event)."""
+    async def end_jobs(self, view: ResourceView) -> bool:
+        """Cancel every live job of the resource on this cluster, each once a read shows it
+        is the resource's to cancel, and wait for their end; True when there was one.
+
+        Found by name in the moment's shared listing (`joblisting`): the names of every
+        attempt the operator made (`core.claims.next_attempt`: the status's and the attempt
+        directories'), each job verified by its name, comment and Slurm user before it is
+        cancelled (coalesced: one `DELETE /jobs` for the moment's deletions). Returns at once
+        when the resource may have nothing changed on this cluster (said in an Event)."""
         ref = view.ref
-        refused = "it is not cancelled"
-        if attempt.job_id is None:
-            # An unconfirmed submission may still have created a job: cancel what carries
-            # this attempt's name and identity.
-            owners = await self.identity.owners(view)
-            if owners is None:
-                return
-            found = await client.find_by_name(attempt.job_name)
-            mine = [j for j in found if belongs(j, ref.uid, attempt)]
-            for views in by_leader(mine).values():
-                job = await self.identity.check(view, attempt, views, refused, owners=owners)
-                if job is not None:
-                    await self.identity.cancel_quietly(job)
-            return
-        # The job id is a claim (ids are reused; a status can be written): look before
-        # cancelling, and leave another's job alone.
+        owners = await self.identity.owners(view)
+        if owners is None:
+            return False
         try:
-            job = await self.identity.read(view, attempt, refused, through_sluid=True)
-            if job is None:
-                return
-            # Coalesced with the other deletions of the moment: one DELETE for all of them.
-            await self.canceller.cancel(job)
-        except SlurmNotFound:
-            return
-        target = client.lifecycle_ref(job.job_id, job.sluid)
-        # An array's id stands for all its tasks: cancelled together, waited for together.
-        array = attempt.array is not None
-        if await self.canceller.until_final(
-            attempt.job_id, self.settings.delete_timeout, array=array
-        ):
-            via = f" through its SLUID {target}" if isinstance(target, str) else ""
-            text = f"Slurm job {attempt.job_id} cancelled{via} on deletion"
+            made = await asyncio.to_thread(
+                attempts_made, self.settings, ref.namespace, ref.name, ref.uid
+            )
+        except OSError as exc:
+            # The status's count alone: its live jobs by those names are still ended.
+            log.warning("%s/%s: attempts not counted on storage: %s", ref.namespace, ref.name, exc)
+            made = 0
+        names = {
+            naming.job_name(ref.namespace, ref.name, ref.uid, number): number
+            for number in range(1, next_attempt(view.status, made))
+        }
+        try:
+            listed = await self.listing.jobs()
+        except SlurmError as exc:
+            raise RetryLater(f"the jobs of {ref.name} could not be listed: {exc}", 5) from exc
+        live = [j for j in listed if j.name in names and not j.is_final]
+        ending: list[tuple[VerifiedJob, bool]] = []
+        for views in by_leader(live).values():
+            number = names[views[0].name]
+            # The operator's own record of the attempt: its derived name, no claimed id.
+            attempt = Attempt(number=number, job_name=views[0].name)
+            job = await self.identity.check(
+                view, attempt, views, "it is not cancelled", owners=owners
+            )
+            if job is not None:
+                await self.canceller.cancel(job)
+                ending.append((job, any(v.array_job_id is not None for v in views)))
+        for job, array in ending:
+            if not await self.canceller.until_final(
+                job.job_id, self.settings.delete_timeout, array=array
+            ):
+                raise RetryLater(f"Slurm job {job.job_id} is still ending", 5)
+            text = f"Slurm job {job.job_id} cancelled on deletion"
             await self.edge.event(ref, "Normal", "Cancelled", text)
-            return
-        raise RetryLater(f"Slurm job {attempt.job_id} is still ending", 5)
+        return bool(ending)

@@ -38,6 +38,7 @@ from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.controller.dependentwakes import DependentWakes
+from slurmjob_operator.controller.placing import placement
 from slurmjob_operator.controller.wakes import Wakes
 from slurmjob_operator.core.budget import Budgets
 from slurmjob_operator.core.decisions import awaits_upstream
@@ -56,6 +57,7 @@ from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import ResourceStore
+from slurmjob_operator.site.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +107,14 @@ class Dependencies:
         *,
         interval: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
+        tenants: Tenants | None = None,
     ) -> None:
         """`interval`: how often a waiting dependent looks again
         (`core.dependencies.waiting_interval`), over which the reads are bounded."""
         self._store = store
         self._clusters = clusters
         self._cluster = cluster
+        self._tenants = tenants
         self.interval = interval
         self.clock = clock
         # Every SlurmJob the watch delivered, as the rules read it.
@@ -277,10 +281,10 @@ class Dependencies:
 
     def _upstream(self, view: ResourceView) -> Upstream:
         status: SlurmJobStatus = view.status
-        place = self._clusters.place(view.spec_cluster, [a.cluster for a in status.attempts])
-        return upstream_of(
-            view.ref.name, view.ref.uid, status, view.depends_on, place == self._cluster
-        )
+        # Where it runs by its spec and tenant; an attempt naming another cluster is followed
+        # by none, and its job id is no job here.
+        here = placement(self._clusters, self._tenants, view).followed_on == self._cluster
+        return upstream_of(view.ref.name, view.ref.uid, status, view.depends_on, here)
 
     async def resolve(
         self, view: ResourceView, spec: SlurmJobSpec, *, slurm_allowed: bool = True

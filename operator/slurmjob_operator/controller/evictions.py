@@ -20,6 +20,7 @@ from slurmjob_operator.api.status import Attempt, Phase
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
+from slurmjob_operator.core.claims import action_of
 from slurmjob_operator.core.following import (
     admission_conditions,
     evicted,
@@ -82,7 +83,7 @@ class Evictions:
             spec is None
             or attempt is None
             or attempt.job_id is None
-            or attempt.retry_action is not None
+            or action_of(attempt) is not None
             # Cancelled: the fold of the job this eviction cancelled may have come first.
             or view.status.phase not in (Phase.QUEUED, Phase.RUNNING, Phase.CANCELLED)
         ):

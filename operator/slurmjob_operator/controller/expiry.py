@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.wakes import Wakes
 from slurmjob_operator.core.expiry import TtlPolicy, effective_ttl, expires_in
+from slurmjob_operator.core.finality import is_final
 from slurmjob_operator.kube.ports import ResourceDeleter
 from slurmjob_operator.times import utc_now
 
 log = logging.getLogger(__name__)
+
+#: SlurmJobs whose first final sighting is remembered at most.
+MAX_FIRST_SEEN = 200_000
 
 
 class Expiry:
@@ -43,16 +48,34 @@ class Expiry:
         self.wakes = wakes
         self.upstream_of = upstream_of
         self.recheck = recheck
+        # uid -> when this process first saw the SlurmJob final: a status's Finished time is
+        # a claim, clamped to this (`core.claims.finished_at`), so a time written into the
+        # future keeps nothing past its TTL. Oldest forgotten first past the bound (its clock
+        # then starts again when next seen).
+        self._first_seen: dict[str, datetime] = {}
 
     def _due_in(self, view: ResourceView) -> float | None:
         spec_ttl = view.spec.ttl_seconds_after_finished if view.spec is not None else None
-        return expires_in(view.status, effective_ttl(spec_ttl, self.policy), utc_now())
+        ttl = effective_ttl(spec_ttl, self.policy)
+        if ttl is None:
+            return None
+        now = utc_now()
+        uid = view.ref.uid
+        if not is_final(view.status):
+            self._first_seen.pop(uid, None)
+            return None
+        if uid not in self._first_seen:
+            if len(self._first_seen) >= MAX_FIRST_SEEN:
+                del self._first_seen[next(iter(self._first_seen))]
+            self._first_seen[uid] = now
+        return expires_in(view.status, ttl, now, self._first_seen[uid])
 
     def noticed(self, view: ResourceView) -> None:
         """A watch event of this cluster's SlurmJob: a wake at its due time, if it has one.
         The status write that makes a SlurmJob final is the poller's, and no handler runs for
         a status change: this is how that write starts the clock."""
         if self.deleter is None or view.deleting:
+            self._first_seen.pop(view.ref.uid, None)
             return
         due = self._due_in(view)
         if due is not None:

@@ -15,14 +15,18 @@ from typing import Any
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.controller.controller import Controller
+from slurmjob_operator.controller.placing import placement
 from slurmjob_operator.controller.registry import Tracked
 from slurmjob_operator.controller.resource import RetryLater
+from slurmjob_operator.core.claims import Placement, claimed_cluster
 from slurmjob_operator.core.placement import Clusters
 
 log = logging.getLogger(__name__)
 
 # Seconds between two looks at a resource whose cluster is not configured.
 UNPLACED_RETRY = 300.0
+#: Resources whose unplaced attempt was reported, remembered at most (then told again).
+MAX_TOLD = 10_000
 
 
 class Fleet:
@@ -50,40 +54,37 @@ class Fleet:
     def default(self) -> Controller:
         return self.members[0]
 
+    def _placement(self, view: ResourceView) -> Placement:
+        return placement(self.clusters, self.default.site.tenants, view)
+
     def owner(self, view: ResourceView) -> Controller | None:
-        """The controller of the cluster the resource belongs to; None when its attempt's
-        cluster is not configured (`core.placement`)."""
-        tenant_default = None
-        tenants = self.default.site.tenants
-        if tenants is not None and not view.status.attempts:
-            tenant_default = tenants.default_cluster(view.ref.namespace)
-            tenant = tenants.get(view.ref.namespace)
-            if tenant_default is None and tenant is not None and tenant.clusters:
-                # A tenant kept off the first cluster goes to the first it may use, rather
-                # than being refused for a spec.cluster its user never wrote.
-                allowed = [c for c in tenant.clusters if c in self.clusters.names]
-                if allowed and self.clusters.default not in allowed:
-                    tenant_default = allowed[0]
-        name = self.clusters.place(
-            view.spec_cluster, [a.cluster for a in view.status.attempts], tenant_default
-        )
+        """The controller that follows the resource (`core.claims.Placement.followed_on`:
+        where its spec and tenant put it); None when its current attempt claims another
+        cluster (a cluster removed or renamed, a tenant's default changed, or a status
+        rewritten): no cluster's part follows or resubmits it, since one's lookups would
+        call another's job lost. A deletion still looks for its jobs (`finalize`)."""
+        name = self._placement(view).followed_on
         return self._by_name[name] if name is not None else None
 
     async def _unplaced(self, view: ResourceView) -> None:
+        where = self._placement(view)
         attempt = view.status.current_attempt
-        cluster = attempt.cluster if attempt is not None else None
+        named = claimed_cluster(attempt) if attempt is not None else None
         message = (
-            f"attempt {attempt.number if attempt else '?'} was submitted to cluster "
-            f"{cluster or '(unnamed)'}, which is not one of this operator's "
-            f"({', '.join(self.clusters.names)}): it is neither followed nor cancelled "
-            "until that cluster is configured again"
+            f"attempt {attempt.number if attempt else '?'} names cluster "
+            f"{named or '(unnamed)'}, but the SlurmJob belongs to cluster {where.home} "
+            f"(spec.cluster, else its tenant's default, else the first of "
+            f"{', '.join(self.clusters.names)}): it is neither followed nor resubmitted; "
+            "deleting it cancels its live jobs wherever they are found"
             + (
                 " (an unnamed attempt belongs to the cluster named SLURMJOB_CLUSTER_NAME)"
-                if cluster is None
+                if named is None
                 else ""
             )
         )
         if view.ref.uid not in self._told:
+            if len(self._told) >= MAX_TOLD:
+                self._told.clear()
             self._told.add(view.ref.uid)
             log.warning("%s/%s: %s", view.ref.namespace, view.ref.name, message)
             await self.default.event(view.ref, "Warning", "ClusterUnknown", message)
@@ -108,12 +109,14 @@ class Fleet:
 
     async def finalize(self, body: Mapping[str, Any]) -> None:
         view = ResourceView.of(body)
-        owner = self.owner(view)
-        if owner is None:
-            # The finalizer stays: its job may still run on the cluster that is gone.
-            await self._unplaced(view)
-            return
-        await owner.finalize(view)
+        where = self._placement(view)
+        follower = where.followed_on or where.home
+        for name in where.looked_on:
+            if name != follower:
+                # The resource's live jobs on the other cluster of the two (where it belongs,
+                # where its attempt claims to be) are ended too, found by name and verified.
+                await self._by_name[name].end_jobs(view)
+        await self._by_name[follower].finalize(view)
 
     def observe_body(self, body: Mapping[str, Any], *, deleted: bool = False) -> None:
         # Every watch event of every SlurmJob: parsed once for the routing and the owner.

@@ -25,6 +25,7 @@ from slurmjob_operator.core.arrays import (
     observe_array,
     shown_index,
 )
+from slurmjob_operator.core.claims import segment_of
 from slurmjob_operator.core.decisions import (
     belongs,
     stranger,
@@ -65,7 +66,7 @@ async def checkpoint_of(
     """A walltime segment's checkpoint directory as it ended, scanned only when the end lets
     the chain go on (None: no scan, or one longer than `READ_TIMEOUT`: counted as progress)."""
     walltime = view.spec.walltime if view.spec is not None else None
-    if attempt.segment is None or walltime is None or segment_end(ended, walltime) is None:
+    if segment_of(attempt) is None or walltime is None or segment_end(ended, walltime) is None:
         return None
     ref = view.ref
     read = asyncio.to_thread(

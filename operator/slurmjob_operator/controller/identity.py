@@ -21,12 +21,13 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
-from slurmjob_operator.api.status import Attempt
+from slurmjob_operator.api.status import Attempt, AttemptDependency
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.controller.resource import ResourceEdge
+from slurmjob_operator.core import naming
 from slurmjob_operator.core.decisions import IDENTITY_MISMATCH, mismatch_text
 from slurmjob_operator.core.jobview import SlurmJobView
-from slurmjob_operator.core.verified import Unverified, VerifiedJob, Why, verify
+from slurmjob_operator.core.verified import Unverified, VerifiedJob, Why, step, verify
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
@@ -161,6 +162,34 @@ class JobIdentity:
         ref = client.lifecycle_ref(wanted, attempt.sluid) if through_sluid else wanted
         views = await client.get_job(ref)
         return await self.check(view, attempt, views, refused, owners=owners)
+
+    async def upstream_jobs(self, view: ResourceView, records: Sequence[AttemptDependency]) -> bool:
+        """Whether each upstream job id of `records` (taken from an upstream SlurmJob's
+        status: a claim) is, read now, that upstream's attempt's job: its derived name, its
+        comment carrying the upstream's uid and attempt, a Slurm user of the tenant's. Only
+        then does it go into a Slurm dependency: `afterok` on another's job would tell this
+        one how that job ended. Each that is not is said in an Event."""
+        if not records:
+            return True
+        owners = await self.owners(view)
+        if owners is None:
+            return False
+        client = await self.slurm()
+        for record in records:
+            name = naming.job_name(view.ref.namespace, record.name, record.uid, record.attempt)
+            attempt = Attempt(number=record.attempt, job_name=name, job_id=record.job_id)
+            try:
+                views = await client.get_job(record.job_id)
+            except SlurmNotFound:
+                return False
+            with step():
+                made = verify(views, record.uid, attempt, owners=owners, cluster=self.cluster)
+            if not isinstance(made, VerifiedJob):
+                await self._refused(
+                    view.ref, attempt, made, f"it is not made a dependency (upstream {record.name})"
+                )
+                return False
+        return True
 
     async def acting(self, job: VerifiedJob) -> SlurmClient:
         """The client acting as the job's owner."""

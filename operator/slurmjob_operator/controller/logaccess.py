@@ -30,6 +30,7 @@ from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.pipeline import Site
+from slurmjob_operator.core.claims import claimed_cluster
 from slurmjob_operator.core.logview import attempt_ended, pick_attempt
 from slurmjob_operator.core.naming import log_file
 from slurmjob_operator.core.placement import Clusters
@@ -255,13 +256,17 @@ class LogAccess:
         return ResourceView.of(body)
 
     def _files(self, attempt: Attempt) -> ClusterFiles:
-        cluster = attempt.cluster if attempt.cluster is not None else self.names.unnamed
+        # The files of this resource's own attempt (paths derived, never read from the status)
+        # on the storage of the cluster its record names: a claim can only point the read at
+        # its own resource's directory on another cluster's storage.
+        named = claimed_cluster(attempt)
+        cluster = named if named is not None else self.names.unnamed
         files = self.clusters.get(cluster) if cluster is not None else None
         if files is None:
             raise LogFailure(
                 409,
                 "ClusterUnknown",
-                f"attempt {attempt.number} went to cluster {attempt.cluster or '(unnamed)'}, "
+                f"attempt {attempt.number} went to cluster {named or '(unnamed)'}, "
                 "whose storage this operator does not know",
             )
         return files

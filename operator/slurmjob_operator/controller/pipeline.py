@@ -13,6 +13,7 @@ from slurmjob_operator.api.errors import SpecError, parse_spec
 from slurmjob_operator.api.spec import SlurmJobSpec, parse_time_limit
 from slurmjob_operator.api.status import Attempt
 from slurmjob_operator.config import ConfigError, Settings
+from slurmjob_operator.core.claims import ChainSpent, chain_room
 from slurmjob_operator.core.limits import PartitionUnavailable, Snapshot
 from slurmjob_operator.core.probe import (
     ProbeLookup,
@@ -25,6 +26,7 @@ from slurmjob_operator.core.segments import (
     SegmentPlan,
     SegmentRefused,
     SegmentTimeUnknown,
+    chain_limit,
     check_total,
     partition_time,
     plan_segment,
@@ -211,22 +213,22 @@ def _segment(
     namespace: str,
     attempts: Sequence[Attempt],
     snapshot: Snapshot | None,
+    number: int,
 ) -> SegmentPlan | None:
     """The next walltime segment: SpecError when its time cannot be had on this partition and
-    tenant, PartitionUnavailable (wait) when the MaxTime it derives from cannot be read."""
+    tenant, PartitionUnavailable (wait) when the MaxTime it derives from cannot be read,
+    ChainSpent when the chain, counted from what the operator verified, is spent."""
     if spec.walltime is None:
         return None
     scope = site.scope(namespace)
     tenant_max = scope.limits.max_time_minutes if scope is not None else None
     tenant = scope.tenant.name if scope is not None else None
     site_max = parse_time_limit(site.settings.max_total_time)
+    limit = chain_limit(
+        site_max, scope.limits.max_total_minutes if scope is not None else None, tenant
+    )
     try:
-        check_total(
-            spec.walltime,
-            site_max,
-            scope.limits.max_total_minutes if scope is not None else None,
-            tenant,
-        )
+        check_total(spec.walltime, limit)
         full = segment_minutes(
             spec.walltime, partition_time(resolution.partition, snapshot), tenant_max, tenant
         )
@@ -234,7 +236,10 @@ def _segment(
         raise SpecError([str(exc)]) from None
     except SegmentTimeUnknown as exc:
         raise PartitionUnavailable(str(exc)) from None
-    return plan_segment(spec.walltime, attempts, full)
+    room = chain_room(spec.walltime, attempts, number, full, limit)
+    if isinstance(room, str):
+        raise ChainSpent(room)
+    return plan_segment(spec.walltime, attempts, min(full, room))
 
 
 def prepare_attempt(
@@ -264,7 +269,7 @@ def prepare_attempt(
     # The tenant's defaults (account, QOS, time limit) are rendered as if the spec said them.
     spec = resolution.applied_to(spec)
     keys, plan = _probe(spec, site, resolution, namespace, api_version, probes)
-    segment = _segment(spec, site, resolution, namespace, attempts, snapshot)
+    segment = _segment(spec, site, resolution, namespace, attempts, snapshot, attempt)
     ctx = RenderContext(
         namespace=namespace,
         name=name,

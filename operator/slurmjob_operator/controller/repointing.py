@@ -61,6 +61,8 @@ class Repointing:
                     return  # not the attempt's job: left alone, and nothing written
                 acting = await self.identity.acting(job)
                 if update:
+                    if not await self.identity.upstream_jobs(view, plan.records):
+                        return  # an upstream's id not proven its job: asked again next time
                     dependency = slurm_dependency(plan.records) or ""
                     for warning in await acting.set_dependency(job, dependency):
                         log.warning("repointing Slurm job %s: %s", job.job_id, warning)

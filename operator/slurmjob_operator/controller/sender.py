@@ -32,6 +32,14 @@ from slurmjob_operator.controller.pipeline import (
 )
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core.arrays import next_indices
+from slurmjob_operator.core.claims import (
+    BudgetSpent,
+    ChainSpent,
+    attempt_cap,
+    claimed_cluster,
+    next_attempt,
+    over_cap,
+)
 from slurmjob_operator.core.decisions import Failure, Retry, failed_step, growing_delay
 from slurmjob_operator.core.dependencies import slurm_dependency
 from slurmjob_operator.core.kueue import Verdict as Admitted
@@ -48,6 +56,8 @@ from slurmjob_operator.site.tenants import TenantUnknown
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAmbiguous, SlurmAuthError, SlurmError, SlurmRejected
+from slurmjob_operator.storage.ledger import attempts_made
+from slurmjob_operator.storage.nofollow import UnsafePath
 from slurmjob_operator.storage.staging import remove_attempt
 from slurmjob_operator.storage.stagingtree import StagingError, StagingNotWritable
 from slurmjob_operator.times import utc_now
@@ -56,6 +66,7 @@ log = logging.getLogger(__name__)
 
 #: What may stop a submit before the attempt is recorded (nothing sent) and after it.
 PREPARE_ERRORS = (
+    BudgetSpent,
     SpecError,
     RenderError,
     PreflightError,
@@ -75,6 +86,10 @@ MAX_TRACKED_SITE_FAILURES = 10_000
 def classify(exc: Exception, *, recorded: bool) -> Failure:
     """The failure class of an exception from a submit step (see `core.decisions`)."""
     if not recorded:
+        if isinstance(exc, ChainSpent):  # a BudgetSpent: first
+            return Failure.CHAIN_SPENT
+        if isinstance(exc, BudgetSpent):
+            return Failure.ATTEMPTS_SPENT
         if isinstance(exc, TenantUnknown):  # a SpecError, but not the spec's fault
             return Failure.TENANT_UNKNOWN
         if isinstance(exc, SpecError | RenderError | PreflightError):
@@ -197,6 +212,29 @@ class Sender:
         if job is not None:
             await self.identity.cancel_quietly(job)
 
+    async def _next_number(self, view: ResourceView) -> int:
+        """The next attempt's number, counted from the attempt directories the operator made
+        as well as the status (`core.claims`); BudgetSpent past every attempt the spec's
+        budgets allow together, StagingNotWritable when the directories cannot be counted."""
+        ref = view.ref
+        try:
+            made = await asyncio.to_thread(
+                attempts_made, self.settings, ref.namespace, ref.name, ref.uid
+            )
+        except UnsafePath:
+            # A tree the walk refuses takes no attempt either: staging says why, in its words.
+            made = 0
+        except OSError as exc:
+            raise StagingNotWritable(f"the attempts made cannot be counted: {exc}") from exc
+        number = next_attempt(view.status, made)
+        spec = view.spec
+        if spec is not None:
+            cap = attempt_cap(spec.retry.limit, self.settings.probe_attempts, spec.walltime)
+            refusal = over_cap(number, cap)
+            if refusal is not None:
+                raise BudgetSpent(refusal)
+        return number
+
     async def _prepare(
         self,
         view: ResourceView,
@@ -221,8 +259,12 @@ class Sender:
     ) -> None:
         """Render, record, stage and POST the next attempt, then confirm its receipt;
         `sent()` is called once the POST is answered (or failed), before the confirmation."""
-        number = len(view.status.attempts) + 1
         spec = view.spec
+        try:
+            number = await self._next_number(view)
+        except (BudgetSpent, StagingNotWritable) as exc:
+            await self.failed(view, exc, recorded=False)
+            return
         # A job array's retry submits only the tasks that did not succeed (`core.arrays`).
         indices = (
             next_indices(view.status.attempts, spec.array.count)
@@ -256,6 +298,8 @@ class Sender:
                 excluded=list(plan.exclude),
             )
         if upstream:
+            if not await self.identity.upstream_jobs(view, upstream):
+                raise RetryLater("an upstream's Slurm job is not proven its own yet", self._backoff)
             launch = launch.model_copy(update={"dependency": slurm_dependency(upstream)})
         staging = prepared.rendered.staging_dir
         view = await self.edge.apply(
@@ -277,7 +321,9 @@ class Sender:
             ),
         )
         current = view.status.current_attempt
-        if len(self.clusters.names) > 1 and (current is None or current.cluster != self.cluster):
+        if len(self.clusters.names) > 1 and (
+            current is None or claimed_cluster(current) != self.cluster
+        ):
             # The apiserver pruned the field (a CRD older than this release): the attempt
             # would be followed on whichever cluster an unnamed attempt belongs to.
             text = (

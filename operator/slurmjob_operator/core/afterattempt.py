@@ -15,6 +15,7 @@ from datetime import datetime
 
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase
+from slurmjob_operator.core.claims import segment_of
 from slurmjob_operator.core.following import not_retried, retry_scheduled
 from slurmjob_operator.core.probe import after_failed_probe
 from slurmjob_operator.core.retries import decide
@@ -76,7 +77,7 @@ def segment_rules(end: AttemptEnd) -> Transition | None:
     rules, outside their budget); exit 0 and every other end are left to the rules after."""
     walltime = end.spec.walltime
     attempt = end.ended.status.current_attempt
-    if walltime is None or attempt is None or attempt.segment is None:
+    if walltime is None or attempt is None or segment_of(attempt) is None:
         return None
     how = segment_end(end.observation, walltime)
     if how is None:

@@ -49,6 +49,8 @@ class Failure(StrEnum):
     SLURM_REFUSED_CREDENTIALS = "SlurmRefusedCredentials"  # while connecting
     SLURM_UNREACHABLE = "SlurmUnreachable"  # while connecting
     STAGING_NOT_WRITABLE = "StagingNotWritable"  # the site's staging tree refuses the attempt
+    ATTEMPTS_SPENT = "AttemptsSpent"  # every attempt the spec's budgets allow was made
+    CHAIN_SPENT = "ChainSpent"  # a walltime chain's verified segments or time are spent
     # After the attempt is recorded.
     REJECTED = "Rejected"  # Slurm refused the job description
     AMBIGUOUS = "Ambiguous"  # the POST may have created a job
@@ -91,6 +93,8 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
     Failure.STAGING_NOT_WRITABLE: FailurePlan(Reason.STAGING_NOT_WRITABLE, Retry.GROWING),
+    Failure.ATTEMPTS_SPENT: FailurePlan(Reason.ATTEMPTS_EXHAUSTED, Retry.NEVER),
+    Failure.CHAIN_SPENT: FailurePlan(Reason.WALLTIME_EXHAUSTED, Retry.NEVER),
     Failure.REJECTED: FailurePlan(
         Reason.SUBMIT_REJECTED,
         Retry.NEVER,
@@ -138,6 +142,8 @@ def failed_step(
         Failure.RUNTIME_INVALID,
         Failure.LIMIT_EXCEEDED,
         Failure.PROBE_EXHAUSTED,
+        Failure.ATTEMPTS_SPENT,
+        Failure.CHAIN_SPENT,
     ):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
     if failure is Failure.REJECTED:

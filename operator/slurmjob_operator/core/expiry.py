@@ -1,6 +1,7 @@
 """When a finished SlurmJob is deleted: spec.ttlSecondsAfterFinished, as a batch/v1 Job's.
 
-The clock starts when `Finished` turned True (its lastTransitionTime), so nothing that is not
+The clock starts when `Finished` turned True (its lastTransitionTime, never later than when
+the operator first saw the SlurmJob final: `core.claims.finished_at`), so nothing that is not
 final starts it: a refusal an edit decides again (`Finished=False`), an attempt followed by
 another (Pending with its next due time). The site gives a default for SlurmJobs without the
 field (none unless the admin sets one) and a maximum that caps every TTL. Whether an upstream
@@ -13,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from slurmjob_operator.api.status import SlurmJobStatus, get_condition
-from slurmjob_operator.core.finality import FINISHED, is_final
-from slurmjob_operator.times import parse_rfc3339
+from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.core.claims import finished_at
 
 
 @dataclass(frozen=True)
@@ -37,25 +37,15 @@ def effective_ttl(spec_ttl: int | None, policy: TtlPolicy) -> int | None:
     return max(0, ttl)
 
 
-def finished_at(status: SlurmJobStatus) -> datetime | None:
-    """When the SlurmJob finished: `Finished=True`'s transition time, on a final status."""
-    if not is_final(status):
-        return None
-    finished = get_condition(status.conditions, FINISHED)
-    if finished is None or finished.status != "True":
-        return None
-    try:
-        return parse_rfc3339(finished.last_transition_time)
-    except ValueError:  # not a time this operator wrote: no clock to start
-        return None
-
-
-def expires_in(status: SlurmJobStatus, ttl: int | None, now: datetime) -> float | None:
+def expires_in(
+    status: SlurmJobStatus, ttl: int | None, now: datetime, first_seen: datetime | None = None
+) -> float | None:
     """Seconds until the SlurmJob is due for deletion (0: due now); None: never (no TTL, or
-    not finished)."""
+    not finished). `first_seen`: when this process first saw it final (`claims.finished_at`
+    clamps the status's time to it)."""
     if ttl is None:
         return None
-    at = finished_at(status)
+    at = finished_at(status, first_seen, now)
     if at is None:
         return None
     return max(0.0, (at - now).total_seconds() + ttl)

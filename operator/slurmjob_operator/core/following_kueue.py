@@ -11,6 +11,7 @@ import re
 from datetime import datetime
 
 from slurmjob_operator.api.status import ConditionStatus, SlurmJobStatus, get_condition
+from slurmjob_operator.core.claims import action_of
 from slurmjob_operator.core.kueue.admission import KUEUE_UNAVAILABLE, Admission, Verdict
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.reconcile import READY, RUNNING, SUSPENDED
@@ -103,7 +104,7 @@ def kueue_held(status: SlurmJobStatus) -> bool:
         and cond.status == "True"
         and attempt is not None
         and attempt.job_id is not None
-        and attempt.retry_action is None
+        and action_of(attempt) is None
         and status.phase is not None
         and not status.phase.is_terminal
     )

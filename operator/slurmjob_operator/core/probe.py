@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 from slurmjob_operator.api.probestatus import MAX_PROBE_NODES, NODE_NAME_RE, AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import ConditionStatus, SlurmJobStatus
+from slurmjob_operator.core.claims import action_of
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
     NORMAL,
@@ -206,7 +207,7 @@ def with_probe(
 
 def probe_retries(status: SlurmJobStatus) -> int:
     """New attempts the probe has made so far (its own counter, apart from spec.retry's)."""
-    return sum(1 for a in status.attempts if a.retry_action == PROBE_RETRY_ACTION)
+    return sum(1 for a in status.attempts if action_of(a) == PROBE_RETRY_ACTION)
 
 
 def after_failed_probe(

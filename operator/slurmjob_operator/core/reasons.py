@@ -118,6 +118,7 @@ class Reason(StrEnum):
     SEGMENT_CONTINUED = "SegmentContinued"
     WALLTIME_EXHAUSTED = "WalltimeExhausted"
     NO_PROGRESS = "NoProgress"
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
 
 
 #: What each reason tells a user.
@@ -142,7 +143,13 @@ REASON_MEANINGS: dict[Reason, str] = {
     ),
     Reason.WALLTIME_EXHAUSTED: (
         "The walltime chain spent its totalTime or ran maxSegments segments without a "
-        "segment exiting 0."
+        "segment exiting 0 (or, counted from the attempts the operator made, each at its "
+        "full segment time, would pass maxSegments or the site's or tenant's maximum)."
+    ),
+    Reason.ATTEMPTS_EXHAUSTED: (
+        "No further attempt: the operator made every attempt the retry limit, the ignored "
+        "retries, the probe's attempts, the walltime segments and the allowance for attempts "
+        "that never ran add up to."
     ),
     Reason.NO_PROGRESS: (
         "Two walltime segments in a row ended with nothing under the checkpoint directory "
@@ -282,6 +289,8 @@ WRITTEN: frozenset[Written] = frozenset(
                 R.RUNTIME_ARTIFACT_INVALID,
                 R.LIMIT_EXCEEDED,
                 R.DEPENDENCY_FAILED,
+                R.ATTEMPTS_EXHAUSTED,
+                R.WALLTIME_EXHAUSTED,
             )
             for cond, status in ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T))
         ),

@@ -23,6 +23,7 @@ from slurmjob_operator.api.status import (
     SlurmJobStatus,
 )
 from slurmjob_operator.core.arrays import array_total
+from slurmjob_operator.core.claims import action_of
 from slurmjob_operator.core.indices import compact
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
@@ -190,7 +191,7 @@ def not_submitted(
         attempts = attempts[:-1]
     base = status.model_copy(update={"attempts": attempts})
     previous = base.current_attempt
-    if previous is not None and previous.retry_action in NEW_ATTEMPT_ACTIONS:
+    if previous is not None and action_of(previous) in NEW_ATTEMPT_ACTIONS:
         # The attempt was a scheduled retry: it stays scheduled (the caller waits a while).
         base = base.model_copy(update={"next_attempt_at": rfc3339(now)})
     return waiting(base, reason, message, generation, now)

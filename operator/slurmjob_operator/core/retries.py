@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from slurmjob_operator.api.patterns import compile_pattern
 from slurmjob_operator.api.retry import ExitCodes, RetryAction, RetryRule, RetrySpec
 from slurmjob_operator.api.status import Attempt, Phase
+from slurmjob_operator.core.claims import MAX_IGNORED, action_of
 from slurmjob_operator.core.states import Observation
 
-#: Attempts an Ignore rule may add on top of `limit` (so a rule cannot loop forever).
-MAX_IGNORED = 10
 MAX_BACKOFF_SECONDS = 3600
 #: The stdout and stderr tails (64 KiB each, `storage.logs`) joined by a newline. A tail is
 #: decoded with replacement, so its UTF-8 can be longer than the file's bytes were.
@@ -118,7 +117,8 @@ def decide(
 ) -> RetryDecision:
     """What to do about a finished attempt. Only a Failed one is ever retried.
 
-    `attempts` are the resource's earlier attempts (their `retry_action` says what counted).
+    `attempts` are the resource's earlier attempts (their `retry_action` says what counted;
+    `core.claims.over_cap` bounds what a rewritten one can win).
     """
     if obs.phase is not Phase.FAILED or not obs.final:
         return RetryDecision(RetryAction.FAIL, "not failed", "only failed attempts are retried")
@@ -133,8 +133,8 @@ def decide(
             f"{obs.reason}: a failure of the program itself is not retried",
         )
     name, rule = chosen
-    counted = sum(1 for a in attempts if a.retry_action == RetryAction.RETRY.value)
-    ignored = sum(1 for a in attempts if a.retry_action == RetryAction.IGNORE.value)
+    counted = sum(1 for a in attempts if action_of(a) == RetryAction.RETRY.value)
+    ignored = sum(1 for a in attempts if action_of(a) == RetryAction.IGNORE.value)
     if rule.action is RetryAction.FAIL:
         return RetryDecision(RetryAction.FAIL, name, f"{name} says Fail ({obs.reason})")
     if rule.action is RetryAction.RETRY and counted >= spec.limit:

@@ -23,6 +23,7 @@ from datetime import datetime
 from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.api.status import Attempt, ConditionStatus, Phase, SlurmJobStatus
 from slurmjob_operator.api.walltime import SIGNAL_SLACK_SECONDS, WalltimeSpec, warning_problem
+from slurmjob_operator.core.claims import ChainLimit, never_ran, segment_of
 from slurmjob_operator.core.limits import Snapshot, partition_of
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.states import Observation
@@ -101,17 +102,19 @@ def partition_time(partition: str | None, snapshot: Snapshot | None) -> Partitio
     return PartitionTime(read=True, minutes=found.max_time_minutes)
 
 
-def check_total(
-    walltime: WalltimeSpec, site_max: int, tenant_max: int | None, tenant: str | None
-) -> None:
-    """SegmentRefused when totalTime is longer than the site's maximum or the tenant's."""
-    longest, whose = site_max, "the site's maximum (SLURMJOB_MAX_TOTAL_TIME)"
+def chain_limit(site_max: int, tenant_max: int | None, tenant: str | None) -> ChainLimit:
+    """The longest a chain may run: the site's maximum, or the tenant's if lower."""
     if tenant_max is not None and tenant_max < site_max:
-        longest, whose = tenant_max, f"tenant {tenant}'s maxTotalTime"
-    if walltime.total_minutes > longest:
+        return ChainLimit(tenant_max, f"tenant {tenant}'s maxTotalTime")
+    return ChainLimit(site_max, "the site's maximum (SLURMJOB_MAX_TOTAL_TIME)")
+
+
+def check_total(walltime: WalltimeSpec, limit: ChainLimit) -> None:
+    """SegmentRefused when totalTime is longer than the site's maximum or the tenant's."""
+    if walltime.total_minutes > limit.minutes:
         raise SegmentRefused(
             f"spec.walltime.totalTime: {walltime.total_minutes} minutes is longer than "
-            f"{whose} of {longest} minutes"
+            f"{limit.whose} of {limit.minutes} minutes"
         )
 
 
@@ -168,7 +171,7 @@ def ran_seconds(attempt: Attempt) -> float:
 
 def used_seconds(attempts: Sequence[Attempt]) -> float:
     """The time the chain's segments ran, a segment cut short (an eviction) included."""
-    return sum(ran_seconds(a) for a in attempts if a.segment is not None)
+    return sum(ran_seconds(a) for a in attempts if segment_of(a) is not None)
 
 
 def plan_segment(walltime: WalltimeSpec, attempts: Sequence[Attempt], full: int) -> SegmentPlan:
@@ -178,20 +181,13 @@ def plan_segment(walltime: WalltimeSpec, attempts: Sequence[Attempt], full: int)
     left = walltime.total_minutes * 60 - used_seconds(attempts)
     floor = math.ceil((walltime.warning_seconds + SIGNAL_SLACK_SECONDS) / 60)
     minutes = min(full, max(math.ceil(left / 60), floor))
-    if last is None or last.segment is None:
+    record = segment_of(last) if last is not None else None
+    if last is None or record is None:
         return SegmentPlan(0, minutes, last.job_id if last is not None else None)
     if never_ran(last):
         # The same segment again, resuming from the same job as it would have.
-        return SegmentPlan(last.segment.index, minutes, last.segment.previous_job_id)
-    return SegmentPlan(last.segment.index + 1, minutes, last.job_id)
-
-
-def never_ran(attempt: Attempt) -> bool:
-    """Whether an attempt's job never ran: no job (its submission proven lost or declared
-    lost), or last seen pending (evicted or cancelled while queued)."""
-    if attempt.job_id is None or attempt.proven_absent_at or attempt.declared_lost:
-        return True
-    return attempt.started_at is None and attempt.native_state in (None, "PENDING")
+        return SegmentPlan(record.index, minutes, record.previous_job_id)
+    return SegmentPlan(record.index + 1, minutes, last.job_id)
 
 
 def segment_end(observation: Observation, walltime: WalltimeSpec) -> str | None:
@@ -234,16 +230,17 @@ def after_segment(
     (None: not read): the next segment at once, else the chain's end."""
     attempt = status.current_attempt
     assert attempt is not None
-    assert attempt.segment is not None
+    record = segment_of(attempt)
+    assert record is not None
     earlier = status.attempts[-2] if len(status.attempts) > 1 else None
-    before_seg = earlier.segment if earlier is not None else None
-    if attempt.segment.index == 0:
+    before_seg = segment_of(earlier) if earlier is not None else None
+    if record.index == 0:
         before: str | None = EMPTY_CHECKPOINT
     else:
         before = before_seg.checkpoint if before_seg is not None else None
     known = checkpoint is not None and checkpoint != UNKNOWN_CHECKPOINT
     progress = not known or before in (None, UNKNOWN_CHECKPOINT) or checkpoint != before
-    segment = attempt.segment.model_copy(
+    segment = record.model_copy(
         update={"ended": how, "checkpoint": checkpoint, "progress": progress}
     )
     attempt = attempt.model_copy(update={"segment": segment})

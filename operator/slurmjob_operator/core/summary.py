@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from slurmjob_operator.api.status import SlurmJobStatus
+from slurmjob_operator.core.claims import claimed_cluster, segment_of
 from slurmjob_operator.core.finality import is_final, with_finished
 from slurmjob_operator.times import parse_rfc3339
 
@@ -41,12 +42,12 @@ def with_summary(status: SlurmJobStatus, generation: int | None, now: datetime) 
     """`status` with `attempt`, `cluster`, `segment`, `duration` and `Finished` in step with
     the rest."""
     current = status.current_attempt
+    record = segment_of(current) if current is not None else None
     update = {
         "attempt": current.number if current is not None else None,
-        "cluster": current.cluster if current is not None else None,
-        "segment": (
-            current.segment.index if current is not None and current.segment is not None else None
-        ),
+        # Shown as the attempt's record says (printer columns); nothing decides on them.
+        "cluster": claimed_cluster(current) if current is not None else None,
+        "segment": record.index if record is not None else None,
         "duration": _duration(status),
     }
     if any(getattr(status, key) != value for key, value in update.items()):

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from slurmjob_operator.api.status import Attempt, Condition, LogTail, SlurmJobStatus
+from slurmjob_operator.core.claims import action_of, claimed_cluster, segment_of, transition_time
 from slurmjob_operator.core.decisions import Hold, hold_action
 from slurmjob_operator.times import parse_rfc3339
 
@@ -172,7 +173,7 @@ def get_table(jobs: Sequence[Job], now: datetime, *, namespaces: bool = False) -
             cell(attempt.number if attempt else None),
             cell(attempt.job_id if attempt else None),
             cell(attempt.sluid if attempt else None),
-            cell(attempt.cluster if attempt else None),
+            cell(claimed_cluster(attempt) if attempt else None),
         ]
         if arrays:
             row.append(cell(array_counts(job.array), CELL_MAX))
@@ -199,19 +200,19 @@ def _attempt_row(attempt: Attempt) -> list[str]:
         cell(attempt.number),
         cell(attempt.job_id),
         cell(attempt.sluid),
-        cell(attempt.cluster),
+        cell(claimed_cluster(attempt)),
         cell(state, CELL_MAX),
         cell(attempt.reason, CELL_MAX),
         cell(exit_text),
         cell(attempt.submitted_at),
         cell(attempt.started_at),
         cell(attempt.finished_at),
-        cell(attempt.retry_action),
+        cell(action_of(attempt)),
     ]
 
 
 def _segment_cell(attempt: Attempt) -> str:
-    segment = attempt.segment
+    segment = segment_of(attempt)
     if segment is None:
         return cell(None)
     ended = f" ({segment.ended})" if segment.ended else ""
@@ -243,8 +244,9 @@ def describe(job: Job, now: datetime, *, tail_lines: int = TAIL_LINES) -> str:
     ]
     if attempt is not None:
         sluid = f", SLUID {cell(attempt.sluid)}" if attempt.sluid else ""
+        where = cell(claimed_cluster(attempt))
         out.append(
-            f"Slurm job:     {cell(attempt.job_id)}{sluid}, cluster {cell(attempt.cluster)}"
+            f"Slurm job:     {cell(attempt.job_id)}{sluid}, cluster {where}"
             f" (attempt {attempt.number} of {len(status.attempts)})"
         )
     if status.nodes:
@@ -258,7 +260,7 @@ def describe(job: Job, now: datetime, *, tail_lines: int = TAIL_LINES) -> str:
         headers = ["#", "JOBID", "SLUID", "CLUSTER", "STATE", "SLURM REASON", "EXIT"]
         headers += ["SUBMITTED", "STARTED", "FINISHED", "RETRY"]
         rows = [_attempt_row(a) for a in status.attempts]
-        if any(a.segment is not None for a in status.attempts):
+        if any(segment_of(a) is not None for a in status.attempts):
             # A walltime chain: each attempt's segment and how it ended.
             headers.append("SEGMENT")
             rows = [[*r, _segment_cell(a)] for r, a in zip(rows, status.attempts, strict=True)]
@@ -272,7 +274,7 @@ def describe(job: Job, now: datetime, *, tail_lines: int = TAIL_LINES) -> str:
                 cell(c.type),
                 cell(c.status),
                 cell(c.reason),
-                age(c.last_transition_time, now),
+                age(transition_time(c), now),
                 cell(c.message),
             ]
             for c in status.conditions
