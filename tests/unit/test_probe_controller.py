@@ -22,6 +22,7 @@ from .controller_fakes import Bed, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
 
+OK = ("COMPLETED", 0)
 PROBE = {"command": ["probe"], "timeoutSeconds": 30, "ladder": [{"NCCL_P2P_DISABLE": "1"}]}
 
 
@@ -220,3 +221,52 @@ async def test_a_record_that_is_no_plain_small_file_of_the_job_is_not_read(
     assert probe.outcome is None
     assert get_condition(status.conditions, "ProbePassed") is None
     assert not bed.store.configmaps
+
+
+def claim_keys(bed: Bed, ref: Any, key: str, avoid: str) -> None:
+    """What anyone who may write the status can do: name another tenant's probe keys in it."""
+    probe = bed.store.body(ref)["status"]["attempts"][-1]["probe"]
+    probe.update(key=key, avoid=avoid)
+
+
+async def end_with(bed: Bed, ref: Any, record: str, state: str, code: int) -> None:
+    write_record(bed, ref, record)
+    job_id = bed.store.status(ref).attempts[-1].job_id
+    assert job_id is not None
+    bed.slurm.set_state(job_id, state, code)
+    await refresh(bed, ref)
+
+
+async def planned(bed: Bed, name: str, namespace: str) -> tuple[int | None, list[str]]:
+    ref = bed.store.create(name, gpu_spec(), namespace=namespace)
+    await reconcile(bed, ref)
+    probe = bed.store.status(ref).attempts[0].probe
+    assert probe is not None
+    return probe.cached_rung, probe.excluded
+
+
+async def test_a_status_naming_another_tenants_probe_keys_steers_only_its_own(bed: Bed) -> None:
+    """Issue 42: team-a writes team-b's cache and avoid keys into its own status. Its pass
+    plants no rung for team-b, its failure neither forgets team-b's rung nor lands the nodes
+    it blamed in team-b's avoid list: the keys are made again from team-a's resource."""
+    theirs = bed.store.create("train", gpu_spec(retry={"limit": 0}), namespace="team-b")
+    await reconcile(bed, theirs)
+    keys = bed.store.status(theirs).attempts[0].probe
+    assert keys is not None
+    planting = bed.store.create("plant", gpu_spec(retry={"limit": 0}), namespace="team-a")
+    await reconcile(bed, planting)
+    claim_keys(bed, planting, keys.key, keys.avoid)
+    await end_with(bed, planting, "nodes n3\nrung 0 passed 41.5\nresult passed 0 41.5\n", *OK)
+    assert await planned(bed, "b2", "team-b") == (None, [])  # no rung planted for team-b
+    await end_with(
+        bed, theirs, "nodes n4\nrung 0 hung\nrung 1 passed 40\nresult passed 1 40\n", *OK
+    )
+    assert await planned(bed, "b3", "team-b") == (1, [])
+    blaming = bed.store.create("blame", gpu_spec(retry={"limit": 0}), namespace="team-a")
+    await reconcile(bed, blaming)
+    claim_keys(bed, blaming, keys.key, keys.avoid)
+    failed = "nodes n1 n2\nrung 0 failed n1 n2\nrung 1 failed n1 n2\nresult failed\n"
+    await end_with(bed, blaming, failed, "FAILED", 1)
+    # team-b's rung is still cached and it avoids nothing; team-a avoids what it blamed.
+    assert await planned(bed, "b4", "team-b") == (1, [])
+    assert await planned(bed, "a4", "team-a") == (None, ["n1", "n2"])
