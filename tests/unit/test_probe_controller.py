@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.controller.pipeline import probe_keys_of
 from slurmjob_operator.core.naming import PROBE_RECORD_FILE
 from slurmjob_operator.slurm.nodes import NodeInfo
 
@@ -270,3 +272,28 @@ async def test_a_status_naming_another_tenants_probe_keys_steers_only_its_own(be
     # team-b's rung is still cached and it avoids nothing; team-a avoids what it blamed.
     assert await planned(bed, "b4", "team-b") == (1, [])
     assert await planned(bed, "a4", "team-a") == (None, ["n1", "n2"])
+
+
+async def test_the_keys_made_again_are_the_submits(bed: Bed) -> None:
+    """What `following` remembers under is what the submit looked up: the same function on the
+    resource; a partition Kueue's flavor chose counts only where the spec names none."""
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}), namespace="team-b")
+    await reconcile(bed, ref)
+    shown = bed.store.status(ref).attempts[0].probe
+    assert shown is not None
+    site, spec = bed.controller.site, SlurmJobSpec.model_validate(gpu_spec())
+    keys = probe_keys_of(spec, site, "team-b")
+    assert keys is not None
+    assert (keys.cache, keys.avoid, keys.ladder, keys.owner) == (
+        shown.key,
+        shown.avoid,
+        shown.ladder,
+        "namespace:team-b",
+    )
+    placed = probe_keys_of(spec, site, "team-b", placed="gpu")
+    named = spec.model_copy(update={"partition": "gpu"})
+    assert placed == probe_keys_of(named, site, "team-b")
+    assert placed is not None
+    assert (placed.cache != keys.cache, placed.avoid) == (True, keys.avoid)
+    assert probe_keys_of(named, site, "team-b", placed="other") == placed
+    assert probe_keys_of(SlurmJobSpec.model_validate(cpu_spec()), site, "team-b") is None
