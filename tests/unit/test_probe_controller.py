@@ -9,15 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, get_condition
 from slurmjob_operator.controller.pipeline import probe_keys_of
+from slurmjob_operator.controller.probing import Probing
+from slurmjob_operator.core.kueue import QUEUE_LABEL
 from slurmjob_operator.core.naming import PROBE_RECORD_FILE
+from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.nodes import NodeInfo
 
 from .controller_fakes import Bed, cpu_spec, make_bed
@@ -25,6 +30,7 @@ from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
 
 OK = ("COMPLETED", 0)
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 PROBE = {"command": ["probe"], "timeoutSeconds": 30, "ladder": [{"NCCL_P2P_DISABLE": "1"}]}
 
 
@@ -297,3 +303,39 @@ async def test_the_keys_made_again_are_the_submits(bed: Bed) -> None:
     assert (placed.cache != keys.cache, placed.avoid) == (True, keys.avoid)
     assert probe_keys_of(named, site, "team-b", placed="other") == placed
     assert probe_keys_of(SlurmJobSpec.model_validate(cpu_spec()), site, "team-b") is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "partition", "placed", "asked"),
+    [
+        ({}, None, "gpu", [None]),  # no queue: Slurm's partition is not the submit's input
+        ({QUEUE_LABEL: "q"}, None, "gpu", ["gpu"]),  # Kueue's flavor chose it: Slurm says which
+        ({QUEUE_LABEL: "q"}, None, None, []),  # not known this time (logs only): wait
+        ({QUEUE_LABEL: "q"}, "debug", None, [None]),  # the spec's own partition
+    ],
+)
+async def test_a_kueue_jobs_keys_take_the_partition_slurm_reports(
+    bed: Bed,
+    labels: dict[str, str],
+    partition: str | None,
+    placed: str | None,
+    asked: list[str | None],
+) -> None:
+    calls: list[str | None] = []
+
+    def keys(view: ResourceView, where: str | None) -> None:
+        calls.append(where)
+
+    async def no_slurm() -> Any:
+        raise AssertionError("not asked")
+
+    probing = Probing(bed.settings, no_slurm, lambda namespace: None, keys)
+    spec = gpu_spec(partition=partition) if partition else gpu_spec()
+    ref = bed.store.create("train", spec)
+    bed.store.touch(ref, **labels)
+    await reconcile(bed, ref)
+    view = ResourceView.of(bed.store.body(ref))
+    attempt = view.status.attempts[-1]
+    transition = Transition(view.status)
+    assert await probing.fold(view, attempt, transition, NOW, placed) is transition
+    assert calls == asked
