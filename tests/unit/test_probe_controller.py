@@ -18,14 +18,17 @@ import pytest
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.controller import Controller
 from slurmjob_operator.controller.pipeline import probe_keys_of
+from slurmjob_operator.controller.probebook import probe_book
 from slurmjob_operator.controller.probing import Probing
 from slurmjob_operator.core.kueue import QUEUE_LABEL
 from slurmjob_operator.core.naming import PROBE_RECORD_FILE
 from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.nodes import NodeInfo
 
-from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import Bed, StubToken, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
 
@@ -339,3 +342,33 @@ async def test_a_kueue_jobs_keys_take_the_partition_slurm_reports(
     transition = Transition(view.status)
     assert await probing.fold(view, attempt, transition, NOW, placed) is transition
     assert calls == asked
+
+
+async def test_every_part_of_the_process_shares_one_probe_book(bed: Bed) -> None:
+    """The fleet's parts weigh the ConfigMap's bound in one memory (`probe_book`): what one
+    part's job taught, the other's next submit sees at once, with no read of its own."""
+    book = probe_book(bed.settings, bed.store)
+    assert book is not None
+    parts = [
+        Bed(bed.settings, bed.store, bed.slurm, part, bed.metrics)
+        for part in (
+            Controller(
+                bed.settings,
+                bed.store,
+                None,  # type: ignore[arg-type]  # the in-memory Slurm replaces the transport
+                Metrics(),
+                token=StubToken(),  # type: ignore[arg-type]
+                link=bed.slurm,  # type: ignore[arg-type]
+                probes=book,
+            )
+            for _ in range(2)
+        )
+    ]
+    assert await planned(parts[1], "first", "team-a") == (None, [])
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}))
+    await reconcile(parts[0], ref)
+    await end_with(
+        parts[0], ref, "nodes n1\nrung 0 failed n1\nrung 1 failed n1\nresult failed\n", "FAILED", 1
+    )
+    assert await planned(parts[1], "next", "team-a") == (None, ["n1"])
+    assert bed.store.configmap_reads == 1
