@@ -208,9 +208,8 @@ async def test_a_node_the_probe_blames_is_excluded_next_and_a_pass_is_cached(
         decided = after_failed_probe(probed, 2, 1, now).status
         assert decided.phase is Phase.PENDING
         assert decided.attempts[-1].retry_action == PROBE_RETRY_ACTION
-        probe_now = probed.attempts[-1].probe
-        assert probe_now is not None
-        await book.remember(probe_now)
+        assert first.probe_keys is not None
+        await book.remember(first.probe_keys, record)
         # Attempt 2: the book excludes n1.
         second, jobs, _ = await _attempt(bed, client, spec, "blame", uid, 2, book)
         assert second.probe_plan is not None
@@ -220,7 +219,8 @@ async def test_a_node_the_probe_blames_is_excluded_next_and_a_pass_is_cached(
         assert _out(second).split() == ["node=n2", "p2p=unset"]
         passed = _record(second)
         assert passed == ProbeRecord("Passed", 0, 42.5, ("0:passed",))
-        await book.remember(_planned(second).model_copy(update={"outcome": "Passed", "rung": 0}))
+        assert second.probe_keys is not None
+        await book.remember(second.probe_keys, passed)
         # Another job of the same namespace and key: the probe is skipped (its record says so,
         # and no probe log was written) and the command runs.
         third, jobs, _ = await _attempt(bed, client, spec, "cached", str(uuid.uuid4()), 1, book)

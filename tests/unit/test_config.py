@@ -43,6 +43,8 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_PROBE_CACHE_SECONDS", "60", "probe_cache_seconds", 60),
     ("SLURMJOB_PROBE_AVOID_SECONDS", "600", "probe_avoid_seconds", 600),
     ("SLURMJOB_PROBE_CONFIGMAP", "probes", "probe_configmap", "probes"),
+    ("SLURMJOB_PROBE_CAPACITY_BYTES", "131072", "probe_capacity_bytes", 131072),
+    ("SLURMJOB_PROBE_FLOOR_BYTES", "0", "probe_floor_bytes", 0),
     ("SLURMJOB_POLL_INTERVAL", "5", "poll_interval", 5.0),
     ("SLURMJOB_POLL_INTERVAL", " 0.5 ", "poll_interval", 0.5),
     ("SLURMJOB_DELETE_TIMEOUT", "30", "delete_timeout", 30.0),
@@ -200,6 +202,11 @@ ERRORS: list[tuple[dict[str, str], str]] = [
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "59"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be greater"),
     ({"SLURMJOB_SLURM_JWT_LIFESPAN": "1e3"}, "SLURMJOB_SLURM_JWT_LIFESPAN: Input should be"),
     ({"SLURMJOB_METRICS_PORT": "65536"}, "SLURMJOB_METRICS_PORT: Input should be less than"),
+    # Past 960 KiB the probe ConfigMap could reach the apiserver's 1 MiB (issue 42).
+    (
+        {"SLURMJOB_PROBE_CAPACITY_BYTES": "1048576"},
+        "SLURMJOB_PROBE_CAPACITY_BYTES: Input should be less than or equal to 983040",
+    ),
     ({"SLURMJOB_LEASE_NAME": "Bad_Name"}, "SLURMJOB_LEASE_NAME: String should match pattern"),
     ({"SLURMJOB_LEASE_NAMESPACE": "a" * 64}, "SLURMJOB_LEASE_NAMESPACE: String should match"),
     (

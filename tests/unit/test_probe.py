@@ -4,12 +4,8 @@ cache and avoid lists the operator keeps in its ConfigMap."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
-from unittest.mock import patch
 
 import pytest
 from pydantic import ValidationError
@@ -17,12 +13,6 @@ from pydantic import ValidationError
 from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Attempt, Phase, SlurmJobStatus
-from slurmjob_operator.controller.probebook import (
-    MAX_KEYS,
-    RELOAD_SECONDS,
-    RETRY_SECONDS,
-    ProbeBook,
-)
 from slurmjob_operator.core.afterattempt import AttemptEnd, after_attempt
 from slurmjob_operator.core.probe import (
     MAX_RECORD_BYTES,
@@ -31,6 +21,7 @@ from slurmjob_operator.core.probe import (
     avoid_key,
     cache_key,
     parse_record,
+    probe_keys,
     probe_owner,
     wants_probe,
     with_probe,
@@ -38,10 +29,9 @@ from slurmjob_operator.core.probe import (
 from slurmjob_operator.core.retries import decide
 from slurmjob_operator.core.states import Observation
 from slurmjob_operator.core.transition import Transition
-from slurmjob_operator.kube import ConfigMapUnavailable
 from slurmjob_operator.site.catalogs import CollectiveProbe
 
-from .controller_fakes import MemoryConfigMaps, cpu_spec
+from .controller_fakes import cpu_spec
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 KEY = cache_key("tenant:a", "c1", "gpu", "sha/ladder", "h100")
@@ -245,143 +235,15 @@ def test_whose_results_a_key_holds() -> None:
     assert avoid_key("tenant:a", "c1") != avoid_key("tenant:b", "c1")
 
 
-class FakeMaps(MemoryConfigMaps):
-    """The book's one ConfigMap (`ops/cache`) in memory; `broken`: every call fails."""
-
-    def __init__(self, data: dict[str, str] | None = None) -> None:
-        super().__init__()
-        if data is not None:
-            self.configmaps[("ops", "cache")] = dict(data)
-        self.broken = False
-
-    @property
-    def data(self) -> dict[str, str] | None:
-        return self.configmaps.get(("ops", "cache"))
-
-    @property
-    def reads(self) -> int:
-        return self.configmap_reads
-
-    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-        data = await super().read_configmap(namespace, name)
-        if self.broken:
-            raise ConfigMapUnavailable("down")
-        return data
-
-    async def merge_configmap(
-        self, namespace: str, name: str, data: Mapping[str, str | None]
-    ) -> None:
-        if self.broken:
-            raise ConfigMapUnavailable("down")
-        await super().merge_configmap(namespace, name, data)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-def book(store: FakeMaps, clock: Clock) -> ProbeBook:
-    return ProbeBook(store, "ops", "cache", cache_seconds=3600, avoid_seconds=7200, clock=clock)
-
-
-async def test_a_passing_rung_is_cached_until_it_expires_and_read_back_by_a_new_leader() -> None:
-    store, clock = FakeMaps(), Clock()
-    first = book(store, clock)
-    await first.refresh()
-    assert first.cached_rung(KEY) is None
-    await first.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 2}))
-    assert first.cached_rung(KEY) == 2
-    assert json.loads(store.data[KEY])["rung"] == 2  # type: ignore[index]
-    other = book(store, clock)
-    await other.refresh()
-    assert other.cached_rung(KEY) == 2
-    clock.now += timedelta(seconds=3601)
-    assert other.cached_rung(KEY) is None
-
-
-async def test_memory_is_read_again_only_after_the_reload_interval() -> None:
-    store, clock = FakeMaps(), Clock()
-    b = book(store, clock)
-    for _ in range(5):
-        await b.refresh()
-    assert store.reads == 1
-    clock.now += timedelta(seconds=RELOAD_SECONDS + 1)
-    await b.refresh()
-    assert store.reads == 2
-
-
-async def test_a_failed_probe_forgets_the_rung_and_avoids_the_blamed_nodes_for_a_while() -> None:
-    store, clock = FakeMaps(), Clock()
-    b = book(store, clock)
-    await b.refresh()
-    await b.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 1}))
-    await b.remember(PLANNED.model_copy(update={"outcome": "Failed", "blamed": ["n2", "n1"]}))
-    assert b.cached_rung(KEY) is None
-    assert KEY not in (store.data or {})
-    assert b.avoided(AVOID) == ("n1", "n2")
-    assert b.avoided(avoid_key("tenant:b", "c1")) == ()
-    clock.now += timedelta(seconds=7201)
-    assert b.avoided(AVOID) == ()
-
-
-async def test_entries_not_the_operators_are_ignored() -> None:
-    hostile = {
-        KEY: json.dumps({"rung": 1, "until": "2026-12-05T13:00:00Z"}),
-        "probe-zz": json.dumps({"rung": 1, "until": "2026-12-05T13:00:00Z"}),
-        AVOID: json.dumps({"n1;reboot": "2026-12-05T13:00:00Z"}),
-        cache_key("x", "c", None, "r", "s"): "not json",
-    }
-    b = book(FakeMaps(hostile), Clock())
-    await b.refresh()
-    assert b.cached_rung(KEY) == 1
-    assert b.avoided(AVOID) == ()
-
-
-async def test_a_configmap_that_cannot_be_read_or_written_costs_a_probe_not_a_job() -> None:
-    store, clock = FakeMaps(), Clock()
-    store.broken = True
-    b = book(store, clock)
-    await b.refresh()
-    await b.remember(PLANNED.model_copy(update={"outcome": "Passed", "rung": 0}))
-    assert b.cached_rung(KEY) == 0  # memory keeps it; the write is retried by the next one
-    for _ in range(5):  # the submissions that follow do not each read again
-        await b.refresh()
-    assert store.reads == 1
-    clock.now += timedelta(seconds=RETRY_SECONDS + 1)
-    store.broken = False
-    await b.refresh()
-    assert store.reads == 2
-
-
-async def test_a_configmap_call_that_hangs_is_given_up() -> None:
-    class Hanging(FakeMaps):
-        async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-            self.configmap_reads += 1
-            await asyncio.sleep(3600)
-            return None
-
-    store = Hanging()
-    b = book(store, Clock())
-    with patch("slurmjob_operator.controller.probebook.CALL_TIMEOUT", 0.05):
-        async with asyncio.timeout(5):
-            await b.refresh()
-    assert store.reads == 1
-    assert b.cached_rung(KEY) is None
-
-
-async def test_the_configmap_stays_bounded() -> None:
-    store, clock = FakeMaps(), Clock()
-    b = book(store, clock)
-    await b.refresh()
-    for i in range(MAX_KEYS + 5):
-        key = cache_key("tenant:a", "c1", "gpu", f"r{i}", "h100")
-        clock.now += timedelta(seconds=0.1)
-        await b.remember(AttemptProbe(key=key, avoid=AVOID, ladder=2, outcome="Passed", rung=0))
-    assert len(store.data or {}) <= MAX_KEYS
+def test_keys_are_made_from_the_namespace_tenant_and_cluster_the_share_is_the_tenants() -> None:
+    """Tenants sharing a Unix user get keys per namespace, yet one share of the ConfigMap."""
+    shared = probe_keys("ns", "team", False, ("c1", "gpu"), "r", "h100", 3)
+    assert shared.avoid == avoid_key("namespace:ns", "c1")
+    assert shared.cache == cache_key("namespace:ns", "c1", "gpu", "r", "h100")
+    assert (shared.owner, shared.ladder) == ("tenant:team", 3)
+    own = probe_keys("ns", "team", True, ("c1", None), "r", "h100", 3)
+    assert own.avoid == avoid_key("tenant:team", "c1")
+    assert probe_keys("ns", None, False, ("c1", None), "r", "", 2).owner == "namespace:ns"
 
 
 @pytest.mark.parametrize(

@@ -9,19 +9,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurmjob_operator.api.resource import ResourceView
+from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase, get_condition
+from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller.pipeline import probe_keys_of
+from slurmjob_operator.controller.probebook import probe_book
+from slurmjob_operator.controller.probing import Probing
+from slurmjob_operator.core.kueue import QUEUE_LABEL
 from slurmjob_operator.core.naming import PROBE_RECORD_FILE
+from slurmjob_operator.core.transition import Transition
+from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.nodes import NodeInfo
 
-from .controller_fakes import Bed, cpu_spec, make_bed
+from .controller_fakes import Bed, StubToken, cpu_spec, make_bed
 from .controller_fakes import reconcile_once as reconcile
 from .test_controller import refresh
 
+OK = ("COMPLETED", 0)
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 PROBE = {"command": ["probe"], "timeoutSeconds": 30, "ladder": [{"NCCL_P2P_DISABLE": "1"}]}
 
 
@@ -220,3 +232,143 @@ async def test_a_record_that_is_no_plain_small_file_of_the_job_is_not_read(
     assert probe.outcome is None
     assert get_condition(status.conditions, "ProbePassed") is None
     assert not bed.store.configmaps
+
+
+def claim_keys(bed: Bed, ref: Any, key: str, avoid: str) -> None:
+    """What anyone who may write the status can do: name another tenant's probe keys in it."""
+    probe = bed.store.body(ref)["status"]["attempts"][-1]["probe"]
+    probe.update(key=key, avoid=avoid)
+
+
+async def end_with(bed: Bed, ref: Any, record: str, state: str, code: int) -> None:
+    write_record(bed, ref, record)
+    job_id = bed.store.status(ref).attempts[-1].job_id
+    assert job_id is not None
+    bed.slurm.set_state(job_id, state, code)
+    await refresh(bed, ref)
+
+
+async def planned(bed: Bed, name: str, namespace: str) -> tuple[int | None, list[str]]:
+    ref = bed.store.create(name, gpu_spec(), namespace=namespace)
+    await reconcile(bed, ref)
+    probe = bed.store.status(ref).attempts[0].probe
+    assert probe is not None
+    return probe.cached_rung, probe.excluded
+
+
+async def test_a_status_naming_another_tenants_probe_keys_steers_only_its_own(bed: Bed) -> None:
+    """Issue 42: team-a writes team-b's cache and avoid keys into its own status. Its pass
+    plants no rung for team-b, its failure neither forgets team-b's rung nor lands the nodes
+    it blamed in team-b's avoid list: the keys are made again from team-a's resource."""
+    theirs = bed.store.create("train", gpu_spec(retry={"limit": 0}), namespace="team-b")
+    await reconcile(bed, theirs)
+    keys = bed.store.status(theirs).attempts[0].probe
+    assert keys is not None
+    planting = bed.store.create("plant", gpu_spec(retry={"limit": 0}), namespace="team-a")
+    await reconcile(bed, planting)
+    claim_keys(bed, planting, keys.key, keys.avoid)
+    await end_with(bed, planting, "nodes n3\nrung 0 passed 41.5\nresult passed 0 41.5\n", *OK)
+    assert await planned(bed, "b2", "team-b") == (None, [])  # no rung planted for team-b
+    await end_with(
+        bed, theirs, "nodes n4\nrung 0 hung\nrung 1 passed 40\nresult passed 1 40\n", *OK
+    )
+    assert await planned(bed, "b3", "team-b") == (1, [])
+    blaming = bed.store.create("blame", gpu_spec(retry={"limit": 0}), namespace="team-a")
+    await reconcile(bed, blaming)
+    claim_keys(bed, blaming, keys.key, keys.avoid)
+    failed = "nodes n1 n2\nrung 0 failed n1 n2\nrung 1 failed n1 n2\nresult failed\n"
+    await end_with(bed, blaming, failed, "FAILED", 1)
+    # team-b's rung is still cached and it avoids nothing; team-a avoids what it blamed.
+    assert await planned(bed, "b4", "team-b") == (1, [])
+    assert await planned(bed, "a4", "team-a") == (None, ["n1", "n2"])
+
+
+async def test_the_keys_made_again_are_the_submits(bed: Bed) -> None:
+    """What `following` remembers under is what the submit looked up: the same function on the
+    resource; a partition Kueue's flavor chose counts only where the spec names none."""
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}), namespace="team-b")
+    await reconcile(bed, ref)
+    shown = bed.store.status(ref).attempts[0].probe
+    assert shown is not None
+    site, spec = bed.controller.site, SlurmJobSpec.model_validate(gpu_spec())
+    keys = probe_keys_of(spec, site, "team-b")
+    assert keys is not None
+    assert (keys.cache, keys.avoid, keys.ladder, keys.owner) == (
+        shown.key,
+        shown.avoid,
+        shown.ladder,
+        "namespace:team-b",
+    )
+    placed = probe_keys_of(spec, site, "team-b", placed="gpu")
+    named = spec.model_copy(update={"partition": "gpu"})
+    assert placed == probe_keys_of(named, site, "team-b")
+    assert placed is not None
+    assert (placed.cache != keys.cache, placed.avoid) == (True, keys.avoid)
+    assert probe_keys_of(named, site, "team-b", placed="other") == placed
+    assert probe_keys_of(SlurmJobSpec.model_validate(cpu_spec()), site, "team-b") is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "partition", "placed", "asked"),
+    [
+        ({}, None, "gpu", [None]),  # no queue: Slurm's partition is not the submit's input
+        ({QUEUE_LABEL: "q"}, None, "gpu", ["gpu"]),  # Kueue's flavor chose it: Slurm says which
+        ({QUEUE_LABEL: "q"}, None, None, []),  # not known this time (logs only): wait
+        ({QUEUE_LABEL: "q"}, "debug", None, [None]),  # the spec's own partition
+    ],
+)
+async def test_a_kueue_jobs_keys_take_the_partition_slurm_reports(
+    bed: Bed,
+    labels: dict[str, str],
+    partition: str | None,
+    placed: str | None,
+    asked: list[str | None],
+) -> None:
+    calls: list[str | None] = []
+
+    def keys(view: ResourceView, where: str | None) -> None:
+        calls.append(where)
+
+    async def no_slurm() -> Any:
+        raise AssertionError("not asked")
+
+    probing = Probing(bed.settings, no_slurm, lambda namespace: None, keys)
+    spec = gpu_spec(partition=partition) if partition else gpu_spec()
+    ref = bed.store.create("train", spec)
+    bed.store.touch(ref, **labels)
+    await reconcile(bed, ref)
+    view = ResourceView.of(bed.store.body(ref))
+    attempt = view.status.attempts[-1]
+    transition = Transition(view.status)
+    assert await probing.fold(view, attempt, transition, NOW, placed) is transition
+    assert calls == asked
+
+
+async def test_every_part_of_the_process_shares_one_probe_book(bed: Bed) -> None:
+    """The fleet's parts weigh the ConfigMap's bound in one memory (`probe_book`): what one
+    part's job taught, the other's next submit sees at once, with no read of its own."""
+    book = probe_book(bed.settings, bed.store)
+    assert book is not None
+    parts = [
+        Bed(bed.settings, bed.store, bed.slurm, part, bed.metrics)
+        for part in (
+            Controller(
+                bed.settings,
+                bed.store,
+                None,  # type: ignore[arg-type]  # the in-memory Slurm replaces the transport
+                Metrics(),
+                token=StubToken(),  # type: ignore[arg-type]
+                link=bed.slurm,  # type: ignore[arg-type]
+                probes=book,
+            )
+            for _ in range(2)
+        )
+    ]
+    assert await planned(parts[1], "first", "team-a") == (None, [])
+    ref = bed.store.create("train", gpu_spec(retry={"limit": 0}))
+    await reconcile(parts[0], ref)
+    await end_with(
+        parts[0], ref, "nodes n1\nrung 0 failed n1\nrung 1 failed n1\nresult failed\n", "FAILED", 1
+    )
+    assert await planned(parts[1], "next", "team-a") == (None, ["n1"])
+    assert bed.store.configmap_reads == 1

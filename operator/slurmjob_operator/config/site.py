@@ -11,6 +11,14 @@ from pydantic_settings import BaseSettings
 # A cluster's name (the clusters file, spec.cluster); api.spec checks spec.cluster against it.
 CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
+# The probe ConfigMap's bound (`core.shares`), in bytes of keys and values as the apiserver
+# counts them against its 1 MiB: at most 960 KiB leaves room for the object's metadata and
+# the quoting of its JSON. 900 KiB holds about 140 full avoid lists (64 nodes of 64-character
+# names: about 6.5 KiB each), or some 7,000 cached rungs.
+PROBE_CAPACITY_BYTES = 900 * 1024
+PROBE_CAPACITY_MAX = 960 * 1024
+PROBE_FLOOR_BYTES = 16 * 1024
+
 
 def parse_owner(value: str | None) -> tuple[int, int] | None:
     """`uid:gid` (Settings.staging_owner, already checked against its pattern) as two ints."""
@@ -129,6 +137,24 @@ class SiteSettings(BaseSettings):
         description=(
             "The ConfigMap, in the operator's namespace (the Lease's), holding the probe "
             "cache and the avoid lists."
+        ),
+    )
+    probe_capacity_bytes: int = Field(
+        default=PROBE_CAPACITY_BYTES,
+        ge=64 * 1024,
+        le=PROBE_CAPACITY_MAX,
+        description=(
+            "Bytes (keys and values) the probe ConfigMap may hold; past it the owner (tenant, "
+            "else namespace) furthest over its share loses its oldest entries first."
+        ),
+    )
+    probe_floor_bytes: int = Field(
+        default=PROBE_FLOOR_BYTES,
+        ge=0,
+        le=PROBE_CAPACITY_MAX,
+        description=(
+            "The least share of the probe ConfigMap an owner has: max(floor, capacity / "
+            "owners), the floor shrunk to capacity / owners when the floors add up to more."
         ),
     )
 

@@ -19,8 +19,8 @@ from slurmjob_operator.controller.expiry import Expiry
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
-from slurmjob_operator.controller.pipeline import Site
-from slurmjob_operator.controller.probebook import ProbeBook
+from slurmjob_operator.controller.pipeline import Site, probe_keys_of
+from slurmjob_operator.controller.probebook import ProbeBook, probe_book
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.reachability import Reachability
 from slurmjob_operator.controller.registry import Registry, Tracked
@@ -35,13 +35,11 @@ from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
 from slurmjob_operator.kube.ports import (
-    ConfigMapStore,
     KeepsDeleted,
     NamespaceReader,
     ResourceDeleter,
 )
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.servingcert import operator_namespace
 from slurmjob_operator.slurm.auth import TokenProvider
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import make_token_provider
@@ -61,10 +59,12 @@ class Controller:
         clusters: Clusters | None = None,
         submit_slots: FairLimiter[str] | None = None,
         wakes: Wakes | None = None,
+        probes: ProbeBook | None = None,
     ) -> None:
         """`settings`: this cluster's (`site.clusters`); `clusters`: every cluster's name
         (None: this one alone); `wakes`: the process's wake service (the fleet's, bound to
-        its routing; None: one of its own, reconciling here)."""
+        its routing; None: one of its own, reconciling here); `probes`: the process's probe
+        book (`probe_book`; None: one of its own, where the store holds ConfigMaps)."""
         self.settings = settings
         self.name = settings.cluster_name
         self.clusters = clusters or Clusters((self.name,))
@@ -104,6 +104,11 @@ class Controller:
             job_uid=self.site.job_uid,
             identity=self.identity,
             on_late=metrics.late_submits_cancelled_total.inc,
+            probe_keys=lambda view, placed: (
+                probe_keys_of(view.spec, self.site, view.ref.namespace, placed)
+                if view.spec is not None
+                else None
+            ),
         )
         # One for the process (the fleet's clusters share it): submits in progress at once,
         # the waiting ones by namespace.
@@ -160,17 +165,9 @@ class Controller:
         self._deletion.archiver = self.archiver
         self._deletion.resources_kept = isinstance(kube, KeepsDeleted)
         # The collective probe's cache and avoid lists, where the store holds ConfigMaps.
-        self.probes = (
-            ProbeBook(
-                kube,
-                operator_namespace(settings),
-                settings.probe_configmap,
-                cache_seconds=settings.probe_cache_seconds,
-                avoid_seconds=settings.probe_avoid_seconds,
-            )
-            if isinstance(kube, ConfigMapStore)
-            else None
-        )
+        # One book for every cluster's part (`probes`): each weighing the ConfigMap's bound
+        # on its own memory would let them fill it past the bound together.
+        self.probes = probes if probes is not None else probe_book(settings, kube)
         self._following.probing.probes = self.probes
         self._submission.sender.checks.probes = self.probes
 

@@ -41,6 +41,7 @@ from slurmjob_operator.core.following import (
 )
 from slurmjob_operator.core.jobview import JobSource, SlurmJobView, leader
 from slurmjob_operator.core.naming import log_files
+from slurmjob_operator.core.probe import ProbeKeys
 from slurmjob_operator.core.segments import segment_end
 from slurmjob_operator.core.states import Observation, observe
 from slurmjob_operator.core.transition import Transition
@@ -91,10 +92,12 @@ class Following:
         job_uid: Callable[[str], int | None] = lambda namespace: None,
         identity: JobIdentity,
         on_late: Callable[[], None] = lambda: None,
+        probe_keys: Callable[[ResourceView, str | None], ProbeKeys | None] = lambda v, p: None,
     ) -> None:
         """`job_uid(namespace)`: the uid that namespace's logs belong to when it is not the
         settings' job user (a tenant's own uid); `identity`: what makes a late job's handle
-        before it is cancelled; `on_late`: counts a late submit cancelled."""
+        before it is cancelled; `on_late`: counts a late submit cancelled; `probe_keys`: a job's
+        probe keys made from the resource (`pipeline.probe_keys_of`)."""
         self.settings = settings
         self.identity = identity
         self.late = LateJobs(settings, edge, slurm, identity, on_late)
@@ -103,7 +106,7 @@ class Following:
         self.slurm = slurm
         self.wakes = wakes
         self._backoff = backoff
-        self.probing = Probing(settings, slurm, job_uid)
+        self.probing = Probing(settings, slurm, job_uid, probe_keys)
 
     async def refresh(
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
@@ -205,8 +208,11 @@ class Following:
                 await asyncio.to_thread(remove_secrets, self.settings, staging)
         transition = Transition(new, transition.events)
         probe = attempt.probe
+        # The status says whether this attempt's record was taken already: a claim that can
+        # only make this job's own record be taken again (under keys made from the resource).
         if probe is not None and probe.outcome is None and attempt.staging_dir:
-            transition = await self.probing.fold(view, attempt, probe, transition, now)
+            placed = leader(views).partition if views else None
+            transition = await self.probing.fold(view, attempt, transition, now, placed)
         if decided is not None and decided.final and view.spec is not None:
             tails = [logs.stdout, logs.stderr] if logs is not None else []
             text = "\n".join(t.tail for t in tails if t is not None)

@@ -16,11 +16,10 @@ from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.core.claims import ChainSpent, chain_room
 from slurmjob_operator.core.limits import PartitionUnavailable, Snapshot
 from slurmjob_operator.core.probe import (
+    ProbeKeys,
     ProbeLookup,
     ProbePlan,
-    avoid_key,
-    cache_key,
-    probe_owner,
+    probe_keys,
 )
 from slurmjob_operator.core.segments import (
     SegmentPlan,
@@ -161,12 +160,29 @@ class PreparedAttempt:
     """The walltime segment this attempt runs (None: no spec.walltime)."""
 
 
-@dataclass(frozen=True)
-class ProbeKeys:
-    cache: str
-    avoid: str
-    ladder: int
-    """The rungs the site's ladder has (the plain run included)."""
+def _probe_keys(
+    spec: SlurmJobSpec, site: Site, resolution: SiteResolution, namespace: str
+) -> ProbeKeys | None:
+    """The job's probe keys (None: it gets no probe), from the namespace, the tenant entry the
+    site resolved for it, this cluster and what the spec resolved to; never from a status."""
+    if not probe_runs(spec, resolution.runtime):
+        return None
+    tenant = resolution.tenant
+    series = ",".join(sorted({s.name for s in resolution.series.values() if s is not None}))
+    probe = resolution.runtime.probe
+    assert probe is not None  # probe_runs
+    # The cache holds a rung's index: a changed program or ladder is a new key.
+    ladder = probe.model_dump_json()
+    runtime = f"{resolution.runtime.sha256}/{hashlib.sha256(ladder.encode()).hexdigest()}"
+    return probe_keys(
+        namespace,
+        tenant.name if tenant is not None else None,
+        tenant is not None and (tenant.slurm_user is not None or tenant.uid is not None),
+        (site.settings.cluster_name, resolution.partition),
+        runtime,
+        series,
+        probe.rungs,
+    )
 
 
 def _probe(
@@ -179,31 +195,32 @@ def _probe(
 ) -> tuple[ProbeKeys | None, ProbePlan | None]:
     """The attempt's probe keys and plan: the cache's rung, the tenant's avoided nodes (only
     where the API version can exclude nodes)."""
-    if probes is None or not probe_runs(spec, resolution.runtime):
+    keys = _probe_keys(spec, site, resolution, namespace) if probes is not None else None
+    if probes is None or keys is None:
         return None, None
-    tenant = resolution.tenant
-    owner = probe_owner(
-        namespace,
-        tenant.name if tenant is not None else None,
-        tenant is not None and (tenant.slurm_user is not None or tenant.uid is not None),
-    )
-    cluster = site.settings.cluster_name
-    series = ",".join(sorted({s.name for s in resolution.series.values() if s is not None}))
-    probe = resolution.runtime.probe
-    assert probe is not None  # probe_runs
-    # The cache holds a rung's index: a changed program or ladder is a new key.
-    ladder = probe.model_dump_json()
-    runtime = f"{resolution.runtime.sha256}/{hashlib.sha256(ladder.encode()).hexdigest()}"
-    keys = ProbeKeys(
-        cache_key(owner, cluster, resolution.partition, runtime, series),
-        avoid_key(owner, cluster),
-        probe.rungs,
-    )
     exclude = probes.avoided(keys.avoid) if dialect_for(api_version).supports_exclusion else ()
     cached = probes.cached_rung(keys.cache)
-    if cached is not None and cached >= probe.rungs:
+    if cached is not None and cached >= keys.ladder:
         cached = None  # not a rung of this ladder: probe again
     return keys, ProbePlan(cached, exclude)
+
+
+def probe_keys_of(
+    spec: SlurmJobSpec, site: Site, namespace: str, placed: str | None = None
+) -> ProbeKeys | None:
+    """The probe keys of a submitted job, made again when its record is remembered, as the
+    submit made them: `placed` is the partition Kueue's flavors chose (the spec naming none).
+    None when the spec no longer resolves on this site (the tenant or runtime changed) or
+    gets no probe: then nothing is remembered."""
+    if placed is not None and spec.partition is None:
+        spec = spec.model_copy(update={"partition": placed})
+    try:
+        resolution = resolve_site(
+            spec, site.settings, site.registry, site.gpu_series, site.scope(namespace)
+        )
+    except SpecError:  # TenantUnknown too
+        return None
+    return _probe_keys(resolution.applied_to(spec), site, resolution, namespace)
 
 
 def _segment(

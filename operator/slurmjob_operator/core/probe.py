@@ -158,6 +158,47 @@ def avoid_key(owner: str, cluster: str) -> str:
     return "avoid-" + _key(owner, cluster)
 
 
+def share_owner(namespace: str, tenant: str | None) -> str:
+    """Whose share of the probe ConfigMap an entry counts against (`core.shares`): the
+    tenant's, whatever Unix user its jobs run as, else the namespace's."""
+    return f"tenant:{tenant}" if tenant is not None else f"namespace:{namespace}"
+
+
+@dataclass(frozen=True)
+class ProbeKeys:
+    """Where a job's probe outcome is looked up and remembered, made by the operator from the
+    resource's namespace, its tenant's entry and the cluster at the time of use (never read
+    back from a status: anyone can write another tenant's key there)."""
+
+    cache: str
+    avoid: str
+    ladder: int
+    """The rungs the site's ladder has (the plain run included)."""
+    owner: str
+    """Whose share of the ConfigMap its entries count against (`share_owner`)."""
+
+
+def probe_keys(
+    namespace: str,
+    tenant: str | None,
+    own_user: bool,
+    where: tuple[str, str | None],
+    runtime: str,
+    series: str,
+    ladder: int,
+) -> ProbeKeys:
+    """The keys of a job of `namespace` (of `tenant`, whose jobs run as a user of their own
+    when `own_user`) on `where` (cluster, partition), in `runtime` on GPU `series`."""
+    owner = probe_owner(namespace, tenant, own_user)
+    cluster, partition = where
+    return ProbeKeys(
+        cache_key(owner, cluster, partition, runtime, series),
+        avoid_key(owner, cluster),
+        ladder,
+        share_owner(namespace, tenant),
+    )
+
+
 def probe_summary(probe: AttemptProbe) -> str:
     """One line for a condition, an Event and `kubectl describe`."""
     if probe.outcome == "Skipped":

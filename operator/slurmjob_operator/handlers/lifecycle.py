@@ -17,6 +17,7 @@ from slurmjob_operator.controller import Controller
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
+from slurmjob_operator.controller.probebook import probe_book
 from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.handlers.diffbase import ESSENCES, UnmarkedProgress
 from slurmjob_operator.kube import KubeApi
@@ -79,6 +80,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     metrics.wakes_pending.set_function(lambda: len(wakes))
     members: list[Controller] = []
+    # One probe book for every cluster's part: the ConfigMap's bound is weighed in one memory.
+    probes = probe_book(config, kube)
     opened = []
     try:
         for site in sites:
@@ -92,6 +95,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
                     clusters=clusters,
                     submit_slots=slots,
                     wakes=wakes,
+                    probes=probes,
                 )
             )
     except BaseException:
