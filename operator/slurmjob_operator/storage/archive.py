@@ -183,7 +183,6 @@ class _Budget:
 
     def __init__(self, file_cap: int, entry_cap: int, files: int) -> None:
         self.file_cap = file_cap
-        self.entry_cap = entry_cap
         self.room = entry_cap
         self.left = files
         self.capped = False
