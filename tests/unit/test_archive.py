@@ -27,9 +27,9 @@ from slurmjob_operator.storage.archive import (
     ArchiveRecord,
     AttemptSource,
     read_record,
-    sweep,
     write_entry,
 )
+from slurmjob_operator.storage.archivesweep import sweep
 
 from .controller_fakes import Bed, make_bed
 from .test_controller_storage import SECRET_ENV, _restarted, submit
@@ -173,7 +173,11 @@ async def test_the_caps_keep_each_files_end_and_bound_the_entry(tmp_path: Path) 
     archive = tmp_path / "archive"
     archive.mkdir(mode=0o700)
     bed = make_bed(
-        tmp_path, archive_root=archive, archive_file_max_bytes=65536, archive_max_bytes=1024**2
+        tmp_path,
+        archive_root=archive,
+        archive_file_max_bytes=65536,
+        archive_max_bytes=1024**2,
+        archive_entry_max_bytes=512 * 1024,
     )
     ref = await submit(bed)
     bed.slurm.set_state(100, "RUNNING")
@@ -190,9 +194,13 @@ async def test_the_caps_keep_each_files_end_and_bound_the_entry(tmp_path: Path) 
     assert kept.endswith("line 019999\n")
     assert kept.startswith("line ")
     assert "stdout.log" in attempt.truncated
-    assert attempt.skipped, "the entry cap left files out"
+    # The entry cap is shared: every task's file keeps its end, none is left out.
+    assert not attempt.skipped
+    assert record.entry_cap == 512 * 1024
+    for index in range(40):
+        assert (entry(bed, ref) / "attempt-1" / f"stdout-{index}.log").read_bytes().endswith(b"x\n")
     total = sum(p.stat().st_size for p in entry(bed, ref).rglob("*") if p.is_file())
-    assert total <= 1024**2 + 65536 * 2
+    assert total <= 512 * 1024 + 65536
 
 
 async def test_the_log_api_serves_an_archive_only_to_its_name_and_namespace(bed: Bed) -> None:

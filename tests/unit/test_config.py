@@ -54,6 +54,7 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_ARCHIVE_RETENTION_DAYS", "7", "archive_retention_days", 7),
     ("SLURMJOB_ARCHIVE_MAX_BYTES", "1073741824", "archive_max_bytes", 1024**3),
     ("SLURMJOB_ARCHIVE_FILE_MAX_BYTES", "65536", "archive_file_max_bytes", 65536),
+    ("SLURMJOB_ARCHIVE_ENTRY_MAX_BYTES", "1048576", "archive_entry_max_bytes", 1024**2),
     ("SLURMJOB_SUBMIT_CONCURRENCY", "2", "submit_concurrency", 2),
     ("SLURMJOB_REFRESH_CONCURRENCY", "4", "refresh_concurrency", 4),
     ("SLURMJOB_LOG_REFRESH", "0", "log_refresh", 0.0),

@@ -337,6 +337,10 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.archive.maxBytes | int64 | quote }}
 - name: SLURMJOB_ARCHIVE_FILE_MAX_BYTES
   value: {{ .Values.archive.fileMaxBytes | int64 | quote }}
+{{- with .Values.archive.entryMaxBytes }}
+- name: SLURMJOB_ARCHIVE_ENTRY_MAX_BYTES
+  value: {{ . | int64 | quote }}
+{{- end }}
 {{- end }}
 {{- with .Values.ttlAfterFinished }}
 {{- if not (kindIs "invalid" .default) }}

@@ -96,7 +96,18 @@ class SiteSettings(BaseSettings):
     archive_max_bytes: int = Field(
         default=10 * 1024**3,
         ge=1024**2,
-        description="The archive's size cap in bytes: the oldest entries go first beyond it.",
+        description=(
+            "The archive's size cap in bytes, shared by its owners (tenants, else namespaces): "
+            "beyond it the owner furthest over its share loses its oldest entries first."
+        ),
+    )
+    archive_entry_max_bytes: int | None = Field(
+        default=None,
+        ge=64 * 1024,
+        description=(
+            "Bytes one archived SlurmJob may keep, shared by its files (each keeps its end); "
+            "also every owner's floor in the archive. Unset: archive_max_bytes / 16."
+        ),
     )
     archive_file_max_bytes: int = Field(
         default=16 * 1024**2,
@@ -157,6 +168,15 @@ class SiteSettings(BaseSettings):
             "owners), the floor shrunk to capacity / owners when the floors add up to more."
         ),
     )
+
+    @property
+    def archive_entry_cap(self) -> int:
+        """The per-entry cap: the setting (at most the archive's cap), else 1/16 of the cap.
+        A sixteenth: an entry at the cap is a small part of the whole (16 of them fit), and
+        it bounds the time one deletion's archiving takes (docs/benchmarks.md)."""
+        if self.archive_entry_max_bytes is None:
+            return self.archive_max_bytes // 16  # at least 64 KiB: the cap is 1 MiB or more
+        return min(self.archive_entry_max_bytes, self.archive_max_bytes)
 
     @property
     def allowed_mpi_plugins(self) -> tuple[str, ...]:

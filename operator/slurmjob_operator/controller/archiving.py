@@ -1,12 +1,20 @@
 """Archiving a deleted SlurmJob's attempts before its staging directory is removed
-(`storage.archive`), and keeping the archive to its retention and size cap.
+(`storage.archive`), and keeping the archive to its retention and its owners' shares
+(`storage.archivesweep`).
 
 The values that hide the attempt's secrets are those it was given (kept in memory since the
 submit, or in the operator's copy beside the attempt) and the Secrets' current ones. When none
 can be had for an attempt (a Secret deleted with the SlurmJob, in the mode where no copy is
 kept because jobs could read it), nothing is archived rather than an unredacted log, and an
 Event says so. A failing archive root is reported the same way; the deletion goes on (a
-namespace must be deletable whatever the archive's state).
+namespace must be deletable whatever the archive's state). An entry the per-entry cap cut is
+kept (each file's end) and a `LogsArchiveTruncated` Warning names the cap.
+
+Who waits for whom (`ArchiveSlots`): one entry is written at a time per owner (its tenant,
+else its namespace), and at most `ARCHIVE_WRITERS` owners' entries at once, the waiting owners
+served in turn. So one tenant's deletions (an entry at the cap takes seconds to read and
+redact) queue behind each other, not in front of another tenant's finalizer, and the
+memory stays a few files' caps whatever comes at once.
 """
 
 from __future__ import annotations
@@ -14,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.config import Settings
+from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.kube.ports import NamespaceReader
-from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, sweep, write_entry
+from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, owner_of, write_entry
+from slurmjob_operator.storage.archivesweep import sweep
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import SecretsUnknown, attempt_redactor
 from slurmjob_operator.storage.nofollow import job_owner
@@ -30,6 +41,40 @@ log = logging.getLogger(__name__)
 DAY = 86400.0
 #: How often the leader sweeps the archive.
 SWEEP_INTERVAL = 600.0
+#: Owners whose entries are written at once: each holds one file's cap (16 MiB by default)
+#: and its redacted copy in memory while it is read, and a thread of the default executor.
+ARCHIVE_WRITERS = 2
+
+
+class ArchiveSlots:
+    """One writer per owner, at most `writers` owners at once, the waiting owners in turn.
+
+    The owner's lock is taken before the shared slot, so an owner with many deletions queued
+    holds one slot at most and the others wait on its lock, not in the shared queue: another
+    owner waits only while `writers` other owners are writing."""
+
+    def __init__(self, writers: int = ARCHIVE_WRITERS) -> None:
+        self._shared = FairLimiter[str](writers)
+        self._owners: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @property
+    def idle(self) -> bool:
+        """Nobody writes or waits (no owner's lock is kept)."""
+        return not self._owners
+
+    @asynccontextmanager
+    async def slot(self, owner: str) -> AsyncIterator[None]:
+        lock, users = self._owners.get(owner) or (asyncio.Lock(), 0)
+        self._owners[owner] = (lock, users + 1)
+        try:
+            async with lock, self._shared.slot(owner):
+                yield
+        finally:
+            lock, users = self._owners[owner]
+            if users > 1:
+                self._owners[owner] = (lock, users - 1)
+            else:
+                del self._owners[owner]  # no lock kept for an owner nobody waits on
 
 
 class Archiver:
@@ -40,16 +85,24 @@ class Archiver:
         namespaces: NamespaceReader | None,
         job_uid: Callable[[str], int | None],
         clock: Callable[[], float] = time.time,
+        *,
+        tenant_of: Callable[[str], str | None] = lambda namespace: None,
+        slots: ArchiveSlots | None = None,
     ) -> None:
         """`job_uid(namespace)`: the uid the namespace's jobs write their logs as (None: the
-        job user of the settings)."""
+        job user of the settings); `tenant_of(namespace)`: the name of its tenant (None: no
+        tenants file, or no tenant lists it), whose share its entries count against."""
         self.settings = settings
         self.edge = edge
         self.namespaces = namespaces
         self._job_uid = job_uid
+        self._tenant_of = tenant_of
         self._clock = clock
-        # One entry written at a time: its memory is one file's cap, whatever comes at once.
-        self._writing = asyncio.Semaphore(1)
+        self.slots = slots or ArchiveSlots()
+
+    def owner(self, namespace: str) -> str:
+        """The owner of the namespace's entries, as the tenants file says now."""
+        return owner_of(namespace, self._tenant_of(namespace))
 
     @property
     def enabled(self) -> bool:
@@ -90,10 +143,11 @@ class Archiver:
             uid=ref.uid,
             archived_at=self._clock(),
             phase=str(view.status.phase) if view.status.phase is not None else None,
+            owner=self.owner(ref.namespace),
         )
         status = view.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
-            async with self._writing:
+            async with self.slots.slot(record.owner or ref.namespace):
                 written = await asyncio.to_thread(
                     lambda: write_entry(
                         root,
@@ -101,7 +155,7 @@ class Archiver:
                         sources(),
                         status,
                         file_cap=settings.archive_file_max_bytes,
-                        entry_cap=settings.archive_max_bytes,
+                        entry_cap=settings.archive_entry_cap,
                     )
                 )
         except SecretsUnknown:
@@ -126,20 +180,38 @@ class Archiver:
         if cut:
             text += f" (cut or left out by the archive's caps: {', '.join(cut[:8])})"
         await self.edge.event(ref, "Normal", "LogsArchived", text)
+        if written.entry_cap is not None:
+            await self.edge.event(
+                ref,
+                "Warning",
+                "LogsArchiveTruncated",
+                f"the logs exceed the archive's per-SlurmJob cap of {written.entry_cap} bytes "
+                "(SLURMJOB_ARCHIVE_ENTRY_MAX_BYTES): the end of each file was kept, the cap "
+                "shared among its files",
+            )
 
     async def _not_archived(self, view: ResourceView, why: str) -> None:
         await self.edge.event(view.ref, "Warning", "LogsNotArchived", f"logs not archived: {why}")
 
     async def sweep(self) -> None:
-        """One pass of the retention and the size cap (the leader's, every SWEEP_INTERVAL)."""
+        """One pass of the retention and the shares (the leader's, every SWEEP_INTERVAL).
+        It runs beside the writers: it skips their temporary entries and only ever removes
+        whole entries by name."""
         root = self.settings.archive_root
         if root is None:
             return
-        retention = self.settings.archive_retention_days * DAY
-        async with self._writing:
-            swept = await asyncio.to_thread(
-                sweep, root, self._clock(), retention, self.settings.archive_max_bytes
+        settings = self.settings
+        retention = settings.archive_retention_days * DAY
+        swept = await asyncio.to_thread(
+            lambda: sweep(
+                root,
+                self._clock(),
+                retention,
+                settings.archive_max_bytes,
+                floor=settings.archive_entry_cap,
+                owner_of=self.owner,
             )
+        )
         if swept.removed:
             log.info(
                 "archive: %d entr(y/ies) removed, %d kept (%d bytes)",

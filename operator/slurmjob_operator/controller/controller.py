@@ -161,6 +161,7 @@ class Controller:
             self._edge,
             kube if isinstance(kube, NamespaceReader) else None,
             self.site.job_uid,
+            tenant_of=self.site.tenant_name,
         )
         self._deletion.archiver = self.archiver
         self._deletion.resources_kept = isinstance(kube, KeepsDeleted)

@@ -101,6 +101,11 @@ class Site:
         (its jobs, if any, predate the tenants file and are the operator's own)."""
         return self.tenants.get(namespace) if self.tenants is not None else None
 
+    def tenant_name(self, namespace: str) -> str | None:
+        """The name of the namespace's tenant (`tenant_of`); what the archive's shares go by."""
+        tenant = self.tenant_of(namespace)
+        return tenant.name if tenant is not None else None
+
     def slurm_user(self, namespace: str) -> str | None:
         """The Slurm user the namespace's jobs are submitted, cancelled, held and released
         as; None: the operator's own."""

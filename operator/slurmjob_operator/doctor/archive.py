@@ -57,7 +57,8 @@ def check_archive(
     days = settings.archive_retention_days
     detail = (
         f"{root}: the operator's, mode 0700; kept {days} day(s), at most "
-        f"{settings.archive_max_bytes} bytes"
+        f"{settings.archive_max_bytes} bytes shared by its owners, "
+        f"{settings.archive_entry_cap} per SlurmJob"
     )
     if job_owner(settings) == me:
         report.add(

@@ -11,15 +11,17 @@ root the admin sets (`SLURMJOB_ARCHIVE_ROOT`):
                                                        stderr-<i>.log, job.sh
 
 The sources are read as the status tails are (`storage.nofollow`: no link followed, a regular
-file with one link, the job user's) and redacted with the values the attempt was given; each
-file keeps at most its last `file_cap` bytes (whole lines), and an entry stops taking files at
-`entry_cap` (the record names what was cut or left out). Everything here is the operator's:
+file with one link, the job user's) and redacted with the values the attempt was given. Each
+file keeps at most its last `file_cap` bytes (whole lines), and an entry at most `entry_cap`
+bytes, shared among its files as they come (each gets `min(file_cap, room left / files
+left)`), so an entry over the cap keeps the end of every log rather than some logs whole and
+the rest not at all; the record names what was cut (`entryCap` when the entry cap cut it).
+The record also names the entry's owner (its tenant, else its namespace), whose share of the
+archive the sweep keeps to (`storage.archivesweep`). Everything here is the operator's:
 directories 0700, files 0600, owned by its uid, written into a temporary directory that is
-renamed into place once complete, so a reader finds a whole entry or none.
-
-`sweep` keeps the archive to its retention (days since archiving) and its size cap (the
-oldest entries go first). The archive root is trusted (the admin's); below it nothing is
-followed and nothing of another owner is read, so a planted link or file is refused, not used.
+renamed into place once complete, so a reader finds a whole entry or none. The archive root is
+trusted (the admin's); below it nothing is followed and nothing of another owner is read, so a
+planted link or file is refused, not used.
 """
 
 from __future__ import annotations
@@ -69,7 +71,15 @@ _ATTEMPT_RE = re.compile(r"^attempt-([1-9][0-9]{0,6})$")
 # A job array has at most MAX_ARRAY_TASKS tasks (indices below 10,000): with the two plain
 # files an attempt has at most 20,002 log names, whatever its job created beside them.
 _LOG_RE = re.compile(r"^(stdout|stderr)(-(0|[1-9][0-9]{0,3}))?\.log$")
-_TEMPORARY_RE = re.compile(r"^\.[0-9a-f-]{36}\.[0-9a-f]{12}\.tmp$")
+TEMPORARY_RE = re.compile(r"^\.[0-9a-f-]{36}\.[0-9a-f]{12}\.tmp$")
+#: An owner as recorded: `tenant/<tenant name>` or `namespace/<namespace>` (both DNS labels).
+OWNER_RE = re.compile(r"^(tenant|namespace)/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def owner_of(namespace: str, tenant: str | None) -> str:
+    """Whose share an entry counts against: its tenant's, else its namespace's. The prefix
+    keeps a tenant and a namespace of the same name apart."""
+    return f"tenant/{tenant}" if tenant is not None else f"namespace/{namespace}"
 
 
 class ArchivedAttempt(BaseModel):
@@ -97,6 +107,19 @@ class ArchiveRecord(BaseModel):
     archived_at: float = Field(alias="archivedAt", ge=0)
     phase: str | None = Field(default=None, max_length=64, description="The final phase.")
     attempts: list[ArchivedAttempt] = Field(default_factory=list)
+    # The previous release wrote neither: its entries are read with None and swept as their
+    # namespace's current owner (`storage.archivesweep`).
+    owner: str | None = Field(
+        default=None,
+        pattern=OWNER_RE.pattern,
+        description="Whose share it counts against, as the operator resolved it at writing.",
+    )
+    entry_cap: int | None = Field(
+        default=None,
+        alias="entryCap",
+        ge=1,
+        description="The per-entry cap that cut this entry's files; None: it fitted.",
+    )
 
     def attempt(self, number: int | None) -> ArchivedAttempt | None:
         """Attempt `number`, or the last one archived (None: none such)."""
@@ -124,14 +147,14 @@ def entry_dir(root: Path, namespace: str, uid: str) -> Path:
     return root / namespace / uid
 
 
-def _own() -> frozenset[int]:
+def own_uids() -> frozenset[int]:
     return frozenset({os.geteuid()})
 
 
 def _mkdir_at(parent: int, name: str, where: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, DIR_MODE, dir_fd=parent)
-    return open_dir(parent, name, _own(), where)
+    return open_dir(parent, name, own_uids(), where)
 
 
 def _task_order(name: str) -> tuple[int, str]:
@@ -139,35 +162,57 @@ def _task_order(name: str) -> tuple[int, str]:
     return (int(match.group(3)) if match and match.group(3) else -1, name)
 
 
-def _source_names(source: AttemptSource) -> list[str]:
-    """The attempt's log files (sorted: stdout before stderr, tasks in order) and its script."""
+def _source_names(source: AttemptSource) -> list[str] | None:
+    """The attempt's log files (sorted: stdout before stderr, tasks in order) and its script;
+    None when its directory is gone."""
     parts = below(source.storage_root, source.staging_dir)
     # Streamed: a directory the job filled with names is walked, never held whole.
     owners = dir_owners(source.script_owner)
-    with walk(source.storage_root, parts, owners) as fd, os.scandir(fd) as entries:
-        names = [e.name for e in entries if _LOG_RE.fullmatch(e.name)]
+    try:
+        with walk(source.storage_root, parts, owners) as fd, os.scandir(fd) as entries:
+            names = [e.name for e in entries if _LOG_RE.fullmatch(e.name)]
+    except FileNotFoundError:
+        return None
     names.sort(key=_task_order)
     return [*names, SCRIPT_FILE]
 
 
+class _Budget:
+    """The entry cap shared among the entry's files in the order they are copied: each gets
+    `min(file_cap, room / files left)`, and what a small file leaves goes to the later ones."""
+
+    def __init__(self, file_cap: int, entry_cap: int, files: int) -> None:
+        self.file_cap = file_cap
+        self.room = entry_cap
+        self.left = files
+        self.capped = False
+
+    def next(self) -> int:
+        """Bytes the next file may keep (0: none; the entry is full)."""
+        allowed = min(self.file_cap, self.room // max(self.left, 1))
+        self.left -= 1
+        return allowed
+
+    def spend(self, allowed: int, written: int, truncated: bool) -> None:
+        self.room -= written
+        if truncated and allowed < self.file_cap:
+            self.capped = True  # the entry cap, not the file cap, cut it
+
+
 def _copy_attempt(
-    parent: int, source: AttemptSource, file_cap: int, room: int
-) -> tuple[ArchivedAttempt, int]:
-    """Copy one attempt below `parent` (its entry's temporary directory); returns what was
-    archived and the bytes written."""
+    parent: int, source: AttemptSource, names: list[str], budget: _Budget
+) -> ArchivedAttempt:
+    """Copy one attempt's `names` below `parent` (its entry's temporary directory)."""
     name = f"attempt-{source.number}"
     files: list[str] = []
     truncated: list[str] = []
     skipped: list[str] = []
-    written = 0
-    try:
-        names = _source_names(source)
-    except FileNotFoundError:
-        return ArchivedAttempt(number=source.number), 0
     fd = _mkdir_at(parent, name, name)
     try:
         for file in names:
-            if written >= room:
+            allowed = budget.next()
+            if allowed < 1:
+                budget.capped = True
                 skipped.append(file)
                 continue
             owner = source.script_owner if file == SCRIPT_FILE else source.log_owner
@@ -176,7 +221,7 @@ def _copy_attempt(
                     source.staging_dir / file,
                     root=source.storage_root,
                     owner=owner,
-                    max_bytes=min(file_cap, room - written),
+                    max_bytes=allowed,
                     max_lines=sys.maxsize,
                     redact=source.redactor,
                 )
@@ -187,15 +232,13 @@ def _copy_attempt(
                 continue
             data = tail.tail.encode("utf-8")
             write_at(fd, file, data, FILE_MODE, exclusive=True)
-            written += len(data)
+            budget.spend(allowed, len(data), tail.truncated)
             files.append(file)
             if tail.truncated:
                 truncated.append(file)
     finally:
         os.close(fd)
-    return ArchivedAttempt(
-        number=source.number, files=files, truncated=truncated, skipped=skipped
-    ), written
+    return ArchivedAttempt(number=source.number, files=files, truncated=truncated, skipped=skipped)
 
 
 def write_entry(
@@ -209,7 +252,8 @@ def write_entry(
 ) -> ArchiveRecord:
     """Archive `sources` and `status` under `record`'s namespace and uid (an entry already
     there is replaced: a finalizer retried after a crash archives again). Returns the record
-    written, with what each attempt kept. OSError when the archive root cannot take it."""
+    written, with what each attempt kept and `entry_cap` set when that cap cut files. OSError
+    when the archive root cannot take it."""
     entry_dir(root, record.namespace, record.uid)  # the names are checked before any write
     tmp = f".{record.uid}.{secrets.token_hex(6)}.tmp"
     rootfd = open_root(root)
@@ -218,29 +262,33 @@ def write_entry(
         try:
             os.mkdir(tmp, DIR_MODE, dir_fd=nsfd)
             try:
-                entry = open_dir(nsfd, tmp, _own(), tmp)
+                entry = open_dir(nsfd, tmp, own_uids(), tmp)
                 try:
-                    attempts: list[ArchivedAttempt] = []
-                    written = 0
-                    for source in sources:
-                        done, size = _copy_attempt(entry, source, file_cap, entry_cap - written)
-                        attempts.append(done)
-                        written += size
+                    named = [(source, _source_names(source)) for source in sources]
+                    count = sum(len(names) for _, names in named if names is not None)
+                    budget = _Budget(file_cap, entry_cap, count)
+                    attempts = [
+                        _copy_attempt(entry, source, names, budget)
+                        if names is not None
+                        else ArchivedAttempt(number=source.number)
+                        for source, names in named
+                    ]
                     status_json = json.dumps(status, sort_keys=True).encode()
                     write_at(entry, STATUS_FILE, status_json, FILE_MODE)
-                    final = record.model_copy(update={"attempts": attempts})
+                    cap = entry_cap if budget.capped else None
+                    final = record.model_copy(update={"attempts": attempts, "entry_cap": cap})
                     body = final.model_dump_json(by_alias=True).encode()
                     write_at(entry, RECORD_FILE, body, FILE_MODE)
                     os.fsync(entry)
                 finally:
                     os.close(entry)
                 if lstat_at(nsfd, record.uid) is not None:
-                    _remove_at(nsfd, record.uid)
+                    remove_at(nsfd, record.uid)
                 os.rename(tmp, record.uid, src_dir_fd=nsfd, dst_dir_fd=nsfd)
                 os.fsync(nsfd)
             finally:
                 if lstat_at(nsfd, tmp) is not None:
-                    _remove_at(nsfd, tmp)
+                    remove_at(nsfd, tmp)
         finally:
             os.close(nsfd)
     finally:
@@ -248,7 +296,7 @@ def write_entry(
     return final
 
 
-def _remove_at(parent: int, name: str) -> None:
+def remove_at(parent: int, name: str) -> None:
     """Remove `name` of `parent` whatever it is (a link itself, never its target)."""
     entry = lstat_at(parent, name)
     if entry is None:
@@ -259,7 +307,7 @@ def _remove_at(parent: int, name: str) -> None:
         os.unlink(name, dir_fd=parent)
 
 
-def _read_small(parent: int, name: str, where: str) -> bytes:
+def read_small(parent: int, name: str, where: str) -> bytes:
     fd = open_file(parent, name, os.geteuid(), where)
     try:
         data = read_at_most(fd, MAX_RECORD_BYTES + 1)
@@ -278,117 +326,14 @@ def read_record(root: Path, namespace: str, uid: str) -> ArchiveRecord | None:
     except ValueError:
         return None
     try:
-        with walk(root, (namespace, uid), _own()) as fd:
-            data = _read_small(fd, RECORD_FILE, f"{namespace}/{uid}/{RECORD_FILE}")
+        with walk(root, (namespace, uid), own_uids()) as fd:
+            data = read_small(fd, RECORD_FILE, f"{namespace}/{uid}/{RECORD_FILE}")
     except FileNotFoundError:
         return None
     record = ArchiveRecord.model_validate_json(data)
     if (record.namespace, record.uid) != (namespace, uid):
         raise ValueError(f"the record in {namespace}/{uid} names {record.namespace}/{record.uid}")
     return record
-
-
-@dataclass(frozen=True)
-class Swept:
-    removed: int
-    kept: int
-    kept_bytes: int
-
-
-def _size(parent: int, name: str) -> int:
-    """Bytes below the entry `name` (two levels: its files and its attempts' files)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        fd = open_dir(parent, name, _own(), name)
-        try:
-            for child in os.listdir(fd):
-                st = lstat_at(fd, child)
-                if st is None:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    with contextlib.suppress(OSError):
-                        sub = open_dir(fd, child, _own(), child)
-                        try:
-                            for leaf in os.listdir(sub):
-                                inner = lstat_at(sub, leaf)
-                                total += inner.st_size if inner is not None else 0
-                        finally:
-                            os.close(sub)
-                else:
-                    total += st.st_size
-        finally:
-            os.close(fd)
-    return total
-
-
-def _archived_at(parent: int, name: str) -> float:
-    """When the entry was archived: its record's time, else the directory's mtime."""
-    try:
-        fd = open_dir(parent, name, _own(), name)
-        try:
-            record = ArchiveRecord.model_validate_json(_read_small(fd, RECORD_FILE, name))
-        finally:
-            os.close(fd)
-        return record.archived_at
-    except (OSError, ValueError):
-        st = lstat_at(parent, name)
-        return st.st_mtime if st is not None else 0.0
-
-
-def sweep(root: Path, now: float, retention: float, max_bytes: int) -> Swept:
-    """Remove the entries archived more than `retention` seconds before `now`, then the
-    oldest until the rest holds at most `max_bytes`; and temporary entries a crash left."""
-    entries: list[tuple[float, int, int, str, str]] = []  # (when, size, -, namespace, uid)
-    removed = 0
-    rootfd = open_root(root)
-    try:
-        for namespace in sorted(os.listdir(rootfd)):
-            if not NAMESPACE_RE.fullmatch(namespace):
-                continue
-            try:
-                nsfd = open_dir(rootfd, namespace, _own(), namespace)
-            except (OSError, UnsafePath):
-                continue
-            try:
-                for name in os.listdir(nsfd):
-                    st = lstat_at(nsfd, name)
-                    if st is None:
-                        continue
-                    if _TEMPORARY_RE.fullmatch(name):
-                        if now - st.st_mtime > STALE_TEMPORARY:
-                            _remove_at(nsfd, name)
-                        continue
-                    if UID_RE.fullmatch(name) and stat.S_ISDIR(st.st_mode):
-                        when = _archived_at(nsfd, name)
-                        entries.append((when, _size(nsfd, name), 0, namespace, name))
-            finally:
-                os.close(nsfd)
-        entries.sort()
-        total = sum(e[1] for e in entries)
-        kept: list[tuple[float, int, int, str, str]] = []
-        for index, (when, size, _, namespace, name) in enumerate(entries):
-            expired = now - when > retention
-            if expired or total > max_bytes:
-                _remove_entry(rootfd, namespace, name)
-                total -= size
-                removed += 1
-            else:
-                kept.extend(entries[index:])
-                break
-        return Swept(removed=removed, kept=len(kept), kept_bytes=sum(e[1] for e in kept))
-    finally:
-        os.close(rootfd)
-
-
-def _remove_entry(rootfd: int, namespace: str, name: str) -> None:
-    try:
-        nsfd = open_dir(rootfd, namespace, _own(), namespace)
-    except OSError:
-        return
-    try:
-        _remove_at(nsfd, name)
-    finally:
-        os.close(nsfd)
 
 
 def archived_file(root: Path, namespace: str, uid: str, attempt: int, file: str) -> Path:
