@@ -324,6 +324,10 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .Values.probe.avoidSeconds | int64 | quote }}
 - name: SLURMJOB_PROBE_CONFIGMAP
   value: {{ .Values.probe.configMap | quote }}
+- name: SLURMJOB_PROBE_CAPACITY_BYTES
+  value: {{ .Values.probe.capacityBytes | int64 | quote }}
+- name: SLURMJOB_PROBE_FLOOR_BYTES
+  value: {{ .Values.probe.floorBytes | int64 | quote }}
 {{- with .Values.mpiPlugins }}
 - name: SLURMJOB_MPI_PLUGINS
   value: {{ join "," . | quote }}

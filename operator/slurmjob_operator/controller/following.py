@@ -25,7 +25,7 @@ from slurmjob_operator.core.arrays import (
     observe_array,
     shown_index,
 )
-from slurmjob_operator.core.claims import segment_of
+from slurmjob_operator.core.claims import probe_of, segment_of
 from slurmjob_operator.core.decisions import (
     belongs,
     stranger,
@@ -207,7 +207,7 @@ class Following:
                 )
                 await asyncio.to_thread(remove_secrets, self.settings, staging)
         transition = Transition(new, transition.events)
-        probe = attempt.probe
+        probe = probe_of(attempt)
         # The status says whether this attempt's record was taken already: a claim that can
         # only make this job's own record be taken again (under keys made from the resource).
         if probe is not None and probe.outcome is None and attempt.staging_dir:

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import Phase
-from slurmjob_operator.core.claims import segment_of
+from slurmjob_operator.core.claims import probe_of, segment_of
 from slurmjob_operator.core.following import not_retried, retry_scheduled
 from slurmjob_operator.core.probe import after_failed_probe
 from slurmjob_operator.core.retries import decide
@@ -63,7 +63,8 @@ def probe_rules(end: AttemptEnd) -> Transition | None:
     """A probe that failed on every rung (as the attempt's record says, never an exit code):
     decided before the retry rules, on a counter of its own."""
     attempt = end.ended.status.current_attempt
-    if attempt is None or attempt.probe is None or attempt.probe.outcome != "Failed":
+    probe = probe_of(attempt) if attempt is not None else None
+    if probe is None or probe.outcome != "Failed":
         return None
     if end.observation.phase is not Phase.FAILED:
         return None  # the script ends a failed probe with a failure: anything else is not it

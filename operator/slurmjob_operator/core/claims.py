@@ -20,7 +20,8 @@ for a read of a marked field anywhere but here (`tests/unit/test_claims.py`).
 - finality on deletion: not used, the deletion looks for the resource's live jobs by name;
 - an upstream's job id: verified, read from Slurm and proven the upstream's attempt's job
   before it goes into `afterok`;
-- the probe's keys: recomputed from the tenant and the cluster.
+- the probe's keys: recomputed from the tenant and the cluster (`core.probe.probe_keys`);
+  what else an attempt's probe record says steers only its own job (`probe_of`).
 
 Values a tenant can still move (the split between budgets, the times within the chain's own
 `totalTime`) stay within what its own spec could have asked for.
@@ -32,6 +33,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurmjob_operator.api.probestatus import AttemptProbe
 from slurmjob_operator.api.segmentstatus import AttemptSegment
 from slurmjob_operator.api.status import Attempt, Condition, SlurmJobStatus, get_condition
 from slurmjob_operator.api.walltime import WalltimeSpec
@@ -101,6 +103,15 @@ def segment_of(attempt: Attempt) -> AttemptSegment | None:
     (for the program) and its checkpoint digest decides NoProgress, both the chain's own
     business; what bounds the chain is `chain_room`, from verified counts."""
     return attempt.segment
+
+
+def probe_of(attempt: Attempt) -> AttemptProbe | None:
+    """An attempt's collective probe as the status shows it. Its outcome only steers this
+    job's own path (whether its record is taken, a probe retry) and its blamed nodes only the
+    message: the cache and avoid keys are made again from the resource
+    (`core.probe.probe_keys`), the nodes excluded come from the tenant's avoid list, and the
+    probe's retries fall under `over_cap`."""
+    return attempt.probe
 
 
 def action_of(attempt: Attempt) -> str | None:

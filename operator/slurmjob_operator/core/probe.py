@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 from slurmjob_operator.api.probestatus import MAX_PROBE_NODES, NODE_NAME_RE, AttemptProbe
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import ConditionStatus, SlurmJobStatus
-from slurmjob_operator.core.claims import action_of
+from slurmjob_operator.core.claims import action_of, probe_of
 from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.core.transition import (
     NORMAL,
@@ -219,7 +219,7 @@ def with_probe(
     attempt = status.current_attempt
     if attempt is None:
         return Transition(status)
-    before = attempt.probe
+    before = probe_of(attempt)
     if before is None:
         return Transition(status)  # no probe was planned: a record is not this attempt's
     probe = before.model_copy(
@@ -258,8 +258,8 @@ def after_failed_probe(
     (up to `most` of them), else Failed with reason ProbeFailed."""
     attempt = status.current_attempt
     assert attempt is not None
-    assert attempt.probe is not None
-    probe = attempt.probe
+    probe = probe_of(attempt)
+    assert probe is not None
     done = probe_retries(status)
     summary = probe_summary(probe)
     if probe.blamed and done < most:
