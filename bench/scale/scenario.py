@@ -555,6 +555,9 @@ async def _run_phases(
         "per_second": len(times) / seconds if seconds else None,
         "first_minute": first_minute,
         "curve": [round(t - marks["delete"], 2) for t in times[:: max(1, len(times) // 200)]],
+        # What the deletions asked slurmrestd: the jobs looked for by name in listings the
+        # moment's deletions share, not a read per SlurmJob (issue 42).
+        "slurm": reqs.summary(ctx.requests.between(marks["delete"], marks["delete_end"])),
     }
     log(f"{tag}: deleted {len(times)}/{len(names)} in {seconds} s")
     rss = [s[1] for sampler in samplers for s in sampler.samples]

@@ -71,5 +71,10 @@ def test_scale_bench_smoke(kube: KubeTestbed, slurm_2605: SlurmTestbed, tmp_path
     assert base.get("GET job/{id}", 0) >= N * 0.8, base
     assert ours.get("GET jobs/state", 0) >= 0.5, ours
     assert ours.get("GET job/{id}", 0) == 0, ours
+    # The operator's deletions look for their jobs in listings they share, never one read
+    # per SlurmJob.
+    deleting = runs["operator"]["delete"]["slurm"]["by_kind"]
+    assert deleting.get("GET job/{id}", 0) == 0, deleting
+    assert 1 <= deleting.get("GET jobs", 0) <= N, deleting
     # Operator status carries the log tails, the baseline's only a phase and a job id.
     assert runs["operator"]["status_bytes"]["mean"] > runs["baseline"]["status_bytes"]["mean"]

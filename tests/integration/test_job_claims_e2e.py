@@ -9,8 +9,10 @@ without a fold first: a dependent whose upstream fails (the operator would cance
 eviction (`spec.suspend` deactivates the Workload; the operator would cancel the running job),
 and the attempt's `cluster` field naming `east` (the operator would act there as itself, team-a
 having no Slurm user there) followed by a deletion. Each gets `JobIdentityMismatch` or
-`JobChangeRefused`; team-b's job runs on; and the operator sends no mutating request at all
-(counted from its own metrics, whichever user it would have acted as).
+`JobChangeRefused`; team-b's job runs on; and the operator sends no mutating request for it
+(counted from its own metrics, whichever user it would have acted as): the one it sends is
+the deletion's cancel of the deleted SlurmJob's own job, found by name whatever its status
+claims.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tests.testbed.slurm import SlurmTestbed
 
 from slurmjob_operator.core.jobview import BaseState, SlurmJobView
 from slurmjob_operator.core.launch import JobComponent, LaunchRequest
+from slurmjob_operator.core.probe import avoid_key, cache_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm2605]
 
@@ -112,11 +115,21 @@ def claims(
     port = _free_port()
     tag = uuid.uuid4().hex[:6]
     placeholder = _files(slurm_2605, tmp, "claims-placeholder")
-    env = {"SLURMJOB_KUEUE": "true", "SLURMJOB_METRICS_PORT": str(port), **placeholder}
+    archive = tmp / "archive"
+    archive.mkdir(mode=0o700)
+    env = {
+        "SLURMJOB_KUEUE": "true",
+        "SLURMJOB_METRICS_PORT": str(port),
+        "SLURMJOB_ARCHIVE_ROOT": str(archive),
+        **placeholder,
+    }
     for op in _operator(kube, slurm_2605, tmp, PROFILE, **env):
-        # The namespace is made by `_operator`: name it in the tenants file, then restart.
+        # The namespace is made by `_operator`: name it in the tenants file, then restart,
+        # watching team-b's namespace too.
         op.stop()
         _files(slurm_2605, tmp, op.namespace)
+        kube.kubectl("create", "namespace", f"{op.namespace}-b")
+        op.also_watched = (f"{op.namespace}-b",)
         op.start()
         flavor, cq = f"sj-cpu-{tag}", f"sj-claims-{tag}"
         kube.apply(
@@ -144,6 +157,7 @@ def claims(
             yield op, port, victim
         finally:
             _cancel_as(op, "team-b", victim)
+            kube.kubectl("delete", "namespace", f"{op.namespace}-b", "--wait=false", check=False)
             kube.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
             kube.kubectl("delete", "resourceflavor", flavor, "--wait=false", check=False)
             if not keep_requested():
@@ -270,10 +284,16 @@ def test_claims_on_another_tenants_job_change_nothing(claims: tuple[Operator, in
         assert "JobIdentityMismatch" in _reasons(op, "kq")
         _running(op, victim)
 
+        # Nothing that changes a job was sent so far, as any user.
+        changing, reading = _requests_made(port)
+        assert reading > 0, "the metrics are read as the operator counts them"
+        assert changing == 0
+
         # 3. The attempt's cluster rewritten to one team-a may not use, then a deletion.
         op.apply("cl", cpu_spec(["sleep", "300"], PROFILE))
         cl = op.wait_phase("cl", "Running", within=90)
-        own.append(_job_id(cl))
+        own_cl = _job_id(cl)
+        own.append(own_cl)
         _claim(op, "cl", victim, cluster=EAST)
         op.kube.kubectl("delete", "slurmjob", "cl", "-n", op.namespace, "--wait=false", timeout=30)
         deadline = time.monotonic() + 60
@@ -284,11 +304,13 @@ def test_claims_on_another_tenants_job_change_nothing(claims: tuple[Operator, in
         assert refused, _reasons(op, "cl")
         assert f"may not use cluster {EAST}" in refused[0]["message"]
         _running(op, victim)
-
-        # Nothing that changes a job was sent, as any user.
-        changing, reading = _requests_made(port)
-        assert reading > 0, "the metrics are read as the operator counts them"
-        assert changing == 0
+        # The deletion looked for cl's own jobs by name where cl belongs, whatever its status
+        # claims (issue 42): its own job, and nothing else, was cancelled, in one request.
+        assert own_cl is not None
+        [gone] = op.slurm_job(own_cl)
+        assert gone.is_final, gone
+        changing, _ = _requests_made(port)
+        assert changing == 1
     finally:
         for job_id in own:
             _cancel_as(op, "team-a", job_id)
@@ -296,3 +318,106 @@ def test_claims_on_another_tenants_job_change_nothing(claims: tuple[Operator, in
             op.kube.kubectl(
                 "delete", "slurmjob", name, "-n", op.namespace, "--wait=false", check=False
             )
+
+
+def _apply_in(op: Operator, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    manifest = {
+        "apiVersion": "slurmjob.io/v1alpha1",
+        "kind": "SlurmJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def _get_in(op: Operator, namespace: str, name: str) -> dict[str, Any] | None:
+    found = op.kube.kubectl("get", "slurmjob", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def _until(what: str, within: float, check: Any) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {within} s")
+
+
+def _entry_files(entry: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("*")) if p.is_file()
+    }
+
+
+def test_status_claims_move_nothing_of_another_tenants_archive_or_probe_cache(
+    claims: tuple[Operator, int, int],
+) -> None:
+    """Issue 42: team-a, writing its own status, names team-b's staging directory, attempt,
+    job and probe keys; its deletion archives its own files only, team-b's archive entry is
+    left byte for byte, and the probe ConfigMap gains nothing of team-b's."""
+    op, _, victim = claims
+    team_b = f"{op.namespace}-b"
+    # No admission policy refuses the status writes below: what holds is the operator's own.
+    bindings = json.loads(
+        op.kube.kubectl("get", "validatingadmissionpolicybindings", "-o", "json").stdout
+    )["items"]
+    assert not [b for b in bindings if "slurmjob" in json.dumps(b)], bindings
+    archive = Path(op.env["SLURMJOB_ARCHIVE_ROOT"])
+
+    _apply_in(op, team_b, "b-logs", cpu_spec(["bash", "-c", "echo team-b-only-line"], PROFILE))
+    done_b = _until(
+        "team-b's job done",
+        120,
+        lambda: (
+            (o := _get_in(op, team_b, "b-logs"))
+            and (o.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            and o
+        ),
+    )
+    assert done_b["status"]["phase"] == "Succeeded", done_b["status"]
+    b_uid = done_b["metadata"]["uid"]
+    b_staging = done_b["status"]["attempts"][-1]["stagingDir"]
+    op.kube.kubectl("delete", "slurmjob", "b-logs", "-n", team_b, "--wait=true", timeout=90)
+    b_entry = archive / team_b / b_uid
+    _until("team-b's archive entry", 60, lambda: (b_entry / "record.json").exists())
+    before = _entry_files(b_entry)
+    assert any(b"team-b-only-line" in v for v in before.values())
+
+    op.apply("a-logs", cpu_spec(["bash", "-c", "echo team-a-line"], PROFILE))
+    done_a = op.wait_phase("a-logs", "Succeeded", "Failed", within=120)
+    a_uid = done_a["metadata"]["uid"]
+    owner_b = "tenant:team-b"
+    attempts = done_a["status"]["attempts"]
+    attempts[-1].update(
+        {
+            "stagingDir": b_staging,
+            "jobId": victim,
+            "probe": {
+                "key": cache_key(owner_b, FIRST, "debug", "custom-sif", "a100"),
+                "avoid": avoid_key(owner_b, FIRST),
+                "ladder": 1,
+            },
+        }
+    )
+    op.kube.kubectl(
+        "patch", "slurmjob", "a-logs", "-n", op.namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": {"attempts": attempts}}),
+    )  # fmt: skip
+    op.kube.kubectl("delete", "slurmjob", "a-logs", "-n", op.namespace, "--wait=true", timeout=90)
+    a_entry = archive / op.namespace / a_uid
+    _until("team-a's archive entry", 60, lambda: (a_entry / "record.json").exists())
+    mine = _entry_files(a_entry)
+    assert any(b"team-a-line" in v for v in mine.values())
+    assert not any(b"team-b-only-line" in v for v in mine.values()), "team-b's logs archived"
+    assert _entry_files(b_entry) == before, "team-b's entry changed"
+    _running(op, victim)
+    # The probe ConfigMap, if the operator made one, holds nothing of team-b's.
+    found = op.kube.kubectl(
+        "get", "configmap", "slurmjob-probe-cache", "-n", op.namespace, "-o", "json",
+        check=False,
+    )  # fmt: skip
+    if found.returncode == 0:
+        data = json.loads(found.stdout).get("data") or {}
+        assert not [k for k, v in data.items() if owner_b in v], data

@@ -55,6 +55,8 @@ class Operator:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: More namespaces the same process watches (a second tenant's).
+    also_watched: tuple[str, ...] = ()
 
     def process_env(self) -> dict[str, str]:
         """The environment of `run`: each test's operator elects itself on a Lease of its own
@@ -68,7 +70,8 @@ class Operator:
     def start(self) -> None:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [str(OPERATOR), "run", "-n", self.namespace],
+            [str(OPERATOR), "run", "-n", self.namespace]
+            + [arg for ns in self.also_watched for arg in ("-n", ns)],
             env=self.process_env(),
             stdout=log,
             stderr=subprocess.STDOUT,

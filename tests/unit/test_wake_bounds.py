@@ -136,16 +136,20 @@ async def test_attempt_bumps_on_one_upstream_change_dependencies_within_the_name
         await _settle(bed)
     made = Counter(c.split()[0] for c in bed.slurm.calls[calls0:])
     # Before: 2,000 get_job and 2,000 dependency POSTs. Now 64 dependents are woken and 32
-    # of them changed; the other 32 wait an interval, the rest wait for a wake.
-    assert made == {"get_job": CHANGES_PER_INTERVAL, "dependency": CHANGES_PER_INTERVAL}
+    # of them looked at; the other 32 wait an interval, the rest wait for a wake. Each look
+    # reads the dependent's job and the upstream job the writer names, which is not its
+    # attempt's (issue 42: another name, another attempt): no dependency is changed.
+    assert made == {"get_job": 2 * CHANGES_PER_INTERVAL}
     assert CHANGES_PER_INTERVAL == 32
     await _release_all(bed, clock)
     made = Counter(c.split()[0] for c in bed.slurm.calls[calls0:])
-    # Each dependent repointed once to the last attempt (the first 32 twice): 232 of each.
-    assert made == {"get_job": 32 + N, "dependency": 32 + N}
+    # Each dependent looked at once more for the last write (the first 32 twice): 232 of
+    # each read, none repointed to a job its upstream's attempt does not own.
+    assert made == {"get_job": 2 * (32 + N)}
     for ref in deps:
         [record] = bed.store.status(ref).attempts[-1].dependencies or []
-        assert record.attempt == last
+        assert record.attempt == 1
+    assert last == 1 + WRITES
     assert not len(_deps(bed)._wakes)
 
 

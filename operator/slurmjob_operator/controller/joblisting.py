@@ -4,9 +4,10 @@ A deletion looks for its resource's live jobs by name (a status that says "final
 another job is only a claim), and `/jobs/state` carries no names on v0.0.40+: so it takes
 `GET /jobs`, which lists every job. Deletions asking together share one: a caller waits for
 the next listing that starts after it asked (never one already under way, so the jobs it
-sees were read after its step began), and one listing serves every caller waiting when it
-starts. However many SlurmJobs are deleted at once, at most one `GET /jobs` is in flight and
-the number made grows with the time the deletions take, not with their count.
+sees were read after its step began), and one listing, started a moment (`linger`) after its
+first caller, serves every caller waiting when it starts. However many SlurmJobs are deleted
+at once, at most one `GET /jobs` is in flight and the number made grows with the time the
+deletions take, not with their count.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ log = logging.getLogger(__name__)
 
 
 class SharedListing:
-    def __init__(self, slurm: Callable[[], Awaitable[SlurmClient]]) -> None:
+    def __init__(
+        self, slurm: Callable[[], Awaitable[SlurmClient]], *, linger: float = 0.05
+    ) -> None:
+        """`linger`: how long a listing waits for more callers before it starts (as the
+        Canceller's batch does)."""
         self._slurm = slurm
+        self.linger = linger
         self._waiting: list[asyncio.Future[Sequence[SlurmJobView]]] = []
         self._runner: asyncio.Task[None] | None = None
         #: Listings made (for tests and the bench: requests per deletion).
@@ -41,6 +47,7 @@ class SharedListing:
 
     async def _run(self) -> None:
         while self._waiting:
+            await asyncio.sleep(self.linger)
             batch, self._waiting = self._waiting, []
             try:
                 self.made += 1
