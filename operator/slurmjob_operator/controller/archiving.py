@@ -21,6 +21,7 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.kube.ports import NamespaceReader
 from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, sweep, write_entry
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import SecretsUnknown, attempt_redactor
 from slurmjob_operator.storage.nofollow import job_owner
@@ -94,7 +95,8 @@ class Archiver:
         status = view.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
             async with self._writing:
-                written = await asyncio.to_thread(
+                written = await run_in(
+                    Pool.ARCHIVE,
                     lambda: write_entry(
                         root,
                         record,
@@ -102,7 +104,7 @@ class Archiver:
                         status,
                         file_cap=settings.archive_file_max_bytes,
                         entry_cap=settings.archive_max_bytes,
-                    )
+                    ),
                 )
         except SecretsUnknown:
             await self._not_archived(
@@ -137,8 +139,8 @@ class Archiver:
             return
         retention = self.settings.archive_retention_days * DAY
         async with self._writing:
-            swept = await asyncio.to_thread(
-                sweep, root, self._clock(), retention, self.settings.archive_max_bytes
+            swept = await run_in(
+                Pool.ARCHIVE, sweep, root, self._clock(), retention, self.settings.archive_max_bytes
             )
         if swept.removed:
             log.info(

@@ -46,6 +46,7 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage import checkpoint
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
 from slurmjob_operator.storage.nofollow import job_owner
@@ -270,7 +271,9 @@ class Following:
         base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
         redact = await self.edge.redactions(view)
         owner = self._job_uid(ref.namespace)
-        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact, owner, index=index)
+        read = run_in(
+            Pool.LOG_READS, read_attempt_logs, self.settings, base, redact, owner, index=index
+        )
         try:
             return await asyncio.wait_for(read, READ_TIMEOUT)
         except TimeoutError:  # an OSError too: first
