@@ -55,21 +55,28 @@ class _Pass:
         return not self.stopped
 
     def problem(self, path: str, exc: OSError | str) -> None:
-        if len(self.problems) < MAX_PROBLEMS:
-            text = exc.strerror or str(exc) if isinstance(exc, OSError) else exc
-            self.problems.append(f"{path}: {text}")
+        text = (exc.strerror or str(exc)) if isinstance(exc, OSError) else exc
+        line = f"{path}: {text}"
+        # The same entry is met again when its directory is listed again in the pass.
+        if len(self.problems) < MAX_PROBLEMS and line not in self.problems:
+            self.problems.append(line)
 
-    def entry(self, parent: int, name: str, path: str, depth: int) -> bool:
-        """Remove `name` of `parent` as far as this pass goes; True when it is gone."""
+    def entry(
+        self, parent: int, name: str, path: str, depth: int, is_dir: bool | None = None
+    ) -> bool:
+        """Remove `name` of `parent` as far as this pass goes; True when it is gone.
+        `is_dir`: what the listing said (its `d_type`, no call), else it is `lstat`ed."""
         self.looked_at += 1
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            return self._went()
-        except OSError as exc:
-            self.problem(path, exc)
-            return False
-        if not stat.S_ISDIR(st.st_mode):
+        if is_dir is None:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return self._went()
+            except OSError as exc:
+                self.problem(path, exc)
+                return False
+            is_dir = stat.S_ISDIR(st.st_mode)
+        if not is_dir:
             return self._unlink(parent, name, path, directory=False)
         if depth >= MAX_DEPTH:
             return self._spill(parent, name, path)
@@ -95,15 +102,21 @@ class _Pass:
         while self.goes_on():
             left = self.bounds.entries - self.looked_at
             # A chunk read, then closed: no listing is held open while entries go.
+            # The listing's type of an entry may be stale by the time it goes: a file swapped
+            # for a directory fails its unlink, a directory swapped for a link its
+            # O_NOFOLLOW open, and the next pass sees what is there.
             with os.scandir(fd) as listing:
-                names = [e.name for e in itertools.islice(listing, left)]
+                names = [
+                    (e.name, e.is_dir(follow_symlinks=False))
+                    for e in itertools.islice(listing, left)
+                ]
             if not names:
                 return gone
             kept = 0
-            for name in names:
+            for name, is_dir in names:
                 if not self.goes_on():
                     return False
-                if not self.entry(fd, name, f"{path}/{name}", depth):
+                if not self.entry(fd, name, f"{path}/{name}", depth, is_dir):
                     gone = False
                     kept += 1
             if self.stopped or kept == len(names):
@@ -121,8 +134,9 @@ class _Pass:
         except FileNotFoundError:
             return self._went()
         except OSError as exc:
-            if directory and exc.errno == errno.ENOTEMPTY:
-                self.stopped = True  # written to meanwhile: the next pass goes on
+            if exc.errno in (errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                # Written to, or swapped for a directory, meanwhile: the next pass goes on.
+                self.stopped = True
             else:
                 self.problem(path, exc)
             return False
