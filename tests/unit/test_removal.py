@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slurmjob_operator.api.logs import LogQuery
+from slurmjob_operator.controller.following import read_tails
+from slurmjob_operator.controller.logaccess import ClusterFiles, LogAccess
 from slurmjob_operator.controller.removals import RemovalSweep
+from slurmjob_operator.core import naming
+from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.removal import (
     After,
     PassBounds,
@@ -24,10 +31,12 @@ from slurmjob_operator.core.removal import (
     pass_goes_on,
 )
 from slurmjob_operator.storage import removal, trash
+from slurmjob_operator.storage.executors import SIZES, Pool, close_pools, executor
 from slurmjob_operator.storage.removal import remove_pass
 
 from .controller_fakes import Bed, make_bed
 from .controller_fakes import reconcile_once as reconcile
+from .test_controller_storage import submit
 from .test_segments_controller import chain, checkpoint_dir
 
 BOUNDS = PassBounds(entries=10, seconds=1.0)
@@ -293,3 +302,34 @@ def test_the_trash_is_the_operator_s_own(tmp_path: Path) -> None:
     (tmp_path / trash.TRASH_DIR).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError, match="symbolic link"):
         trash.entries(tmp_path, 10)
+
+
+@pytest.fixture
+def held() -> Iterator[threading.Event]:
+    """Every thread of the removals and archive pools busy until the test lets them go."""
+    release = threading.Event()
+    kinds = (Pool.REMOVALS, Pool.ARCHIVE)
+    futures = [executor(k).submit(release.wait) for k in kinds for _ in range(SIZES[k])]
+    yield release
+    release.set()
+    for future in futures:
+        future.result()
+    close_pools()
+
+
+async def test_the_log_api_and_the_status_tails_never_wait_behind_removals_or_archives(
+    bed: Bed, held: threading.Event
+) -> None:
+    ref = await submit(bed)
+    base = naming.staging_dir(bed.settings.storage_root, ref.namespace, ref.name, ref.uid, 1)
+    (base / "stdout.log").write_text("epoch 1\n")
+    files = {"default": ClusterFiles(bed.settings, lambda namespace: None)}
+    access = LogAccess(bed.store, files, Clusters(("default",)))
+    async with asyncio.timeout(2):  # under READ_TIMEOUT: a queued read would wait it out
+        answer = await access.read(ref.namespace, ref.name, LogQuery())
+        tails = await read_tails(bed.settings, base, [], None)
+    assert answer.text == "epoch 1\n"
+    assert tails is not None
+    assert tails.stdout is not None
+    assert tails.stdout.tail == "epoch 1\n"
+    assert not held.is_set()
