@@ -73,6 +73,7 @@ def _outcome(removed: int, *, walked_all: bool = False, done: bool = False) -> P
         (_outcome(10), 2, 2, After.HAND_OVER),
         (_outcome(10), 50, None, After.AGAIN),  # the sweep has no cap
         (_outcome(0), 1, 2, After.STUCK),  # a whole pass of what cannot go
+        (PassOutcome(0, 3, walked_all=False, done=False, changed=True), 1, 2, After.AGAIN),
         (_outcome(4, walked_all=True), 1, 2, After.STUCK),  # all seen, something stays
     ],
 )
@@ -88,15 +89,18 @@ def test_what_follows_a_pass(
     done=st.booleans(),
     passes=st.integers(1, 100),
     cap=st.none() | st.integers(1, 100),
+    changed=st.booleans(),
 )
 def test_a_finalizer_s_passes_always_end(
-    removed: int, walked_all: bool, done: bool, passes: int, cap: int | None
+    removed: int, walked_all: bool, done: bool, passes: int, cap: int | None, changed: bool
 ) -> None:
-    """Another pass only while the last one made progress and the cap is not reached: the
-    finalizer's loop ends within `cap` passes whatever the tree does."""
-    after = after_pass(_outcome(removed, walked_all=walked_all, done=done), passes, cap)
+    """Another pass only while the last one made progress (or the tree changed under it)
+    and the cap is not reached: the finalizer's loop ends within `cap` passes whatever the
+    tree does."""
+    outcome = PassOutcome(removed, 10, walked_all=walked_all, done=done, changed=changed)
+    after = after_pass(outcome, passes, cap)
     if after is After.AGAIN:
-        assert removed > 0
+        assert removed > 0 or changed
         assert not done
         assert not walked_all
         assert cap is None or passes < cap
@@ -302,6 +306,19 @@ def test_the_trash_is_the_operator_s_own(tmp_path: Path) -> None:
     (tmp_path / trash.TRASH_DIR).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError, match="symbolic link"):
         trash.entries(tmp_path, 10)
+
+
+async def test_a_trash_that_is_not_the_operator_s_is_not_used(bed: Bed) -> None:
+    """A link planted where the trash goes: nothing is moved through it, the checkpoint
+    directory is removed where it is."""
+    ref, where = await _chain_with_files(bed, 20)
+    elsewhere = bed.settings.storage_root.parent / "elsewhere"
+    elsewhere.mkdir()
+    (bed.settings.storage_root / trash.TRASH_DIR).symlink_to(elsewhere)
+    await bed.controller.finalize(bed.store.body(ref))
+    assert not where.parent.exists()
+    assert list(elsewhere.iterdir()) == []
+    assert "CheckpointNotRemoved" not in bed.store.reasons()
 
 
 @pytest.fixture

@@ -71,7 +71,11 @@ class RemovalSweep:
     async def sweep_once(self) -> bool:
         """One pass on one leftover; False when there is none left to work on."""
         for root in self.roots:
-            names = await run_in(Pool.REMOVALS, trash.entries, root, self.scan)
+            try:
+                names = await run_in(Pool.REMOVALS, trash.entries, root, self.scan)
+            except OSError as exc:  # UnsafePath too: not the operator's own directory
+                log.warning("cannot sweep the removals under %s: %s", root, exc)
+                continue
             for name in names:
                 if (root, name) in self.stuck:
                     continue
@@ -91,7 +95,7 @@ class RemovalSweep:
             self._wake.clear()
             try:
                 busy = await self.sweep_once()
-            except OSError as exc:  # UnsafePath too: the trash is not the operator's own
+            except OSError as exc:  # a pass's trash gone meanwhile, or refused
                 log.warning("cannot sweep the removals: %s", exc)
                 busy = False
             if not busy:

@@ -36,13 +36,16 @@ DEFAULT_BOUNDS = PassBounds()
 @dataclass(frozen=True)
 class PassOutcome:
     """What one pass did. `walked_all`: it reached the end of the tree (no bound stopped it);
-    `done`: nothing is left; `problems`: what it could not remove, a line each."""
+    `done`: nothing is left; `problems`: what it could not remove, a line each; `changed`:
+    something changed under it (written to, swapped for a link), so another pass sees
+    another tree."""
 
     removed: int
     looked_at: int
     walked_all: bool
     done: bool
     problems: tuple[str, ...] = ()
+    changed: bool = False
 
 
 class After(enum.Enum):
@@ -63,11 +66,12 @@ def pass_goes_on(bounds: PassBounds, looked_at: int, removed: int, elapsed: floa
 
 def after_pass(outcome: PassOutcome, passes: int, cap: int | None) -> After:
     """What follows the `passes`-th pass; `cap`: the passes allowed (None: no cap, the
-    sweep's). A pass that removed nothing, or walked the whole tree and left something,
-    found only what cannot be removed: another one would do the same."""
+    sweep's). A pass that walked the whole tree and left something, or removed nothing while
+    nothing changed under it, found only what cannot be removed: another one would do the
+    same."""
     if outcome.done:
         return After.DONE
-    if outcome.removed == 0 or outcome.walked_all:
+    if outcome.walked_all or (outcome.removed == 0 and not outcome.changed):
         return After.STUCK
     if cap is not None and passes >= cap:
         return After.HAND_OVER

@@ -46,6 +46,7 @@ class _Pass:
         self.looked_at = 0
         self.removed = 0
         self.stopped = False  # a bound ended the pass, or something changed under it
+        self.changed = False
         self.problems: list[str] = []
 
     def goes_on(self) -> bool:
@@ -86,7 +87,7 @@ class _Pass:
             return self._went()
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                self.stopped = True  # swapped for something else: the next pass sees it
+                self._changed()  # swapped for something else: the next pass sees it
             else:
                 self.problem(path, exc)
             return False
@@ -135,12 +136,14 @@ class _Pass:
             return self._went()
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
-                # Written to, or swapped for a directory, meanwhile: the next pass goes on.
-                self.stopped = True
+                self._changed()  # written to, or swapped, meanwhile: the next pass goes on
             else:
                 self.problem(path, exc)
             return False
         return self._went()
+
+    def _changed(self) -> None:
+        self.stopped = self.changed = True
 
     def _went(self) -> bool:
         # Gone, by this pass or by another one on the same tree at the same time (the
@@ -190,4 +193,5 @@ def remove_pass(
         walked_all=not work.stopped,
         done=done,
         problems=tuple(work.problems),
+        changed=work.changed,
     )

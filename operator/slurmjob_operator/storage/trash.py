@@ -19,14 +19,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 from slurmjob_operator.core.removal import PassBounds, PassOutcome
-from slurmjob_operator.storage.nofollow import open_dir, open_root
+from slurmjob_operator.storage.nofollow import UnsafePath, open_dir, open_root
 from slurmjob_operator.storage.removal import remove_pass
+
+log = logging.getLogger(__name__)
 
 TRASH_DIR = ".slurmjob-removing"
 TRASH_MODE = 0o700
@@ -59,6 +62,9 @@ def set_aside(root: Path, parent: int, name: str, label: str) -> str | None:
         with opened(root, make=True) as trash:
             os.rename(name, entry, src_dir_fd=parent, dst_dir_fd=trash)
             os.fsync(trash)
+    except UnsafePath as exc:
+        log.warning("not using the trash: %s", exc)  # not the operator's own directory
+        return None
     except OSError as exc:
         if exc.errno in (errno.EXDEV, errno.EACCES, errno.EPERM, errno.EBUSY, errno.EROFS):
             return None
