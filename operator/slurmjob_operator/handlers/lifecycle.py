@@ -103,13 +103,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await kube.close()
         raise
     fleet = Fleet(members, clusters)
-    # The bounded pools of blocking file work (`storage.executors`), and the one sweep that
-    # finishes the checkpoint removals finalizers leave, on every cluster's storage root.
+    # The bounded pools of blocking file work (`storage.executors`).
     open_pools()
-    sweep = RemovalSweep(site.settings.storage_root for site in sites)
-    for member in members:
-        member.sweep_removals_with(sweep)
-    memo.removal_sweep = asyncio.create_task(sweep.run(), name="slurmjob-removals")
     if config.logs_port and not memo.get("logs_serving"):
         # Without leader election nobody started it before kopf (`election.run_with_lease`).
         try:
@@ -136,6 +131,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         if members[0].archiver.enabled
         else None
     )
+    # The one sweep that finishes the checkpoint removals finalizers leave, on every
+    # cluster's storage root (`controller.removals`); after a restart it finds them there.
+    sweep = RemovalSweep(site.settings.storage_root for site in sites)
+    for member in members:
+        member.sweep_removals_with(sweep)
+    memo.removal_sweep = asyncio.create_task(sweep.run(), name="slurmjob-removals")
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
