@@ -28,6 +28,7 @@ from slurmjob_operator.core.dependencies import Action, repoint, upstream_of
 from slurmjob_operator.core.following import observed
 from slurmjob_operator.core.jobview import BaseState, JobExit, SlurmJobView
 from slurmjob_operator.core.limits import Partition, PartitionUnavailable, Snapshot
+from slurmjob_operator.core.removal import DEFAULT_BOUNDS, After, after_pass
 from slurmjob_operator.core.segments import (
     EMPTY_CHECKPOINT,
     UNKNOWN_CHECKPOINT,
@@ -41,7 +42,7 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.site.render import render_attempt
 from slurmjob_operator.site.templating import RenderError
 from slurmjob_operator.slurm.dialects import dialect_for
-from slurmjob_operator.storage import checkpoint
+from slurmjob_operator.storage import checkpoint, trash
 from slurmjob_operator.storage.staging import stage_attempt
 
 from .controller_fakes import cpu_spec as unit_cpu_spec
@@ -422,6 +423,19 @@ def _scan(settings: Settings) -> str:
     return checkpoint.scan(settings, "team-a", "resnet", UID, None)
 
 
+def _remove(settings: Settings) -> list[str]:
+    """The finalizer's removal without a cap: passes until nothing more can be done."""
+    removal = checkpoint.set_aside(settings, "team-a", "resnet", UID)
+    if removal is None:
+        return []
+    passes = 0
+    while True:
+        outcome = checkpoint.removal_pass(settings, removal, DEFAULT_BOUNDS)
+        passes += 1
+        if after_pass(outcome, passes, None) is not After.AGAIN:
+            return list(outcome.problems)
+
+
 def test_the_scan_sees_every_change_and_follows_no_link(tree: Settings, tmp_path: Path) -> None:
     where = _where(tree)
     assert _scan(tree) == EMPTY_CHECKPOINT
@@ -462,9 +476,10 @@ def test_a_checkpoint_directory_replaced_by_a_link_is_not_read(
     (tmp_path / "other").mkdir()
     where.symlink_to(tmp_path / "other")
     assert _scan(tree) == UNKNOWN_CHECKPOINT
-    assert checkpoint.remove(tree, "team-a", "resnet", UID) == []
+    assert _remove(tree) == []
     assert not os.path.lexists(where)
     assert (tmp_path / "other").is_dir()  # the link went, never its target
+    assert trash.entries(tmp_path, 10) == []
 
 
 def test_removal_removes_what_it_can_and_says_what_it_could_not(
@@ -482,14 +497,16 @@ def test_removal_removes_what_it_can_and_says_what_it_could_not(
         unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", refusing)
-    left = checkpoint.remove(tree, "team-a", "resnet", UID)
+    left = _remove(tree)
     assert left
     assert left[0].startswith(f"{where / 'kept' / 'stuck'}: ")
     assert "Permission denied" in left[0]
     assert not (where / "gone").exists()
+    assert not where.exists()  # what stays is in the trash, for the sweep
+    [entry] = trash.entries(tree.storage_root, 10)
     monkeypatch.setattr(os, "unlink", unlink)
-    assert checkpoint.remove(tree, "team-a", "resnet", UID) == []
-    assert not where.exists()
+    assert trash.removal_pass(tree.storage_root, entry, DEFAULT_BOUNDS).done
+    assert trash.entries(tree.storage_root, 10) == []
 
 
 # --- the site's and the tenant's bounds, through the CLI's render ----------------------------

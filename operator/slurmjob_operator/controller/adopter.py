@@ -36,6 +36,7 @@ from slurmjob_operator.core.reconcile import (
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.staging import is_staged, remove_attempt
 from slurmjob_operator.times import utc_now
@@ -184,7 +185,7 @@ class Adopter:
             # The operator stopped before the attempt's files were complete, and they are
             # always complete before the POST: this attempt was never sent. Start it over.
             assert attempt.staging_dir is not None
-            await asyncio.to_thread(remove_attempt, self.settings, staging)
+            await run_in(Pool.REMOVALS, remove_attempt, self.settings, staging)
             text = (
                 f"attempt {attempt.number} was interrupted before it was sent; submitting it again"
             )

@@ -32,6 +32,7 @@ from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.kube.ports import NamespaceReader
 from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, owner_of, write_entry
 from slurmjob_operator.storage.archivesweep import sweep
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import SecretsUnknown, attempt_redactor
 from slurmjob_operator.storage.nofollow import job_owner
@@ -148,7 +149,8 @@ class Archiver:
         status = view.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
             async with self.slots.slot(record.owner or ref.namespace):
-                written = await asyncio.to_thread(
+                written = await run_in(
+                    Pool.ARCHIVE,
                     lambda: write_entry(
                         root,
                         record,
@@ -156,7 +158,7 @@ class Archiver:
                         status,
                         file_cap=settings.archive_file_max_bytes,
                         entry_cap=settings.archive_entry_cap,
-                    )
+                    ),
                 )
         except SecretsUnknown:
             await self._not_archived(
@@ -202,7 +204,8 @@ class Archiver:
             return
         settings = self.settings
         retention = settings.archive_retention_days * DAY
-        swept = await asyncio.to_thread(
+        swept = await run_in(
+            Pool.ARCHIVE,
             lambda: sweep(
                 root,
                 self._clock(),
@@ -210,7 +213,7 @@ class Archiver:
                 settings.archive_max_bytes,
                 floor=settings.archive_entry_cap,
                 owner_of=self.owner,
-            )
+            ),
         )
         if swept.removed:
             log.info(

@@ -24,6 +24,7 @@ from slurmjob_operator.controller.probebook import ProbeBook, probe_book
 from slurmjob_operator.controller.queues import Queues
 from slurmjob_operator.controller.reachability import Reachability
 from slurmjob_operator.controller.registry import Registry, Tracked
+from slurmjob_operator.controller.removals import RemovalSweep
 from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.controller.slurmlink import ClientSource, SlurmLink
 from slurmjob_operator.controller.submission import Submission
@@ -201,6 +202,11 @@ class Controller:
         self, tracked: Tracked, views: Sequence[SlurmJobView] | None, *, logs_only: bool = False
     ) -> None:
         await self._following.refresh(tracked, views, logs_only=logs_only)
+
+    def sweep_removals_with(self, sweep: RemovalSweep) -> None:
+        """What the finalizer leaves of a checkpoint directory goes to `sweep` (the
+        operator's, started with it); without one the finalizer removes all of it."""
+        self._deletion.sweep = sweep
 
     async def finalize(self, body: Mapping[str, Any] | ResourceView) -> None:
         """Deletion; raises RetryLater while the job is still ending."""

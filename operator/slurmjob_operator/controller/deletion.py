@@ -26,6 +26,7 @@ from slurmjob_operator.controller.following import Following
 from slurmjob_operator.controller.identity import JobIdentity
 from slurmjob_operator.controller.joblisting import SharedListing
 from slurmjob_operator.controller.queues import Queues
+from slurmjob_operator.controller.removals import RemovalSweep, remove_checkpoint
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.arrays import shown_index
@@ -37,7 +38,7 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.core.verified import VerifiedJob
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError
-from slurmjob_operator.storage import checkpoint
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.ledger import attempts_made
 from slurmjob_operator.storage.staging import remove_resource_dir
 
@@ -69,6 +70,9 @@ class Deletion:
         # tails are read there.
         self.resources_kept = False
         self.archiver: Archiver | None = None
+        # The operator's background sweep of checkpoint directories (`controller.removals`);
+        # without one (the local runner) the finalizer removes all of it.
+        self.sweep: RemovalSweep | None = None
 
     async def _client_as(self, user: str | None) -> SlurmClient:
         return await (self.slurm() if self._slurm_as is None else self._slurm_as(user))
@@ -94,8 +98,13 @@ class Deletion:
             # Whatever the spec says now (an edit may have dropped walltime, or broken it).
             kept = await self._remove_checkpoint(view)
             try:
-                await asyncio.to_thread(
-                    remove_resource_dir, self.settings, ref.namespace, ref.name, ref.uid
+                await run_in(
+                    Pool.REMOVALS,
+                    remove_resource_dir,
+                    self.settings,
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
                 )
             except OSError as exc:
                 if not kept:
@@ -108,20 +117,10 @@ class Deletion:
         self.edge.forget(ref)
 
     async def _remove_checkpoint(self, view: ResourceView) -> bool:
-        """The walltime chain's checkpoint directory, the job's own files: removed as far as
-        they can be, what could not be said in an Event (True: something stayed); the
-        finalizer never waits on it."""
-        ref = view.ref
-        left = await asyncio.to_thread(
-            checkpoint.remove, self.settings, ref.namespace, ref.name, ref.uid
-        )
-        if left:
-            text = (
-                f"the checkpoint directory was not removed in full ({len(left)} path(s)); "
-                f"first: {left[0]}"
-            )
-            await self.edge.event(ref, "Warning", "CheckpointNotRemoved", text)
-        return bool(left)
+        """The walltime chain's checkpoint directory, the job's own files: removed in bounded
+        passes (`controller.removals`), what could not be said in an Event (True: something
+        stayed in the resource directory); the finalizer never waits on it for long."""
+        return await remove_checkpoint(self.settings, view.ref, self.edge.event, self.sweep)
 
     async def _last_tails(self, view: ResourceView, attempt: Attempt) -> None:
         """The ended job's last log tails into the status, on the version they were read

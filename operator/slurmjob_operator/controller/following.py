@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from pathlib import Path
 
 from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.api.status import Attempt, Logs, SlurmJobStatus
@@ -48,6 +49,7 @@ from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound, SlurmUnsupported
 from slurmjob_operator.storage import checkpoint
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import READ_TIMEOUT, attempt_dir_owner, read_attempt_logs
 from slurmjob_operator.storage.nofollow import job_owner
@@ -78,6 +80,20 @@ async def checkpoint_of(
     except TimeoutError:
         log.warning("%s/%s: the checkpoint scan took too long", ref.namespace, ref.name)
         return None
+
+
+async def read_tails(
+    settings: Settings,
+    base: Path,
+    current: Collection[str] | None,
+    owner: int | None,
+    *,
+    index: int | None = None,
+) -> Logs | None:
+    """`storage.logs.read_attempt_logs` on the log-reads pool (no removal or archive write
+    ever waits in front of it), within `READ_TIMEOUT` (TimeoutError)."""
+    read = run_in(Pool.LOG_READS, read_attempt_logs, settings, base, current, owner, index=index)
+    return await asyncio.wait_for(read, READ_TIMEOUT)
 
 
 class Following:
@@ -277,9 +293,8 @@ class Following:
         base = attempt_dir(self.settings.storage_root, ref, attempt.number, attempt.staging_dir)
         redact = await self.edge.redactions(view)
         owner = self._job_uid(ref.namespace)
-        read = asyncio.to_thread(read_attempt_logs, self.settings, base, redact, owner, index=index)
         try:
-            return await asyncio.wait_for(read, READ_TIMEOUT)
+            return await read_tails(self.settings, base, redact, owner, index=index)
         except TimeoutError:  # an OSError too: first
             log.warning(
                 "reading the logs of %s/%s took over %s s; the tails are kept as they were",

@@ -9,7 +9,8 @@ cluster the attempt went to, and the file is reached without following a link an
 the job's user (the tenant's uid, or the job user). Its text is redacted with the secret
 values the spec names, read now, and those the attempt was staged with; when neither is
 known, nothing is given out. The read runs in a worker thread bounded by `READ_TIMEOUT`, at
-most `concurrency` at once (the controller's own log reads share the thread pool).
+most `concurrency` at once, on the log-reads pool the status tails share and no removal or
+archive write does (`storage.executors`).
 
 Every replica serves this, the standbys too: it needs nothing of the leader's state.
 """
@@ -39,6 +40,7 @@ from slurmjob_operator.core.ttlcache import TtlCache
 from slurmjob_operator.kube import NamespaceReader, ResourceStore, SecretError
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.storage.archive import archived_file, read_record
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
 from slurmjob_operator.storage.logs import (
     READ_TIMEOUT,
@@ -171,7 +173,7 @@ class LogAccess:
         if root is None or self.namespace_uids is None:
             raise gone
         try:
-            record = await asyncio.to_thread(read_record, root, namespace, uid)
+            record = await run_in(Pool.ARCHIVE, read_record, root, namespace, uid)
         except (OSError, ValueError) as exc:
             log.warning("refusing the archive of %s/%s (%s): %s", namespace, name, uid, exc)
             raise gone from None
@@ -220,7 +222,7 @@ class LogAccess:
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 async with self._reads:
-                    return await asyncio.to_thread(read)
+                    return await run_in(Pool.LOG_READS, read)
         except TimeoutError:  # an OSError too: first
             log.warning("reading %s took over %s s", path, READ_TIMEOUT)
             raise LogFailure(504, "ReadTimeout", "the log could not be read in time") from None

@@ -56,6 +56,7 @@ from slurmjob_operator.site.tenants import TenantUnknown
 from slurmjob_operator.slurm.auth import TokenError
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmAmbiguous, SlurmAuthError, SlurmError, SlurmRejected
+from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.ledger import attempts_made
 from slurmjob_operator.storage.nofollow import UnsafePath
 from slurmjob_operator.storage.staging import remove_attempt
@@ -187,7 +188,7 @@ class Sender:
             # read shows it is this attempt's (the id is only what the answer said).
             await self._cancel_refused(view, exc.job_id)
         if plan.discard_attempt and staging is not None:
-            await asyncio.to_thread(remove_attempt, self.settings, staging)
+            await run_in(Pool.REMOVALS, remove_attempt, self.settings, staging)
         await self.edge.apply(view, transition)
         if plan.retry is Retry.GROWING:
             earlier = self._site_failures.pop(view.ref.uid, 0)

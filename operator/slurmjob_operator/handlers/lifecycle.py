@@ -18,6 +18,7 @@ from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
 from slurmjob_operator.controller.probebook import probe_book
+from slurmjob_operator.controller.removals import RemovalSweep
 from slurmjob_operator.controller.wakes import Wakes, reconcile_failed
 from slurmjob_operator.handlers.diffbase import ESSENCES, UnmarkedProgress
 from slurmjob_operator.kube import KubeApi
@@ -27,6 +28,7 @@ from slurmjob_operator.memtrim import resident_bytes, trim_periodically
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.slurm.connect import open_transport
+from slurmjob_operator.storage.executors import close_pools, open_pools
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await kube.close()
         raise
     fleet = Fleet(members, clusters)
+    # The bounded pools of blocking file work (`storage.executors`).
+    open_pools()
     if config.logs_port and not memo.get("logs_serving"):
         # Without leader election nobody started it before kopf (`election.run_with_lease`).
         try:
@@ -131,6 +135,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         if members[0].archiver.enabled
         else None
     )
+    # The one sweep that finishes the checkpoint removals finalizers leave, on every
+    # cluster's storage root (`controller.removals`); after a restart it finds them there.
+    sweep = RemovalSweep(site.settings.storage_root for site in sites)
+    for member in members:
+        member.sweep_removals_with(sweep)
+    memo.removal_sweep = asyncio.create_task(sweep.run(), name="slurmjob-removals")
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
@@ -150,7 +160,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    tasks = [memo.get("cert_keeper"), memo.get("memory_trim"), memo.get("archive_sweep")]
+    tasks = [
+        memo.get("cert_keeper"),
+        memo.get("memory_trim"),
+        memo.get("archive_sweep"),
+        memo.get("removal_sweep"),
+    ]
     for task in [*(memo.get("pollers") or []), *tasks]:
         if task is None:
             continue
@@ -167,6 +182,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         for member in fleet.members:
             await member.transport.close()
         await fleet.default.kube.close()
+    close_pools()
 
 
 #: Connections kopf's client keeps open to the apiserver at most, besides one per watch stream.

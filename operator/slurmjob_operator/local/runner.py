@@ -28,6 +28,7 @@ from slurmjob_operator.local.store import (
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.slurm.connect import open_transport
 from slurmjob_operator.slurm.errors import SlurmError
+from slurmjob_operator.storage.executors import close_pools, open_pools
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,14 @@ class LocalRunner:
         return self._controller
 
     async def __aenter__(self) -> LocalRunner:
+        # No removal sweep here: the command's finalizer removes a checkpoint in full.
+        open_pools()
         transport = open_transport(self.settings)
         try:
             self._controller = Controller(self.settings, self.store, transport, Metrics())
         except BaseException:
             await transport.close()
+            close_pools()
             raise
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + self.options.timeout
@@ -158,6 +162,7 @@ class LocalRunner:
         self.interrupt.uninstall()
         if self._controller is not None:
             await self._controller.transport.close()
+        close_pools()
 
     def _remaining(self) -> float:
         return self._deadline - asyncio.get_running_loop().time()

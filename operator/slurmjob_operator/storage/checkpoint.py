@@ -9,25 +9,27 @@ everything here treats its content as hostile:
 - the progress scan (`scan`) lstat's entries only, opens subdirectories without following a
   link, and stops at `MAX_ENTRIES` entries or `MAX_DEPTH` levels: a tree larger than that is
   "unknown", which counts as progress (the chain's own limits still end it);
-- removal (`remove`) unlinks what it can from descriptors and reports what it could not,
-  never raising: a deletion is not held up by files the job made unremovable.
+- removal (`set_aside`, then `removal_pass`) renames the directory into the operator's trash
+  (`storage.trash`) and removes it in bounded passes from descriptors (`storage.removal`),
+  reporting what it could not remove, never raising: a deletion is not held up by files the
+  job made unremovable, nor by millions of files.
 
-All functions block: async callers run them with `asyncio.to_thread`.
+All functions block: async callers run `scan` with `asyncio.to_thread` and the removal on the
+removals pool (`storage.executors`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slurmjob_operator.config import Settings, parse_owner
 from slurmjob_operator.core import naming
+from slurmjob_operator.core.removal import PassBounds, PassOutcome
 from slurmjob_operator.core.segments import UNKNOWN_CHECKPOINT, checkpoint_digest
-from slurmjob_operator.storage import acl
+from slurmjob_operator.storage import acl, trash
 from slurmjob_operator.storage.nofollow import (
     UnsafePath,
     below,
@@ -36,6 +38,7 @@ from slurmjob_operator.storage.nofollow import (
     lstat_at,
     walk,
 )
+from slurmjob_operator.storage.removal import remove_pass
 from slurmjob_operator.storage.staging import enter_dir
 from slurmjob_operator.storage.stagingtree import StagingError
 
@@ -123,30 +126,50 @@ def _scan_into(fd: int, prefix: str, depth: int, entries: list[tuple[str, int, i
     return True
 
 
-def remove(settings: Settings, namespace: str, name: str, uid: str) -> list[str]:
-    """Remove the checkpoint directory as far as it can be; what could not be removed, one
-    line per path (at most 20). Never raises."""
+@dataclass(frozen=True)
+class Removal:
+    """A checkpoint directory being removed: `where` it was (for messages), its name in the
+    trash (`storage.trash`), or None when it is removed where it is."""
+
+    where: Path
+    trash: str | None
+
+
+def set_aside(settings: Settings, namespace: str, name: str, uid: str) -> Removal | None:
+    """Start removing the checkpoint directory: renamed into the trash (one call, whatever it
+    holds), or left where it is when it cannot be (`trash.set_aside`). None: there is none.
+    OSError (UnsafePath too) when the resource directory cannot be walked."""
     parts = _resource_parts(settings, namespace, name, uid)
-    problems: list[str] = []
     where = settings.storage_root.joinpath(*parts, naming.CHECKPOINT_DIR)
-
-    def failed(_function: Callable[..., Any], path: str, info: Any) -> None:
-        if len(problems) < 20:
-            error = info[1] if isinstance(info, tuple) else info
-            # rmtree names what failed from the resource directory: checkpoint/...
-            problems.append(f"{where.parent / path if path else where}: {error}")
-
     try:
         with walk(settings.storage_root, parts, dir_owners(job_owner(settings))) as resource:
-            entry = lstat_at(resource, naming.CHECKPOINT_DIR)
-            if entry is None:
-                return []
-            if not stat.S_ISDIR(entry.st_mode):
-                os.unlink(naming.CHECKPOINT_DIR, dir_fd=resource)
-                return []
-            shutil.rmtree(naming.CHECKPOINT_DIR, dir_fd=resource, onerror=failed)
+            if lstat_at(resource, naming.CHECKPOINT_DIR) is None:
+                return None
+            # A link or a file in its place is moved too (a rename follows no link).
+            label = f"{parts[-1]}-checkpoint"
+            moved = trash.set_aside(settings.storage_root, resource, naming.CHECKPOINT_DIR, label)
     except FileNotFoundError:
-        return []
-    except OSError as exc:
-        problems.append(f"{where}: {exc}")
-    return problems
+        return None
+    return Removal(where, moved)
+
+
+def removal_pass(settings: Settings, removal: Removal, bounds: PassBounds) -> PassOutcome:
+    """One bounded pass (`core.removal`) on a checkpoint directory `set_aside` started. Its
+    problems name paths below `removal.where`. Never raises: what stops it is a problem."""
+    try:
+        if removal.trash is not None:
+            outcome = trash.removal_pass(
+                settings.storage_root, removal.trash, bounds, shown=str(removal.where)
+            )
+        else:
+            parts = below(settings.storage_root, removal.where.parent)
+            owners = dir_owners(job_owner(settings))
+            with walk(settings.storage_root, parts, owners) as resource:
+                outcome = remove_pass(
+                    resource, naming.CHECKPOINT_DIR, bounds, shown=str(removal.where)
+                )
+    except FileNotFoundError:
+        return PassOutcome(removed=0, looked_at=0, walked_all=True, done=True)
+    except OSError as exc:  # UnsafePath too: a link or stranger on the way
+        return PassOutcome(0, 0, walked_all=True, done=False, problems=(f"{removal.where}: {exc}",))
+    return outcome
