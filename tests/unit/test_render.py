@@ -477,6 +477,7 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
         assert all(f"--address=n1:{gcs}" in a for a in workers)
         assert step.env["RAY_AUTH_MODE"] == "token"
         assert re.fullmatch("[0-9a-f]{64}", step.env["RAY_AUTH_TOKEN"])
+        assert (rendered.staging_dir / "ray.log").stat().st_mode & 0o077 == 0
         if shape == "het":
             assert any("--het-group=1" in a and "--num-gpus=4" in a for a in workers)
             assert all("--het-group=0" in a or "--het-group=1" in a for a in starts)

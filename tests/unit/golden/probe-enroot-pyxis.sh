@@ -381,8 +381,8 @@ fi
 # command's output (and not srun's notices when the Ray steps are stopped at the end).
 # Every port Ray opens is this job's: the head's GCS, client server, dashboard and dashboard
 # agent ports were picked free on the first node (rendezvous.sh.j2); the node manager, object
-# manager and workers bind port 0 (the kernel chooses; Ray reports the port it got), as do the
-# runtime-env agent, metrics export and agent gRPC ports, which Ray picks itself when not set.
+# manager and workers bind port 0 (the kernel chooses; Ray reports the port it got), and the
+# runtime-env agent, metrics export and agent gRPC ports are Ray's own random picks.
 # On the other nodes the dashboard agent takes the head's number: drawn at random, not checked
 # there (Ray keeps an agent whose HTTP port is taken, without that service).
 ray_address=$head_node:$ray_port
@@ -399,6 +399,8 @@ ray_token=${ray_token//[!0-9a-f]/}
 ((${#ray_token} == 64)) || fail 95 "cannot make the Ray cluster's token"
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN=$ray_token
+# Whatever Ray prints about its cluster stays the job user's: ray.log is not world-readable.
+(umask 077 && : >>"$ray_log") || fail 95 "cannot create $ray_log"
 
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
   "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
