@@ -1223,6 +1223,23 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
     assert secret["type"] == "Opaque"
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt", "ca.key"}
     assert secret["metadata"]["labels"]["app.kubernetes.io/instance"] == op.release
+    # The chart applied again, server-side and as Argo CD applies (client-side): its manifest
+    # names no data, so the certificate the leader wrote stays as it is.
+    text = op.kube.helm(
+        "template", op.release, str(CHART), "-n", op.op_namespace,
+        "-f", str(CHART / "ci/default-values.yaml"),
+        "--set", f"watchNamespaces={{{op.namespace}}}", "--set", f"health.port={op.health_port}",
+        "--show-only", "templates/rbac.yaml",
+    ).stdout  # fmt: skip
+    for server_side in (True, False):
+        op.kube.apply(text, server_side=server_side)
+        again = json.loads(
+            op.kube.kubectl(
+                "get", "secret", op.env["SLURMJOB_LOGS_CERT_SECRET"], "-n", op.op_namespace,
+                "-o", "json",
+            ).stdout
+        )  # fmt: skip
+        assert again["data"] == secret["data"], server_side
 
 
 @pytest.mark.slurm2605
