@@ -326,8 +326,7 @@ class SlurmJobSpec(_Model):
         return None if self.is_cpu_only else LaunchShape.RAY
 
     @property
-    def master_port(self) -> int | None:
-        """spec.launch.masterPort; None: the batch script picks a free port at run time."""
+    def master_port(self) -> int | None:  # None: the script picks one at run time
         return self.launch.master_port if self.launch is not None else None
 
     @field_validator("array")

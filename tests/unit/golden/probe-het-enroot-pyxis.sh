@@ -182,7 +182,7 @@ export MASTER_ADDR=$head_node
 # reserved by the kernel. Only bash, /proc and od (coreutils, as sha256sum above) are used:
 # a Slurm node is sure to have them, not python3, perl or nc. Between the pick and the
 # launcher's bind another process could still take the port: the launcher then fails to
-# bind, and the job fails (docs/security.md, "Shared nodes").
+# bind, and the job fails (docs/security.md, "Rendezvous ports on shared nodes").
 free_ports() {
   local count=$1 low=$2 high=$3 file port draw entry
   local -a used=() fields=() draws=() picked=() reserved=()
