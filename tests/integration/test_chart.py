@@ -39,6 +39,8 @@ CHART = REPO / "charts" / "slurmjob-operator"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CI_NAMESPACE = "slurmjob-chart-ci"  # release namespace of the dry-run installs
 CI_WATCHED = ("slurmjob-ci-a", "slurmjob-ci-b")  # ci/namespaced-values.yaml's watchNamespaces
+# ci/signing-key-pvc-values.yaml's tenants: a cluster-wide install's secretKeyRef Roles.
+CI_TENANT_NAMESPACES = ("team-a", "team-a-dev", "team-b")
 
 # The Prometheus Operator's and cert-manager's kinds, reduced to what lets the API server
 # accept the objects.
@@ -444,9 +446,36 @@ def test_default_install_is_cluster_wide_restricted_and_elected(kube: KubeTestbe
     assert pod_ns["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert "SLURMJOB_LOGS_TLS_CERT_FILE" not in env
     assert "logs-tls" not in volumes(docs)
-    # Never a certificate or a Secret made by Helm (it would change at every render).
-    assert not of_kind(docs, "Secret")
+    # Never a certificate made by Helm (it would change at every render): the chart makes the
+    # operator's Secret empty, with no data for Helm or Argo CD to own; the operator fills it.
+    (secret,) = of_kind(docs, "Secret")
+    assert secret["metadata"]["name"] == "ci-slurmjob-operator-logs-serving-cert"
+    assert secret["metadata"]["namespace"] == CI_NAMESPACE
+    assert secret["type"] == "Opaque"
+    assert "data" not in secret
+    assert "stringData" not in secret
     assert "caBundle" not in api["spec"]
+    # Cluster-wide, and no tenants: `get` on Secrets nowhere (no Role for it, none in the
+    # ClusterRole) unless namespaces are listed, or every namespace is chosen explicitly.
+    operator_role = named(docs, "ClusterRole", "ci-slurmjob-operator")
+    assert "secrets" not in {r for rule in operator_role["rules"] for r in rule["resources"]}
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-secrets")]
+    base = ("-f", str(CHART / "ci/default-values.yaml"))
+    listed = render(kube, *base, "--set", "rbac.secretNamespaces={team-x,team-y}")
+    roles = [d for d in of_kind(listed, "Role") if d["metadata"]["name"].endswith("-secrets")]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-x", "team-y"]
+    assert all(
+        r["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+        for r in roles
+    )
+    wide = render(kube, *base, "--set", "rbac.secretsClusterWide=true")
+    wide_role = named(wide, "ClusterRole", "ci-slurmjob-operator")
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in wide_role["rules"]
+    assert not [d for d in wide if d["metadata"]["name"].endswith("-secrets")]
+    refused = render_error(
+        kube, *base, "--set", "watchNamespaces={a}", "--set", "rbac.secretsClusterWide=true"
+    )
+    assert "rbac.secretsClusterWide and rbac.secretNamespaces are for a cluster-wide" in refused
     off = render(kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "logs.port=0")
     names = {d["metadata"]["name"] for d in off}
     assert not [
@@ -543,12 +572,12 @@ def test_the_log_apis_rbac_is_least_privilege(kube: KubeTestbed) -> None:
         "name": "extension-apiserver-authentication-reader",
     }
     assert reader["subjects"] == [sa]
-    # Its own Secret by name (create cannot be named), in the release namespace only.
+    # Its own Secret by name, in the release namespace only, and no `create` (the chart
+    # makes the Secret): it could otherwise mint a token Secret for any ServiceAccount there.
     secret = env["SLURMJOB_LOGS_CERT_SECRET"]
     role = named(docs, "Role", "-serving-cert")
     assert role["metadata"]["namespace"] == CI_NAMESPACE
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {
             "apiGroups": [""],
             "resources": ["secrets"],
@@ -556,6 +585,7 @@ def test_the_log_apis_rbac_is_least_privilege(kube: KubeTestbed) -> None:
             "verbs": ["get", "update"],
         },
     ]
+    assert [d["metadata"]["name"] for d in of_kind(docs, "Secret")] == [secret]
     assert named(docs, "RoleBinding", "-serving-cert")["subjects"] == [sa]
     # Its own APIService by name, the one it is told to patch and the one the chart makes.
     (api,) = of_kind(docs, "APIService")
@@ -582,6 +612,8 @@ def test_the_log_apis_rbac_is_least_privilege(kube: KubeTestbed) -> None:
     # rbac.create: false makes none of it.
     none = render(kube, "-f", str(CHART / "ci/default-values.yaml"), "--set", "rbac.create=false")
     assert not [d for d in none if "Role" in d["kind"]]
+    # ... but the Secret still: the site's own RBAC need not allow `create` either.
+    assert [d["metadata"]["name"] for d in of_kind(none, "Secret")] == [secret]
 
 
 def test_the_certificate_from_cert_manager(kube: KubeTestbed) -> None:
@@ -717,6 +749,15 @@ def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -
     assert team_a.mount_sources == ["datasets/team-a", "datasets/public"]
     assert env["SLURMJOB_TENANTS_FILE"] == "/etc/slurmjob/catalogs/tenants.yaml"
     assert {"key": "tenants.yaml", "path": "tenants.yaml"} in vols["catalogs"]["configMap"]["items"]
+    # secretKeyRef: `get` on Secrets in the tenants' namespaces only, never cluster-wide.
+    roles = [d for d in of_kind(docs, "Role") if d["metadata"]["name"].endswith("-secrets")]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(CI_TENANT_NAMESPACES)
+    assert all(
+        r["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+        for r in roles
+    )
+    operator_role = named(docs, "ClusterRole", "ci-slurmjob-operator")
+    assert "secrets" not in {r for rule in operator_role["rules"] for r in rule["resources"]}
     assert (
         "site copy"
         in config_maps["ci-slurmjob-operator-templates"]["data"]["runtime__apptainer.sh.j2"]
@@ -955,7 +996,7 @@ def ci_cluster(kube: KubeTestbed) -> None:
     """The namespaces the ci values name, and stand-ins for the Prometheus Operator's and
     cert-manager's CRDs (this API server has none). Both are left in place: other runs may use
     them at once."""
-    for ns in (CI_NAMESPACE, *CI_WATCHED):
+    for ns in (CI_NAMESPACE, *CI_WATCHED, *CI_TENANT_NAMESPACES):
         ensure_namespace(kube, ns)
     for group, plural, kind in MONITORING_CRDS:
         name = f"{plural}.{group}"
@@ -1171,15 +1212,34 @@ def test_cpu_job_succeeds_with_only_the_charts_serviceaccount(sa_operator: Chart
         "-o", "jsonpath={.spec.holderIdentity}",
     ).stdout  # fmt: skip
     assert holder == op.env["SLURMJOB_LEASE_IDENTITY"]
-    # The leader made the log API's certificate Secret with the chart's rights alone.
+    # The leader filled the chart's (Opaque, empty) certificate Secret with the chart's rights
+    # alone: get and update on that name, no create.
     secret = json.loads(
         op.kube.kubectl(
             "get", "secret", op.env["SLURMJOB_LOGS_CERT_SECRET"], "-n", op.op_namespace,
             "-o", "json",
         ).stdout
     )  # fmt: skip
-    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["type"] == "Opaque"
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt", "ca.key"}
+    assert secret["metadata"]["labels"]["app.kubernetes.io/instance"] == op.release
+    # The chart applied again, server-side and as Argo CD applies (client-side): its manifest
+    # names no data, so the certificate the leader wrote stays as it is.
+    text = op.kube.helm(
+        "template", op.release, str(CHART), "-n", op.op_namespace,
+        "-f", str(CHART / "ci/default-values.yaml"),
+        "--set", f"watchNamespaces={{{op.namespace}}}", "--set", f"health.port={op.health_port}",
+        "--show-only", "templates/rbac.yaml",
+    ).stdout  # fmt: skip
+    for server_side in (True, False):
+        op.kube.apply(text, server_side=server_side)
+        again = json.loads(
+            op.kube.kubectl(
+                "get", "secret", op.env["SLURMJOB_LOGS_CERT_SECRET"], "-n", op.op_namespace,
+                "-o", "json",
+            ).stdout
+        )  # fmt: skip
+        assert again["data"] == secret["data"], server_side
 
 
 @pytest.mark.slurm2605
@@ -1207,7 +1267,6 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
     cert = f"secrets/{op.release}-slurmjob-operator-logs-serving-cert"
     for verb in ("get", "update"):
         assert can_i(kube, who, verb, cert, "-n", op.op_namespace), verb
-    assert can_i(kube, who, "create", "secrets", "-n", op.op_namespace)
     own = "apiservices.apiregistration.k8s.io/v1alpha1.logs.slurmjob.io"
     for verb in ("get", "patch"):
         assert can_i(kube, who, verb, own), verb
@@ -1221,6 +1280,7 @@ def test_namespaced_serviceaccount_can_only_what_the_operator_does(
         ("create", "apiservices.apiregistration.k8s.io"),
         ("delete", cert, "-n", op.op_namespace),
         ("patch", cert, "-n", op.op_namespace),
+        ("create", "secrets", "-n", op.op_namespace),  # the chart makes its Secret
         ("get", "secrets/other", "-n", op.op_namespace),
         ("update", "secrets/other", "-n", op.op_namespace),
         ("list", "secrets", "-n", op.op_namespace),
@@ -1362,6 +1422,23 @@ def test_cluster_wide_serviceaccount_rights(kube: KubeTestbed) -> None:
         assert can_i(kube, who, "get", f"namespaces/{ns}")
         assert not can_i(kube, who, "list", "namespaces")
         assert not can_i(kube, who, "delete", f"namespaces/{ns}")
+        # rbac.secrets (default) with no tenants: `get` on Secrets nowhere; in a namespace of
+        # rbac.secretNamespaces only; everywhere only with rbac.secretsClusterWide.
+        apply_rbac(kube, release, ns)
+        assert not can_i(kube, who, "get", "secrets", "-n", ns)
+        assert not can_i(kube, who, "get", "secrets", "-n", "default")
+        apply_rbac(kube, release, ns, "--set", f"rbac.secretNamespaces={{{ns}}}")
+        assert can_i(kube, who, "get", "secrets", "-n", ns)
+        for args in [
+            ("get", "secrets", "-n", "default"),
+            ("get", "secrets", "-n", "kube-system"),
+            ("list", "secrets", "-n", ns),
+            ("create", "secrets", "-n", ns),
+        ]:
+            assert not can_i(kube, who, *args), args
+        apply_rbac(kube, release, ns, "--set", "rbac.secretsClusterWide=true")
+        assert can_i(kube, who, "get", "secrets", "-n", "default")
+        assert not can_i(kube, who, "list", "secrets", "-n", "default")
     finally:
         delete_release_rbac(kube, release)
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -1452,6 +1529,12 @@ def test_kueue_rights_only_with_kueue_enabled(kube: KubeTestbed) -> None:
             for verb, resource, namespace, sub in granted:
                 allowed = _allowed(kube, who, verb, resource, namespace, sub)
                 assert allowed is enabled, (release, verb, resource, sub)
+            # The Workloads' owner references set blockOwnerDeletion: OpenShift's admission
+            # lets only who may update the SlurmJob's finalizers set it.
+            finalizers = _allowed(
+                kube, who, "update", "slurmjobs", "default", "finalizers", group="slurmjob.io"
+            )
+            assert finalizers is enabled, release
             if release.startswith("sjkqns"):
                 assert not _allowed(kube, who, "get", "workloads", "kube-system"), release
             for verb, resource, namespace in [

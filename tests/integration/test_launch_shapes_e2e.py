@@ -114,11 +114,18 @@ async def test_torchrun_and_gpu_tasks_with_mpi_on_26_05(
         timeLimit="7m",
     )
     lines = await _run(bed, spec)
+    # No masterPort: one port, picked on n1 at run time (never the old 29500), on both nodes.
+    ports = {line.rsplit(":", 1)[1] for line in lines if "master=" in line}
+    assert len(ports) == 1, lines
+    [port] = ports
+    assert port.isdigit(), lines
+    assert 1024 <= int(port) <= 65535, lines
+    assert port != "29500", lines
     assert lines == [
         "node=n1 rank=0 world=2",
         "node=n2 rank=1 world=2",
-        "torchrun nnodes=2 nproc=1 node_rank=0 master=n1:29500",
-        "torchrun nnodes=2 nproc=1 node_rank=1 master=n1:29500",
+        f"torchrun nnodes=2 nproc=1 node_rank=0 master=n1:{port}",
+        f"torchrun nnodes=2 nproc=1 node_rank=1 master=n1:{port}",
     ]
     pools = het_pools()[:1]
     pools[0]["cpus"] = 2

@@ -236,6 +236,13 @@ async def test_heterogeneous_gpu_job_runs_on_both_constrained_nodes(
     ray = _records(bed, "ray", prepared)
     hosts = {r["nodename"] for r in ray if r.get("command") == "start"}
     assert {"n1", "n2"} <= hosts, ray
+    # The head's GCS port was picked on n1 at run time (never 6379); the worker joined it.
+    starts = [r for r in ray if r.get("command") == "start"]
+    [head] = [r for r in starts if r["options"].get("--head")]
+    assert head["options"]["--port"] != "6379", head
+    workers = [r for r in starts if not r["options"].get("--head")]
+    assert workers, ray
+    assert all(r["options"]["--address"] == f"n1:{head['options']['--port']}" for r in workers)
 
 
 async def test_refused_description_carries_slurms_error_text(bed: Bed, client: SlurmClient) -> None:

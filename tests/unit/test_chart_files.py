@@ -180,13 +180,25 @@ def test_invalid_values_are_refused_where_they_are_wrong(
     assert any(e.split(":")[0] == where for e in found), found
 
 
-def _rules_helper() -> str:
+def _rules_helper(name: str = "rules") -> str:
+    """A rules helper's text, to the `end` of its define (a blank line follows it)."""
     helpers = (CHART / "templates" / "_helpers.tpl").read_text()
     match = re.search(
-        r'define "slurmjob-operator\.rules" -\}\}\n(.*?)\{\{- end \}\}\n', helpers, re.S
+        rf'define "slurmjob-operator\.{name}" -\}}\}}\n(.*?)\{{\{{- end \}}\}}\n\n', helpers, re.S
     )
-    assert match, "the rules helper moved"
+    assert match, f"the {name} helper moved"
     return match.group(1)
+
+
+def _granted(text: str) -> set[tuple[str, str, str]]:
+    lines = [line for line in text.splitlines() if not line.strip().startswith("{{")]
+    return {
+        (group, resource, verb)
+        for rule in yaml.safe_load("\n".join(lines))
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_rbac_rules_name_no_wildcard() -> None:
@@ -195,25 +207,56 @@ def test_rbac_rules_name_no_wildcard() -> None:
 
 
 def test_rbac_rules_are_exactly_the_operators_calls() -> None:
-    """With the template conditionals removed (all rules on): what docs/helm.md lists."""
-    lines = [line for line in _rules_helper().splitlines() if not line.strip().startswith("{{")]
-    rules = yaml.safe_load("\n".join(lines))
-    granted = {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert granted == {
+    """With the template conditionals removed (all rules on): what docs/helm.md lists. Secrets
+    are a rule of their own, never in the shared rules (a ClusterRole holds those)."""
+    assert _granted(_rules_helper()) == {
         *(
             ("slurmjob.io", "slurmjobs", verb)
             for verb in ("get", "list", "watch", "patch", "delete")
         ),
         ("slurmjob.io", "slurmjobs/status", "patch"),
         ("", "events", "create"),
-        ("", "secrets", "get"),
+        *(
+            ("kueue.x-k8s.io", "workloads", verb)
+            for verb in ("get", "list", "watch", "create", "patch", "delete")
+        ),
+        ("kueue.x-k8s.io", "workloads/status", "patch"),
+        ("kueue.x-k8s.io", "localqueues", "get"),
+        # Workloads are made with blockOwnerDeletion: OpenShift's admission wants this.
+        ("slurmjob.io", "slurmjobs/finalizers", "update"),
     }
+    assert _granted(_rules_helper("secretsRule")) == {("", "secrets", "get")}
+
+
+def test_no_role_of_the_chart_may_create_secrets() -> None:
+    """The serving certificate's Secret is the chart's: the operator may read and replace
+    that one name, and create none (it could mint a token Secret for any ServiceAccount)."""
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    serving = rbac[rbac.index("name: {{ $fullname }}-serving-cert") :].split("---")[0]
+    text = serving[serving.index("rules:") :].replace("{{ $secret | quote }}", "SECRET")
+    assert yaml.safe_load(text)["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["SECRET"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    for text in (rbac, _rules_helper(), _rules_helper("secretsRule")):
+        for rule in re.findall(r"resources: \[\"?secrets\"?\]\n\s*verbs: \[([^\]]*)\]", text):
+            assert "create" not in rule
+
+
+def test_the_serving_cert_secret_has_no_data_for_helm_or_argo_to_own() -> None:
+    rbac = (CHART / "templates" / "rbac.yaml").read_text()
+    start = rbac.index("kind: Secret\n")
+    secret = rbac[start : rbac.index("{{- end }}", start)]
+    assert "type: Opaque" in secret
+    assert "data" not in secret.lower().replace("metadata", "")
+    # Rendered over no Secret an earlier operator made (lookup), only a missing or Helm's own.
+    guard = rbac[:start].rsplit("{{- if", 1)[1]
+    assert 'lookup "v1" "Secret"' in rbac[:start]
+    assert "meta.helm.sh/release-name" in guard
 
 
 def test_every_operator_setting_is_set_by_the_deployment() -> None:

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client as k8s
 
 from slurmjob_operator.certkeeper import CertKeeper
 from slurmjob_operator.kube import KubeApi
+from slurmjob_operator.kube.ports import SecretError
 from slurmjob_operator.servingcert import CA_CRT, TLS_CRT, SecretServingCert
 
 NS, SECRET = "ops", "logs-cert"
@@ -33,6 +34,7 @@ class Apiserver:
         }
         self.requests: list[tuple[str, str, str]] = []
         self.version = 0
+        self.may_create = True  # the chart's Role grants no `create` on Secrets
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
@@ -65,6 +67,8 @@ class Apiserver:
     async def create_secret(self, request: web.Request) -> web.Response:
         body = await request.json()
         name = body["metadata"]["name"]
+        if not self.may_create:
+            return self._status(403)
         if name in self.secrets:
             return self._status(409)
         body["metadata"]["resourceVersion"] = self._bump()
@@ -127,6 +131,36 @@ async def test_secrets_are_created_read_and_replaced_on_the_version_read(
     # Someone else wrote version 2 meanwhile: a write on version 1 is refused.
     assert not await api.write_secret(NS, SECRET, {"tls.crt": b"3"}, resource_version="1", **kw)
     assert await api.get_secret(NS, SECRET) == ({"tls.crt": b"2"}, "2")
+
+
+async def test_the_charts_secret_keeps_its_metadata_and_type_the_operator_writes_its_data(
+    bed: tuple[Apiserver, KubeApi],
+) -> None:
+    apiserver, api = bed
+    apiserver.may_create = False
+    kw: dict[str, Any] = {"type_": "kubernetes.io/tls", "labels": {"app.kubernetes.io/x": "op"}}
+    # Missing, and the operator may not create it: a refusal that says so.
+    with pytest.raises(SecretError, match="the chart makes it"):
+        await api.write_secret(NS, SECRET, {"tls.crt": b"1"}, resource_version=None, **kw)
+    # As the chart renders it: Opaque, Helm's and Argo CD's metadata, no data.
+    labels = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "sj"}
+    annotations = {"meta.helm.sh/release-name": "sj", "argocd.argoproj.io/tracking-id": "t"}
+    apiserver.secrets[SECRET] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": NS, "labels": labels,
+                     "annotations": annotations, "resourceVersion": apiserver._bump()},
+        "type": "Opaque",
+    }  # fmt: skip
+    assert await api.get_secret(NS, SECRET) == ({}, "1")
+    assert await api.write_secret(NS, SECRET, {"tls.crt": b"2"}, resource_version="1", **kw)
+    stored = apiserver.secrets[SECRET]
+    assert stored["type"] == "Opaque"  # immutable: never changed to the operator's own type
+    assert stored["metadata"]["annotations"] == annotations
+    assert stored["metadata"]["labels"] == {**labels, "app.kubernetes.io/x": "op"}
+    assert await api.get_secret(NS, SECRET) == ({"tls.crt": b"2"}, "2")
+    # A write on a version read before another writer's is still refused.
+    assert not await api.write_secret(NS, SECRET, {"tls.crt": b"3"}, resource_version="1", **kw)
 
 
 async def test_an_apiservices_ca_bundle_is_read_and_merge_patched(

@@ -86,7 +86,12 @@ def test_torchrun_on_a_heterogeneous_job_counts_every_components_nodes(tmp_path:
     bin_dir.mkdir()
     (bin_dir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do echo "ARG=$a"; done\n')
     (bin_dir / "torchrun").chmod(0o755)
-    _, run = _run(tmp_path, "het", {"shape": "torchrun"}, nodes=(("h1", "h2"), ("r1", "r2", "r3")))
+    _, run = _run(
+        tmp_path,
+        "het",
+        {"shape": "torchrun", "masterPort": 29500},
+        nodes=(("h1", "h2"), ("r1", "r2", "r3")),
+    )
     assert run.returncode == 0, run.stderr
     learner, rollout = _launched(run)
     assert "--het-group=0" in learner.argv
@@ -178,6 +183,7 @@ def test_the_first_step_that_fails_ends_the_others_and_gives_its_code(tmp_path: 
             **rendered.launch.environment,
             "FAKE_LOG_DIR": str(tmp_path / "log"),
             "SLURM_JOB_NODELIST": "h1,h2",
+            "SLURMD_NODENAME": "h1",
             "SLURM_JOB_NODELIST_HET_GROUP_0": "h1,h2",
             "SLURM_JOB_NODELIST_HET_GROUP_1": "r1,r2,r3",
         },
@@ -220,6 +226,7 @@ def test_the_script_waits_for_the_last_step_not_only_the_first(tmp_path: Path) -
             **rendered.launch.environment,
             "FAKE_LOG_DIR": str(log),
             "SLURM_JOB_NODELIST": "h1,h2",
+            "SLURMD_NODENAME": "h1",
             "SLURM_JOB_NODELIST_HET_GROUP_0": "h1,h2",
             "SLURM_JOB_NODELIST_HET_GROUP_1": "r1,r2,r3",
         },

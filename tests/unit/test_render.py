@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -446,7 +447,9 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
         assert "HF_TOKEN" not in step.env
     # The script's own variables, in the host environment as before.
     assert step.env["MASTER_ADDR"] == "n1"
-    assert step.env["MASTER_PORT"] == "29500"
+    # No masterPort: a port picked on the first node at run time, in the kernel's range.
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert low <= int(step.env["MASTER_PORT"]) <= high
     assert step.env["WORLD_SIZE"] == {"cpu": "1", "gpu": "2", "het": "5"}[shape]
     assert step.env["NODE_RANK"] == "0"
     assert not (rendered.staging_dir / "secrets.env").exists()
@@ -461,14 +464,20 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
         assert len(run.steps) == 1
         assert step.argv[:3] == ["--overlap", "--nodes=1", "--ntasks=1"]
     else:
-        assert step.env["RAY_ADDRESS"] == "n1:6379"
         starts = [s.argv for s in run.steps if "start" in s.argv]
         assert len(starts) == (2 if shape == "gpu" else 3)
         head = next(a for a in starts if "--head" in a)
         assert "--nodelist=n1" in head
         assert "--num-gpus=8" in head
+        [gcs] = [int(a.split("=")[1]) for a in head if a.startswith("--port=")]
+        assert low <= gcs <= high
+        assert str(gcs) != step.env["MASTER_PORT"]
+        assert step.env["RAY_ADDRESS"] == f"n1:{gcs}"
         workers = [a for a in starts if "--head" not in a]
-        assert all("--address=n1:6379" in a for a in workers)
+        assert all(f"--address=n1:{gcs}" in a for a in workers)
+        assert step.env["RAY_AUTH_MODE"] == "token"
+        assert re.fullmatch("[0-9a-f]{64}", step.env["RAY_AUTH_TOKEN"])
+        assert (rendered.staging_dir / "ray.log").stat().st_mode & 0o077 == 0
         if shape == "het":
             assert any("--het-group=1" in a and "--num-gpus=4" in a for a in workers)
             assert all("--het-group=0" in a or "--het-group=1" in a for a in starts)
@@ -577,7 +586,11 @@ def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         ["bash", str(rendered.staging_dir / "job.sh")],
         cwd=rendered.launch.working_directory,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n1,n2"},
+        env={
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "SLURM_JOB_NODELIST": "n1,n2",
+            "SLURMD_NODENAME": "n1",
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,

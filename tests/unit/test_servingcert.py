@@ -186,6 +186,18 @@ async def test_the_leader_creates_the_secret_and_patches_its_own_apiservice_only
     assert (store.writes, store.patched) == (1, [OWN])
 
 
+async def test_the_charts_empty_secret_is_filled_by_an_update_never_a_create() -> None:
+    """The chart makes the Secret with no data (the operator has no `create` on Secrets): the
+    leader fills the version it read, and the certificate serves."""
+    store, clock = Store(), Clock(START)
+    store.secrets[(NS, SECRET)] = ({}, 7, "Opaque")
+    assert await keeper(store, clock).step()
+    data, version, _ = store.secrets[(NS, SECRET)]
+    assert version == 8  # a replace of version 7: the store refuses a create over it
+    assert set(data) == {TLS_CRT, TLS_KEY, CA_CRT, CA_KEY}
+    await handshake((data[TLS_CRT], data[TLS_KEY]), store.apiservices[OWN])
+
+
 async def test_a_due_certificate_is_renewed_by_the_same_ca() -> None:
     store, clock = Store(), Clock(START)
     k = keeper(store, clock)

@@ -126,17 +126,17 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.rbac.secrets }}
-# env[].valueFrom.secretKeyRef: the referenced Secret is read once per submission.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
-{{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue: one Workload per SlurmJob labelled with a LocalQueue, deleted with it (docs/kueue.md).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The Workload's ownerReference to its SlurmJob sets blockOwnerDeletion, which clusters that
+# enforce owner-reference permissions (OpenShift: OwnerReferencesPermissionEnforcement) allow
+# only to whoever may update the owner's finalizers.
+- apiGroups: ["slurmjob.io"]
+  resources: ["slurmjobs/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
@@ -145,6 +145,34 @@ makes; see docs/helm.md. Never a wildcard (tests/unit/test_chart_files.py checks
   resources: ["localqueues"]
   verbs: ["get"]
 {{- end }}
+{{- end }}
+
+{{/*
+env[].valueFrom.secretKeyRef: the named Secret of the SlurmJob's own namespace, read once per
+submission (rbac.secrets). In the Role of each watched namespace, in a Role of each namespace
+of secretNamespaces below, or (rbac.secretsClusterWide, an explicit choice) in the ClusterRole.
+*/}}
+{{- define "slurmjob-operator.secretsRule" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+
+{{/*
+The namespaces a cluster-wide install grants `get secrets` in, as a JSON list: the tenants'
+(catalogs.tenants: the chart cannot read catalogs.existingConfigMap) and rbac.secretNamespaces.
+*/}}
+{{- define "slurmjob-operator.secretNamespaces" -}}
+{{- $out := list }}
+{{- range .Values.catalogs.tenants }}
+{{- range .namespaces }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- range .Values.rbac.secretNamespaces }}
+{{- $out = append $out . }}
+{{- end }}
+{{- $out | uniq | sortAlpha | toJson }}
 {{- end }}
 
 {{/*
@@ -203,6 +231,9 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 {{- end }}
 {{- if and .Values.apiService.caBundle (not .Values.apiService.tls.secretName) }}
 {{- fail "apiService.caBundle is read only with apiService.tls.secretName (the operator's own CA and cert-manager's are put into the APIService for you)" }}
+{{- end }}
+{{- if and .Values.watchNamespaces (or .Values.rbac.secretsClusterWide .Values.rbac.secretNamespaces) }}
+{{- fail "rbac.secretsClusterWide and rbac.secretNamespaces are for a cluster-wide install: with watchNamespaces the operator reads Secrets in those namespaces only" }}
 {{- end }}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when serviceAccount.create is false" }}

@@ -14,7 +14,6 @@ from slurmjob_operator.api.model import Model as _Model
 
 #: srun's --mpi plugin names (pmi2, pmix, pmix_v4, cray_shasta, ...): a word, never an option.
 MPI_PLUGIN_RE = r"^[a-z][a-z0-9_]{0,31}$"
-DEFAULT_MASTER_PORT = 29500
 
 
 class LaunchShape(StrEnum):
@@ -46,11 +45,19 @@ class LaunchSpec(_Model):
             "tasks on its one node."
         ),
     )
-    master_port: int = Field(
-        default=DEFAULT_MASTER_PORT,
+    # No default: a fixed port is one a co-located job can take first (its ranks would then join
+    # that job's rendezvous) and two jobs on one node collide on. Unset, the batch script picks
+    # a free port on the first node when the job starts (templates/rendezvous.sh.j2). Objects
+    # stored when the CRD defaulted 29500 keep that value and behave as before.
+    master_port: int | None = Field(
+        default=None,
         ge=1024,
         le=65535,
-        description="MASTER_PORT, the rendezvous port on the first node.",
+        description=(
+            "MASTER_PORT, the rendezvous port on the first node. Unset (the default), the "
+            "batch script picks a free port there when the job starts; set it only when the "
+            "program needs a known port (docs/security.md, shared nodes)."
+        ),
     )
     mpi: str | None = Field(
         default=None,

@@ -27,7 +27,7 @@ from slurmjob_operator.api.container import (
     Mount,
     SecretKeyRef,
 )
-from slurmjob_operator.api.launch import DEFAULT_MASTER_PORT, PER_NODE, LaunchShape, LaunchSpec
+from slurmjob_operator.api.launch import PER_NODE, LaunchShape, LaunchSpec
 from slurmjob_operator.api.model import Model as _Model
 from slurmjob_operator.api.pools import DNS_LABEL_RE, ArraySpec, Pool
 from slurmjob_operator.api.retry import RetrySpec
@@ -326,8 +326,8 @@ class SlurmJobSpec(_Model):
         return None if self.is_cpu_only else LaunchShape.RAY
 
     @property
-    def master_port(self) -> int:
-        return self.launch.master_port if self.launch is not None else DEFAULT_MASTER_PORT
+    def master_port(self) -> int | None:  # None: the script picks one at run time
+        return self.launch.master_port if self.launch is not None else None
 
     @field_validator("array")
     @classmethod

@@ -67,3 +67,20 @@ class StagedFile:
 
     content: bytes = field(repr=False)
     mode: int
+
+
+#: The batch script's variables for the ports Ray's head opens that Ray would otherwise fix
+#: (its GCS 6379, client server 10001, dashboard 8265, dashboard agent 52365): picked per job.
+RAY_PICKED_PORTS = ("ray_port", "ray_client_port", "ray_dashboard_port", "ray_agent_port")
+
+
+def picked_ports(*, ray: bool, master_port: int | None) -> tuple[str, ...]:
+    """The variables of the ports the batch script picks free on the first node at run time.
+
+    MASTER_PORT is picked unless the spec fixes it (an explicit masterPort, or one stored when
+    the CRD defaulted 29500, stays exactly what it was); Ray's own ports are picked for every
+    Ray job. A value derived from the job (its id, name or uid) is never used: another job
+    could compute it and take the port first.
+    """
+    master = ("master_port",) if master_port is None else ()
+    return master + (RAY_PICKED_PORTS if ray else ())

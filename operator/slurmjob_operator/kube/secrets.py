@@ -55,12 +55,15 @@ class Secrets(Edge):
         labels: Mapping[str, str],
         resource_version: str | None,
     ) -> bool:
-        """Create the Secret (`resource_version` None) or replace the version read; False when
-        another writer came first (or it is gone)."""
+        """Create the Secret (`resource_version` None) or replace the data of the version read;
+        False when another writer came first (or it is gone).
+
+        A replace keeps the Secret's own labels, annotations and type: the chart makes it
+        (Opaque, with Helm's and Argo CD's metadata and no data), and the operator's RBAC has
+        no `create` on Secrets, only `get`/`update` on this name. Older installs hold one the
+        operator made (kubernetes.io/tls); its type is immutable, so it stays too."""
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
-        if resource_version is not None:
-            metadata["resourceVersion"] = resource_version
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": metadata,
@@ -70,10 +73,23 @@ class Secrets(Edge):
         try:
             if resource_version is None:
                 await self._core.create_namespaced_secret(namespace, body)
-            else:
-                await self._core.replace_namespaced_secret(name, namespace, body)
+                return True
+            current = await self._core.read_namespaced_secret(name, namespace)
+            meta = current.metadata
+            if str(meta.resource_version or "") != resource_version:
+                return False
+            metadata["labels"] = {**dict(labels), **(meta.labels or {})}
+            metadata["annotations"] = dict(meta.annotations or {})
+            metadata["resourceVersion"] = resource_version
+            body["type"] = current.type or type_
+            await self._core.replace_namespaced_secret(name, namespace, body)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
+            if exc.status == 403 and resource_version is None:
+                raise SecretError(
+                    f"Secret {namespace}/{name} does not exist and the operator may not create "
+                    "it: the chart makes it (helm upgrade brings it back)"
+                ) from exc
             raise
         return True

@@ -28,7 +28,7 @@ from slurmjob_operator.api.spec import LaunchShape, SlurmJobSpec
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.indices import slurm_array
-from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile
+from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile, picked_ports
 from slurmjob_operator.core.naming import (
     ARRAY_STDERR_PATTERN,
     ARRAY_STDOUT_PATTERN,
@@ -279,6 +279,7 @@ def _template_values(
         "torchrun": shape is LaunchShape.TORCHRUN,
         "task_count": sum(p.nodes * p.tasks for p in pools) if tasks else 0,
         "master_port": spec.master_port,
+        "picked_ports": picked_ports(ray=shape is LaunchShape.RAY, master_port=spec.master_port),
         "mpi": spec.launch.mpi if spec.launch is not None else None,
         "exit_codes": EXIT_CODES,
         **probe_values(spec, artifact, ctx.gpu_series, ctx.probe),

@@ -12,7 +12,8 @@
 # Exit codes of this script itself; any other code is the user command's own:
 #   94  the staging directory cannot be read on this node, or its job.env or secrets.env is
 #       not the file this attempt staged
-#   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
+#   95  rendezvous failed: the first node is unknown, no free port could be picked on it, or
+#       the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
 # A collective probe that failed on every rung ends the script with 1: the operator tells it
@@ -172,7 +173,60 @@ mapfile -t first_nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
 head_node=${first_nodes[0]:-}
 [[ -n $head_node ]] || fail 95 "cannot tell the job's first node from Slurm's node list"
 export MASTER_ADDR=$head_node
-export MASTER_PORT=29500
+# Rendezvous ports, picked for this job on the first node (where this script runs) just before
+# the steps start, never fixed: a fixed port is one a job sharing the node can take first (the
+# ranks or Ray workers would then join that job) and one two jobs on a node collide on. They
+# reach the other nodes only through this script (srun's arguments and environment).
+# free_ports COUNT LOW HIGH: COUNT distinct ports drawn at random between LOW and HIGH, none
+# bound by any socket of any user (TCP or UDP, IPv4 or IPv6, listening or not: /proc/net) or
+# reserved by the kernel. Only bash, /proc and od (coreutils, as sha256sum above) are used:
+# a Slurm node is sure to have them, not python3, perl or nc. Between the pick and the
+# launcher's bind another process could still take the port: the launcher then fails to
+# bind, and the job fails (docs/security.md, "Rendezvous ports on shared nodes").
+free_ports() {
+  local count=$1 low=$2 high=$3 file port draw entry
+  local -a used=() fields=() draws=() picked=() reserved=()
+  for file in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
+    [[ -r $file ]] || continue
+    while read -r -a fields; do
+      port=${fields[1]:-}
+      port=${port##*:}
+      if [[ $port =~ ^[0-9A-Fa-f]{4}$ ]]; then
+        used[16#$port]=1
+      fi
+    done <"$file"
+  done
+  if [[ -r /proc/sys/net/ipv4/ip_local_reserved_ports ]]; then
+    IFS=, read -r -a reserved </proc/sys/net/ipv4/ip_local_reserved_ports || true
+  fi
+  read -r -d '' -a draws < <(od -An -v -tu4 -N1024 /dev/urandom) || true
+  for draw in "${draws[@]}"; do
+    ((${#picked[@]} < count)) || break
+    port=$((low + draw % (high - low + 1)))
+    [[ -z ${used[port]:-} ]] || continue
+    for entry in "${reserved[@]}"; do
+      [[ $entry =~ ^([0-9]+)(-([0-9]+))?$ ]] || continue
+      if ((port >= BASH_REMATCH[1] && port <= ${BASH_REMATCH[3]:-${BASH_REMATCH[1]}})); then
+        continue 2
+      fi
+    done
+    used[port]=1
+    picked+=("$port")
+  done
+  ((${#picked[@]} == count)) || return 1
+  printf '%s\n' "${picked[@]}"
+}
+[[ ${SLURMD_NODENAME:-} == "$head_node" ]] ||
+  fail 95 "this script runs on ${SLURMD_NODENAME:-an unnamed node}, not on the job's first node $head_node, so it cannot pick a free port there"
+# The kernel's ephemeral range: where it would put a socket bound to port 0.
+read -r port_low port_high </proc/sys/net/ipv4/ip_local_port_range ||
+  fail 95 "cannot read the kernel's port range"
+job_ports=()
+mapfile -t job_ports < <(free_ports 1 "$port_low" "$port_high")
+((${#job_ports[@]} == 1)) ||
+  fail 95 "no free port on $head_node for the rendezvous"
+master_port=${job_ports[0]}
+export MASTER_PORT=$master_port
 export WORLD_SIZE=1
 export SLURMJOB_NODE_COUNT=1
 export NUM_GPU_PER_NODE=0

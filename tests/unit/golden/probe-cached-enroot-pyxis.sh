@@ -12,7 +12,8 @@
 # Exit codes of this script itself; any other code is the user command's own:
 #   94  the staging directory cannot be read on this node, or its job.env or secrets.env is
 #       not the file this attempt staged
-#   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
+#   95  rendezvous failed: the first node is unknown, no free port could be picked on it, or
+#       the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
 # A collective probe that failed on every rung ends the script with 1: the operator tells it
@@ -172,7 +173,64 @@ mapfile -t first_nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
 head_node=${first_nodes[0]:-}
 [[ -n $head_node ]] || fail 95 "cannot tell the job's first node from Slurm's node list"
 export MASTER_ADDR=$head_node
-export MASTER_PORT=29500
+# Rendezvous ports, picked for this job on the first node (where this script runs) just before
+# the steps start, never fixed: a fixed port is one a job sharing the node can take first (the
+# ranks or Ray workers would then join that job) and one two jobs on a node collide on. They
+# reach the other nodes only through this script (srun's arguments and environment).
+# free_ports COUNT LOW HIGH: COUNT distinct ports drawn at random between LOW and HIGH, none
+# bound by any socket of any user (TCP or UDP, IPv4 or IPv6, listening or not: /proc/net) or
+# reserved by the kernel. Only bash, /proc and od (coreutils, as sha256sum above) are used:
+# a Slurm node is sure to have them, not python3, perl or nc. Between the pick and the
+# launcher's bind another process could still take the port: the launcher then fails to
+# bind, and the job fails (docs/security.md, "Rendezvous ports on shared nodes").
+free_ports() {
+  local count=$1 low=$2 high=$3 file port draw entry
+  local -a used=() fields=() draws=() picked=() reserved=()
+  for file in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
+    [[ -r $file ]] || continue
+    while read -r -a fields; do
+      port=${fields[1]:-}
+      port=${port##*:}
+      if [[ $port =~ ^[0-9A-Fa-f]{4}$ ]]; then
+        used[16#$port]=1
+      fi
+    done <"$file"
+  done
+  if [[ -r /proc/sys/net/ipv4/ip_local_reserved_ports ]]; then
+    IFS=, read -r -a reserved </proc/sys/net/ipv4/ip_local_reserved_ports || true
+  fi
+  read -r -d '' -a draws < <(od -An -v -tu4 -N1024 /dev/urandom) || true
+  for draw in "${draws[@]}"; do
+    ((${#picked[@]} < count)) || break
+    port=$((low + draw % (high - low + 1)))
+    [[ -z ${used[port]:-} ]] || continue
+    for entry in "${reserved[@]}"; do
+      [[ $entry =~ ^([0-9]+)(-([0-9]+))?$ ]] || continue
+      if ((port >= BASH_REMATCH[1] && port <= ${BASH_REMATCH[3]:-${BASH_REMATCH[1]}})); then
+        continue 2
+      fi
+    done
+    used[port]=1
+    picked+=("$port")
+  done
+  ((${#picked[@]} == count)) || return 1
+  printf '%s\n' "${picked[@]}"
+}
+[[ ${SLURMD_NODENAME:-} == "$head_node" ]] ||
+  fail 95 "this script runs on ${SLURMD_NODENAME:-an unnamed node}, not on the job's first node $head_node, so it cannot pick a free port there"
+# The kernel's ephemeral range: where it would put a socket bound to port 0.
+read -r port_low port_high </proc/sys/net/ipv4/ip_local_port_range ||
+  fail 95 "cannot read the kernel's port range"
+job_ports=()
+mapfile -t job_ports < <(free_ports 5 "$port_low" "$port_high")
+((${#job_ports[@]} == 5)) ||
+  fail 95 "no free port on $head_node for the rendezvous"
+master_port=${job_ports[0]}
+ray_port=${job_ports[1]}
+ray_client_port=${job_ports[2]}
+ray_dashboard_port=${job_ports[3]}
+ray_agent_port=${job_ports[4]}
+export MASTER_PORT=$master_port
 export WORLD_SIZE=2
 export SLURMJOB_NODE_COUNT=2
 export NUM_GPU_PER_NODE=8
@@ -211,12 +269,34 @@ printf 'result skipped %s\n' 1 >"$probe_record"
 # options end with `--`: what follows is the container launcher and the command, never options.
 # Ray's own steps write to ray.log in the staging directory, so that stdout and stderr hold the
 # command's output (and not srun's notices when the Ray steps are stopped at the end).
-ray_address=$head_node:6379
+# Every port Ray opens is this job's: the head's GCS, client server, dashboard and dashboard
+# agent ports were picked free on the first node (rendezvous.sh.j2); the node manager, object
+# manager and workers bind port 0 (the kernel chooses; Ray reports the port it got), and the
+# runtime-env agent, metrics export and agent gRPC ports are Ray's own random picks.
+# On the other nodes the dashboard agent takes the head's number: drawn at random, not checked
+# there (Ray keeps an agent whose HTTP port is taken, without that service).
+ray_address=$head_node:$ray_port
 ray_log=$staging_dir/ray.log
+ray_node_ports=(--dashboard-agent-listen-port="$ray_agent_port" --node-manager-port=0
+  --object-manager-port=0 --min-worker-port=0 --max-worker-port=0)
+
+# Ray 2.52 and later authenticate every call with a token when RAY_AUTH_MODE=token: this job's
+# own, made here and handed to the Ray steps and the command only through srun's environment
+# (never a file), so that no other job's process can join or drive this cluster. Earlier
+# versions ignore both variables.
+ray_token=$(od -An -v -tx1 -N32 /dev/urandom) || fail 95 "cannot read /dev/urandom"
+ray_token=${ray_token//[!0-9a-f]/}
+((${#ray_token} == 64)) || fail 95 "cannot make the Ray cluster's token"
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN=$ray_token
+# Whatever Ray prints about its cluster stays the job user's: ray.log is not world-readable.
+(umask 077 && : >>"$ray_log") || fail 95 "cannot create $ray_log"
 
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
   "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
-  ray start --head --port=6379 --num-gpus=8 --block \
+  ray start --head --port="$ray_port" --ray-client-server-port="$ray_client_port" \
+  --dashboard-port="$ray_dashboard_port" "${ray_node_ports[@]}" \
+  --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
 head_pid=$!
 background_pids+=("$head_pid")
@@ -244,7 +324,7 @@ node_rank_wrapper='NODE_RANK=$(($1 + ${SLURM_NODEID:-0})); export NODE_RANK; shi
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 \
   --exclude="$head_node" "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$node_rank_wrapper" sh 1 \
-  ray start --address="$ray_address" --num-gpus=8 --block \
+  ray start --address="$ray_address" "${ray_node_ports[@]}" --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
 background_pids+=("$!")
 

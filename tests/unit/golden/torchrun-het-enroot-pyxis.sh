@@ -12,7 +12,8 @@
 # Exit codes of this script itself; any other code is the user command's own:
 #   94  the staging directory cannot be read on this node, or its job.env or secrets.env is
 #       not the file this attempt staged
-#   95  rendezvous failed: the first node is unknown, or the Ray head never became healthy
+#   95  rendezvous failed: the first node is unknown, no free port could be picked on it, or
+#       the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
 #   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
 # A collective probe that failed on every rung ends the script with 1: the operator tells it
