@@ -67,6 +67,7 @@ def test_the_cap_adds_up_every_budget() -> None:
     cap = claims.attempt_cap(3, 2, None)
     assert cap == 1 + 3 + claims.MAX_IGNORED + 2 + claims.NEVER_RAN_ALLOWANCE
     assert claims.attempt_cap(3, 2, walltime) == cap + 5
+    assert claims.attempt_cap(3, 2, None, queued=True) == cap + claims.EVICTION_ALLOWANCE
     assert claims.over_cap(cap, cap) is None
     refusal = claims.over_cap(cap + 1, cap)
     assert refusal is not None

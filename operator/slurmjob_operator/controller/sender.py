@@ -213,7 +213,7 @@ class Sender:
         if job is not None:
             await self.identity.cancel_quietly(job)
 
-    async def _next_number(self, view: ResourceView) -> int:
+    async def _next_number(self, view: ResourceView, queued: bool) -> int:
         """The next attempt's number, counted from the attempt directories the operator made
         as well as the status (`core.claims`); BudgetSpent past every attempt the spec's
         budgets allow together, StagingNotWritable when the directories cannot be counted."""
@@ -230,7 +230,9 @@ class Sender:
         number = next_attempt(view.status, made)
         spec = view.spec
         if spec is not None:
-            cap = attempt_cap(spec.retry.limit, self.settings.probe_attempts, spec.walltime)
+            cap = attempt_cap(
+                spec.retry.limit, self.settings.probe_attempts, spec.walltime, queued=queued
+            )
             refusal = over_cap(number, cap)
             if refusal is not None:
                 raise BudgetSpent(refusal)
@@ -262,7 +264,7 @@ class Sender:
         `sent()` is called once the POST is answered (or failed), before the confirmation."""
         spec = view.spec
         try:
-            number = await self._next_number(view)
+            number = await self._next_number(view, queued=admitted is not None)
         except (BudgetSpent, StagingNotWritable) as exc:
             await self.failed(view, exc, recorded=False)
             return

@@ -44,6 +44,9 @@ from slurmjob_operator.times import parse_rfc3339
 #: Attempts that never ran a job (a submission proven absent or declared lost, a segment
 #: evicted while queued) a resource may make beyond its budgets.
 NEVER_RAN_ALLOWANCE = 16
+#: New attempts Kueue's evictions (preemption, a deactivated Workload) may add to a queued
+#: SlurmJob's.
+EVICTION_ALLOWANCE = 64
 #: Attempts an Ignore retry rule may add on top of the retry limit (`core.retries`), so a
 #: rule cannot loop forever.
 MAX_IGNORED = 10
@@ -71,11 +74,17 @@ def next_attempt(status: SlurmJobStatus, made: int) -> int:
     return max(highest_number(status), made) + 1
 
 
-def attempt_cap(retry_limit: int, probe_attempts: int, walltime: WalltimeSpec | None) -> int:
+def attempt_cap(
+    retry_limit: int, probe_attempts: int, walltime: WalltimeSpec | None, *, queued: bool = False
+) -> int:
     """Every attempt a resource may make: the first, its retries, the ignored ones, the
-    probe's, a chain's segments, and the never-ran allowance."""
+    probe's, a chain's segments, the never-ran allowance, and Kueue's evictions where it is
+    `queued` (under Kueue)."""
     segments = walltime.max_segments if walltime is not None else 0
-    return 1 + retry_limit + MAX_IGNORED + probe_attempts + segments + NEVER_RAN_ALLOWANCE
+    evictions = EVICTION_ALLOWANCE if queued else 0
+    return (
+        1 + retry_limit + MAX_IGNORED + probe_attempts + segments + NEVER_RAN_ALLOWANCE + evictions
+    )
 
 
 def over_cap(number: int, cap: int) -> str | None:
@@ -84,9 +93,10 @@ def over_cap(number: int, cap: int) -> str | None:
         return None
     return (
         f"attempt {number} would pass the {cap} attempts the retry limit, the ignored "
-        f"retries ({MAX_IGNORED}), the probe's attempts, the walltime segments and "
-        f"{NEVER_RAN_ALLOWANCE} attempts that never ran add up to (counted from the attempt "
-        "directories the operator made)"
+        f"retries ({MAX_IGNORED}), the probe's attempts, the walltime segments, "
+        f"{NEVER_RAN_ALLOWANCE} attempts that never ran and Kueue's evictions "
+        f"({EVICTION_ALLOWANCE}, under Kueue) add up to (counted from the attempt directories "
+        "the operator made)"
     )
 
 

@@ -148,8 +148,8 @@ REASON_MEANINGS: dict[Reason, str] = {
     ),
     Reason.ATTEMPTS_EXHAUSTED: (
         "No further attempt: the operator made every attempt the retry limit, the ignored "
-        "retries, the probe's attempts, the walltime segments and the allowance for attempts "
-        "that never ran add up to."
+        "retries, the probe's attempts, the walltime segments and the allowances for attempts "
+        "that never ran and for Kueue's evictions add up to."
     ),
     Reason.NO_PROGRESS: (
         "Two walltime segments in a row ended with nothing under the checkpoint directory "
