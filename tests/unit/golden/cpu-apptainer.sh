@@ -181,22 +181,22 @@ export MASTER_ADDR=$head_node
 # reach the other nodes only through this script (srun's arguments and environment).
 # free_ports COUNT LOW HIGH: COUNT distinct ports drawn at random between LOW and HIGH, none
 # bound by any socket of any user (TCP or UDP, IPv4 or IPv6, listening or not: /proc/net) or
-# reserved by the kernel. Only bash, /proc and od (coreutils, as sha256sum above) are used:
-# a Slurm node is sure to have them, not python3, perl or nc. Between the pick and the
+# reserved by the kernel. Only bash, /proc and coreutils (od, cut, sort, as sha256sum above)
+# are used: a Slurm node is sure to have them, not python3, perl or nc. Between the pick and the
 # launcher's bind another process could still take the port: the launcher then fails to
 # bind, and the job fails (docs/security.md, "Rendezvous ports on shared nodes").
 free_ports() {
   local count=$1 low=$2 high=$3 file port draw entry
-  local -a used=() fields=() draws=() picked=() reserved=()
+  local -a used=() draws=() picked=() reserved=()
   for file in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
     [[ -r $file ]] || continue
-    while read -r -a fields; do
-      port=${fields[1]:-}
-      port=${port##*:}
+    # Each line's local port (the 4 hex digits after the second ':'), each once: cut and
+    # sort do the node's many thousand sockets in C; bash then sees only distinct ports.
+    while read -r port; do
       if [[ $port =~ ^[0-9A-Fa-f]{4}$ ]]; then
         used[16#$port]=1
       fi
-    done <"$file"
+    done < <(cut -s -d: -f3 "$file" | cut -c1-4 | sort -u)
   done
   if [[ -r /proc/sys/net/ipv4/ip_local_reserved_ports ]]; then
     IFS=, read -r -a reserved </proc/sys/net/ipv4/ip_local_reserved_ports || true
