@@ -3,8 +3,8 @@
 Anyone who may write `slurmjobs/status` writes any of it, so the values the operator decides
 on are taken from a status only here, each recomputed from what the operator owns (the spec,
 the tenants file, its own storage, Slurm's answers read in the step) or clamped to what it
-can verify. The fields are marked `api.claims.CLAIM` in the models; a test scans the package
-for a read of a marked field anywhere but here (`tests/unit/test_claims.py`).
+can verify. The fields are marked `api.claim.Claim` in the models; a test scans the package
+for a read of a marked field anywhere but here (`tests/unit/test_claims_scan.py`).
 
 - the next attempt's number: clamped, one past the highest of the status's numbers and the
   attempt directories the operator made (`storage.ledger`), which the status cannot roll back;
