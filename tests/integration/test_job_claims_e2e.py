@@ -69,8 +69,18 @@ def _free_port() -> int:
         return port
 
 
+#: The site's collective probe, on every runtime: the stand-in fails on n1 (issue 42's probe
+#: claims need a record to fold).
+PROBE = {"command": ["collective-probe", "--fail-on", "n1"], "timeoutSeconds": 5}
+
+
 def _files(slurm: SlurmTestbed, tmp: Path, namespace: str) -> dict[str, str]:
     env = site_env(slurm, PROFILE, tmp)
+    registry = Path(env["SLURMJOB_RUNTIME_REGISTRY_FILE"])
+    runtimes = json.loads(registry.read_text())
+    for runtime in runtimes["runtimes"]:
+        runtime["probe"] = PROBE
+    registry.write_text(json.dumps(runtimes))
     clusters = tmp / "clusters.yaml"
     clusters.write_text(
         json.dumps(
@@ -121,6 +131,8 @@ def claims(
         "SLURMJOB_KUEUE": "true",
         "SLURMJOB_METRICS_PORT": str(port),
         "SLURMJOB_ARCHIVE_ROOT": str(archive),
+        # The probe book's ConfigMap, in `default` (no pod namespace here), of this module only.
+        "SLURMJOB_PROBE_CONFIGMAP": f"sj-probe-claims-{tag}",
         **placeholder,
     }
     for op in _operator(kube, slurm_2605, tmp, PROFILE, **env):
@@ -421,3 +433,72 @@ def test_status_claims_move_nothing_of_another_tenants_archive_or_probe_cache(
     if found.returncode == 0:
         data = json.loads(found.stdout).get("data") or {}
         assert not [k for k, v in data.items() if owner_b in v], data
+
+
+def test_status_claims_move_nothing_of_another_tenants_probe_cache(
+    claims: tuple[Operator, int, int],
+) -> None:
+    """Issue 42: team-a's probe job, its status rewritten to name team-b's cache and avoid
+    keys while it waits behind its upstream, steers only team-a's own entries: team-b's
+    cached rung and avoid list (seeded as the operator writes them) stay as they were, the
+    planted keys neither forget, plant nor blame anything of team-b's."""
+    op, _, _ = claims
+    name = op.env["SLURMJOB_PROBE_CONFIGMAP"]
+    far = "2099-01-01T00:00:00Z"
+    b_cache = "probe-" + "b" * 40
+    b_avoid = avoid_key("tenant:team-b", FIRST)
+    seeded = {
+        b_cache: json.dumps({"rung": 0, "until": far, "owner": "tenant:team-b"}),
+        b_avoid: json.dumps({"owner": "tenant:team-b", "nodes": {"b-node": far}}),
+    }
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default"},
+        "data": seeded,
+    }
+    op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(configmap))
+    pool = {"name": "main", "gpuSeries": "l40s", "nodes": 1, "gpusPerNode": 2}
+    pool |= {"cpus": 1, "memoryGb": 1}
+    op.apply("gate", cpu_spec(["sleep", "20"], PROFILE))
+    op.apply(
+        "probed",
+        cpu_spec(
+            ["true"], PROFILE, pools=[pool], launch={"shape": "nodes"}, dependsOn=[{"name": "gate"}]
+        ),
+    )
+    try:
+        waiting = op.wait_for(
+            "probed",
+            lambda o: _job_id(o) is not None and o["status"]["attempts"][-1].get("probe"),
+            90,
+            "probed's job sent with its probe planned, behind gate",
+        )
+        attempts = waiting["status"]["attempts"]
+        assert attempts[-1]["probe"]["avoid"] == avoid_key("tenant:team-a", FIRST)
+        attempts[-1]["probe"].update({"key": b_cache, "avoid": b_avoid})
+        op.kube.kubectl(
+            "patch", "slurmjob", "probed", "-n", op.namespace, "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": {"attempts": attempts}}),
+        )  # fmt: skip
+        op.wait_phase("gate", "Succeeded", within=90)
+        op.wait_for(
+            "probed",
+            lambda o: (o["status"]["attempts"][0].get("probe") or {}).get("outcome"),
+            150,
+            "probed's probe record taken",
+        )
+        data = json.loads(
+            op.kube.kubectl("get", "configmap", name, "-n", "default", "-o", "json").stdout
+        )["data"]
+        assert data[b_cache] == seeded[b_cache], "team-b's cached rung changed"
+        assert data[b_avoid] == seeded[b_avoid], "team-b's avoid list changed"
+        for key, value in data.items():
+            if key not in seeded:
+                assert json.loads(value)["owner"] == "tenant:team-a", (key, value)
+    finally:
+        for job in ("gate", "probed"):
+            op.kube.kubectl(
+                "delete", "slurmjob", job, "-n", op.namespace, "--wait=false", check=False
+            )
+        op.kube.kubectl("delete", "configmap", name, "-n", "default", check=False)

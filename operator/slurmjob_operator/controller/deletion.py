@@ -178,11 +178,14 @@ class Deletion:
             if job is not None:
                 await self.canceller.cancel(job)
                 ending.append((job, any(v.array_job_id is not None for v in views)))
+        client = await self.slurm()
         for job, array in ending:
             if not await self.canceller.until_final(
                 job.job_id, self.settings.delete_timeout, array=array
             ):
                 raise RetryLater(f"Slurm job {job.job_id} is still ending", 5)
-            text = f"Slurm job {job.job_id} cancelled on deletion"
+            target = client.lifecycle_ref(job.job_id, job.sluid)
+            via = f" through its SLUID {target}" if isinstance(target, str) else ""
+            text = f"Slurm job {job.job_id} cancelled{via} on deletion"
             await self.edge.event(ref, "Normal", "Cancelled", text)
         return bool(ending)
