@@ -147,9 +147,6 @@ class Deletion:
         cancelled (coalesced: one `DELETE /jobs` for the moment's deletions). Returns at once
         when the resource may have nothing changed on this cluster (said in an Event)."""
         ref = view.ref
-        owners = await self.identity.owners(view)
-        if owners is None:
-            return False
         try:
             made = await asyncio.to_thread(
                 attempts_made, self.settings, ref.namespace, ref.name, ref.uid
@@ -162,6 +159,11 @@ class Deletion:
             naming.job_name(ref.namespace, ref.name, ref.uid, number): number
             for number in range(1, next_attempt(view.status, made))
         }
+        if not names:
+            return False  # no attempt was ever made: no job to look for
+        owners = await self.identity.owners(view)
+        if owners is None:
+            return False
         try:
             listed = await self.listing.jobs()
         except SlurmError as exc:
