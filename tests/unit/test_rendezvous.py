@@ -4,6 +4,7 @@ itself, run here in bash, yields ports free on this machine and never one a sock
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 import subprocess
@@ -141,10 +142,20 @@ def _run_picker(script: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @contextmanager
 def _held(kind: socket.SocketKind, family: socket.AddressFamily) -> Iterator[int]:
-    """A socket bound (and, for TCP, listening) on a port the kernel chose."""
+    """A socket bound (and, for TCP, listening) on a free port below the kernel's ephemeral
+    range: once it is closed, no socket of the suite's other processes (which bind port 0)
+    is given that port before the test asks for it again."""
+    low = int(PORT_RANGE.read_text().split()[0])
     sock = socket.socket(family, kind)
     try:
-        sock.bind(("::" if family == socket.AF_INET6 else "127.0.0.1", 0))
+        for port in random.sample(range(max(1024, low - 12000), low), 200):
+            try:
+                sock.bind(("::" if family == socket.AF_INET6 else "127.0.0.1", port))
+            except OSError:
+                continue
+            break
+        else:
+            pytest.skip("no free port below the ephemeral range")
         if kind == socket.SOCK_STREAM:
             sock.listen()
         yield int(sock.getsockname()[1])
