@@ -143,6 +143,9 @@ def test_the_required_values_are_the_ones_the_docs_name() -> None:
     sentence = paragraph.split(" are required;", 1)[0]
     named = set(re.findall(r"`([\w.]+)`", sentence))
     assert named == required, f"docs/helm.md: {named ^ required}"
+    # The chart README's sentence also says what goes with them (the signing key's mode).
+    readme = (CHART / "README.md").read_text().split("Required values:", 1)[1].split("\n\n")[0]
+    assert required <= set(re.findall(r"`([\w.]+)`", readme)), "the chart README"
 
 
 # -- commands --------------------------------------------------------------------------------------
