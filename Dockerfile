@@ -16,7 +16,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE SECURITY.md ./
 COPY templates/ templates/
 COPY operator/ operator/
 RUN pip wheel --no-deps --wheel-dir /wheels .
@@ -84,6 +84,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/slurmjob-operator \
     && /opt/slurmjob-operator/bin/pip install --no-cache-dir --only-binary=:all: /wheels/slurmjob_operator-*.whl \
     && /opt/slurmjob-operator/bin/slurmjob-operator --help > /dev/null
+
+# The licence and the security policy, where Debian-based images keep a package's documents
+# (the wheel carries them too, in its .dist-info).
+COPY LICENSE SECURITY.md /usr/share/doc/slurmjob-operator/
 
 WORKDIR /tmp
 USER 65532:65532

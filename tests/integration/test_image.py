@@ -340,7 +340,14 @@ def test_dockerfile_shape() -> None:
     # Everything the wheel is built from reaches the build context, nothing else.
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert "*" in ignore
-    for needed in ("pyproject.toml", "README.md", "operator/", "templates/"):
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "SECURITY.md",
+        "operator/",
+        "templates/",
+    ):
         assert f"!{needed}" in ignore
 
 
@@ -356,6 +363,18 @@ def test_wheel_carries_the_templates(installed: Installed) -> None:
     assert got == want
     for rel in want:
         assert (shipped / rel).read_bytes() == (REPO / "templates" / rel).read_bytes()
+
+
+def test_wheel_carries_the_licence_and_the_security_policy(installed: Installed) -> None:
+    """The Dockerfile copies both to /usr/share/doc/slurmjob-operator/ (tests/unit/test_release.py);
+    the wheel has them in its .dist-info, as installed."""
+    (site,) = installed.venv.glob("lib/python3*/site-packages")
+    (info,) = site.glob("slurmjob_operator-*.dist-info")
+    for shipped, source in (
+        (info / "licenses" / "LICENSE", REPO / "LICENSE"),
+        (info / "extra_metadata" / "SECURITY.md", REPO / "SECURITY.md"),
+    ):
+        assert shipped.read_bytes() == source.read_bytes(), shipped
 
 
 def test_cli_help_crd_and_render(installed: Installed, sandbox: Sandbox, examples: Path) -> None:
