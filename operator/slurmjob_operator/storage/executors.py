@@ -8,9 +8,10 @@ them, and every tenant's log read waited behind them until its `READ_TIMEOUT` (a
 - `REMOVALS`: checkpoint and attempt-directory removals. Metadata-bound (unlink, rmdir) on the
   same storage: more threads contend on the same directories and journal and take the GIL from
   the event loop; two keep one removal going while another starts.
-- `ARCHIVE`: archive entry writes, sweeps and record reads. The archiver writes one entry at a
-  time (its own semaphore), so one thread is busy writing at most and the others serve the
-  log API's record reads of deleted SlurmJobs.
+- `ARCHIVE`: archive entry writes, sweeps and record reads. The archiver writes at most two
+  entries at once (`controller.archiving.ArchiveSlots`: one per owner, two owners), so two
+  threads are busy writing at most and the others serve the sweep and the log API's record
+  reads of deleted SlurmJobs.
 - `LOG_READS`: the status tails (`controller.following`) and the log API's reads
   (`controller.logaccess`, at most 8 at once there). Each is bounded in bytes and by
   `READ_TIMEOUT`; eight keep the API's reads and a poll's tails going together.
