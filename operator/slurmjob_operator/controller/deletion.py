@@ -165,10 +165,9 @@ class Deletion:
         if owners is None:
             return False
         try:
-            listed = await self.listing.jobs()
+            live = await self.listing.live(names)
         except SlurmError as exc:
             raise RetryLater(f"the jobs of {ref.name} could not be listed: {exc}", 5) from exc
-        live = [j for j in listed if j.name in names and not j.is_final]
         ending: list[tuple[VerifiedJob, bool]] = []
         for views in by_leader(live).values():
             number = names[views[0].name]

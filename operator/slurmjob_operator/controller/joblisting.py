@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection
 
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.slurm.client import SlurmClient
@@ -31,16 +31,18 @@ class SharedListing:
         Canceller's batch does)."""
         self._slurm = slurm
         self.linger = linger
-        self._waiting: list[asyncio.Future[Sequence[SlurmJobView]]] = []
+        self._waiting: list[tuple[frozenset[str], asyncio.Future[list[SlurmJobView]]]] = []
         self._runner: asyncio.Task[None] | None = None
         #: Listings made (for tests and the bench: requests per deletion).
         self.made = 0
 
-    async def jobs(self) -> Sequence[SlurmJobView]:
-        """Every job the controller holds, from a listing started after this call; raises
-        what the listing raised."""
-        future: asyncio.Future[Sequence[SlurmJobView]] = asyncio.get_running_loop().create_future()
-        self._waiting.append(future)
+    async def live(self, names: Collection[str]) -> list[SlurmJobView]:
+        """The live jobs (not final) named one of `names`, from a listing started after this
+        call; raises what the listing raised. Only these are handed back: the listing itself
+        (every job of the controller) is dropped as soon as it is shared out, never held
+        while the callers cancel and wait."""
+        future: asyncio.Future[list[SlurmJobView]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((frozenset(names), future))
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run(), name="slurmjob-shared-listing")
         return await asyncio.shield(future)
@@ -52,14 +54,20 @@ class SharedListing:
             try:
                 self.made += 1
                 listing = await (await self._slurm()).list_jobs()
-            except Exception as exc:
-                for future in batch:
+            except Exception as exc:  # every caller gets the error
+                for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for future in batch:
+            wanted = frozenset().union(*(names for names, _ in batch))
+            found: dict[str, list[SlurmJobView]] = {}
+            for job in listing.jobs:
+                if job.name in wanted and not job.is_final:
+                    found.setdefault(job.name, []).append(job)
+            del listing
+            for names, future in batch:
                 if not future.done():
-                    future.set_result(listing.jobs)
+                    future.set_result([job for name in names for job in found.get(name, ())])
 
     async def close(self) -> None:
         if self._runner is not None and not self._runner.done():
