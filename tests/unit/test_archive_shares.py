@@ -20,11 +20,11 @@ import pytest
 from slurmjob_operator.controller import RetryLater, archiving
 from slurmjob_operator.controller.archiving import ArchiveSlots
 from slurmjob_operator.core import naming
+from slurmjob_operator.core.shares import share_owner
 from slurmjob_operator.storage.archive import (
     FILE_MODE,
     RECORD_FILE,
     ArchiveRecord,
-    owner_of,
     read_record,
 )
 from slurmjob_operator.storage.archivesweep import sweep
@@ -56,7 +56,7 @@ def plant(
         name=name,
         uid=uid,
         archived_at=when,
-        owner=owner_of(namespace, None) if owner == "" else owner,
+        owner=share_owner(namespace, None) if owner == "" else owner,
     )
     (where / RECORD_FILE).write_text(record.model_dump_json(by_alias=True, exclude_none=True))
     os.chmod(where / RECORD_FILE, FILE_MODE)
@@ -120,7 +120,7 @@ async def test_one_deletion_the_size_of_the_archive_leaves_every_other_namespace
     record = read_record(root, ref.namespace, ref.uid)
     assert record is not None
     assert record.entry_cap == MIB // 16
-    assert record.owner == "namespace/team-a"
+    assert record.owner == "namespace:team-a"
     kept = root / ref.namespace / ref.uid / "attempt-1"
     assert sum(p.stat().st_size for p in kept.iterdir()) <= MIB // 16
     for task in range(20):  # every task's tail, not the first tasks whole and the rest none
@@ -151,9 +151,9 @@ def test_a_tenants_namespaces_share_one_share(root: Path) -> None:
     `lab`'s namespaces alone is under an even share by namespace (three namespaces), so only
     counting them as one owner makes the lab pay."""
     now = time.time()
-    lab = "tenant/lab"
+    lab = "tenant:lab"
     mine = [plant(root, ns, 30_000, now - DAY + i, lab) for i in range(12) for ns in ("a", "b")]
-    theirs = {plant(root, "c", 30_000, now - 3 * DAY + i, "tenant/other") for i in range(14)}
+    theirs = {plant(root, "c", 30_000, now - 3 * DAY + i, "tenant:other") for i in range(14)}
     sweep(root, now, 30 * DAY, MIB)
     assert left(root, "c") == theirs
     assert len(left(root, "a") | left(root, "b")) < len(mine)
@@ -164,12 +164,12 @@ def test_an_entry_of_the_previous_release_is_swept_as_its_namespaces_owner(root:
     is lab's now, as team-x is. So lab (520 KB) is over its share and loses its oldest, the
     unrecorded ones first; by namespace, team-b (240 KB) would have been furthest over."""
     now = float(int(time.time()))
-    theirs = {plant(root, "team-b", 40_000, now - 4 * DAY + i, "tenant/other") for i in range(6)}
+    theirs = {plant(root, "team-b", 40_000, now - 4 * DAY + i, "tenant:other") for i in range(6)}
     for i in range(5):
         plant(root, "team-a", 40_000, now - 3 * DAY + i, owner=None)
-    labs = [plant(root, "team-x", 40_000, now - DAY + i, "tenant/lab") for i in range(8)]
+    labs = [plant(root, "team-x", 40_000, now - DAY + i, "tenant:lab") for i in range(8)]
     lab = {"team-a": "lab", "team-x": "lab"}
-    sweep(root, now, 30 * DAY, 500_000, owner_of=lambda ns: owner_of(ns, lab.get(ns)))
+    sweep(root, now, 30 * DAY, 500_000, owner_of=lambda ns: share_owner(ns, lab.get(ns)))
     assert left(root, "team-b") == theirs
     assert left(root, "team-a") == set(), "lab's oldest are its unrecorded entries"
     assert labs[-1] in left(root, "team-x")
@@ -274,6 +274,6 @@ async def test_an_entry_records_its_namespaces_tenant_as_its_owner(
     await delete(bed, ref)
     record = read_record(root, ref.namespace, ref.uid)
     assert record is not None
-    assert record.owner == "tenant/lab"
+    assert record.owner == "tenant:lab"
     assert record.entry_cap is None
     assert "LogsArchiveTruncated" not in bed.store.reasons()

@@ -29,8 +29,9 @@ from slurmjob_operator.api.resource import ResourceView
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.resource import ResourceEdge
+from slurmjob_operator.core.shares import share_owner
 from slurmjob_operator.kube.ports import NamespaceReader
-from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, owner_of, write_entry
+from slurmjob_operator.storage.archive import ArchiveRecord, AttemptSource, write_entry
 from slurmjob_operator.storage.archivesweep import sweep
 from slurmjob_operator.storage.executors import Pool, run_in
 from slurmjob_operator.storage.locate import attempt_dir
@@ -43,7 +44,7 @@ DAY = 86400.0
 #: How often the leader sweeps the archive.
 SWEEP_INTERVAL = 600.0
 #: Owners whose entries are written at once: each holds one file's cap (16 MiB by default)
-#: and its redacted copy in memory while it is read, and a thread of the default executor.
+#: and its redacted copy in memory while it is read, and a thread of the archive's pool.
 ARCHIVE_WRITERS = 2
 
 
@@ -103,7 +104,7 @@ class Archiver:
 
     def owner(self, namespace: str) -> str:
         """The owner of the namespace's entries, as the tenants file says now."""
-        return owner_of(namespace, self._tenant_of(namespace))
+        return share_owner(namespace, self._tenant_of(namespace))
 
     @property
     def enabled(self) -> bool:
@@ -148,7 +149,7 @@ class Archiver:
         )
         status = view.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
-            async with self.slots.slot(record.owner or ref.namespace):
+            async with self.slots.slot(self.owner(ref.namespace)):
                 written = await run_in(
                     Pool.ARCHIVE,
                     lambda: write_entry(

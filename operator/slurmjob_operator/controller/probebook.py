@@ -31,7 +31,7 @@ from slurmjob_operator.api.probestatus import MAX_PROBE_NODES, NODE_NAME_RE
 from slurmjob_operator.config import Settings
 from slurmjob_operator.config.site import PROBE_CAPACITY_BYTES, PROBE_FLOOR_BYTES
 from slurmjob_operator.core.probe import ProbeKeys, ProbeRecord
-from slurmjob_operator.core.shares import Held, evictions
+from slurmjob_operator.core.shares import OWNER_RE, Held, evictions
 from slurmjob_operator.kube import ConfigMapUnavailable
 from slurmjob_operator.kube.ports import ConfigMapStore
 from slurmjob_operator.servingcert import operator_namespace
@@ -50,8 +50,6 @@ CALL_TIMEOUT = 10.0
 LEGACY_OWNER = "legacy"
 _KEY_RE = re.compile(r"^(probe|avoid)-[0-9a-f]{40}$")
 _NODE_RE = re.compile(NODE_NAME_RE)
-# `core.probe.share_owner`'s: a tenant's name (a DNS label) or a namespace's.
-_OWNER_RE = re.compile(r"^(tenant|namespace):[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,7 @@ class ProbeBook:
             raise ValueError(key)
         value: Any = json.loads(raw)
         owner = value.get("owner", LEGACY_OWNER)
-        if owner != LEGACY_OWNER and not _OWNER_RE.match(str(owner)):
+        if owner != LEGACY_OWNER and not OWNER_RE.match(str(owner)):
             raise ValueError(key)
         if key.startswith("probe-"):
             rung, until = int(value["rung"]), parse_rfc3339(str(value["until"]))

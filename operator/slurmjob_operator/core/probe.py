@@ -21,6 +21,7 @@ from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.api.status import ConditionStatus, SlurmJobStatus
 from slurmjob_operator.core.claims import action_of, probe_of
 from slurmjob_operator.core.reasons import ConditionType, Reason
+from slurmjob_operator.core.shares import share_owner
 from slurmjob_operator.core.transition import (
     NORMAL,
     WARNING,
@@ -156,12 +157,6 @@ def cache_key(owner: str, cluster: str, partition: str | None, runtime: str, ser
 def avoid_key(owner: str, cluster: str) -> str:
     """The avoid list's key: one per tenant (or namespace) and cluster."""
     return "avoid-" + _key(owner, cluster)
-
-
-def share_owner(namespace: str, tenant: str | None) -> str:
-    """Whose share of the probe ConfigMap an entry counts against (`core.shares`): the
-    tenant's, whatever Unix user its jobs run as, else the namespace's."""
-    return f"tenant:{tenant}" if tenant is not None else f"namespace:{namespace}"
 
 
 @dataclass(frozen=True)

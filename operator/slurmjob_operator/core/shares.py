@@ -16,8 +16,19 @@ Pure: the callers measure sizes and ages and act on the keys returned.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+#: An owner as written into the places that record one (the probe ConfigMap's values, the
+#: archive's records): `tenant:<tenant name>` or `namespace:<namespace>`, both DNS labels.
+OWNER_RE = re.compile(r"^(tenant|namespace):[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def share_owner(namespace: str, tenant: str | None) -> str:
+    """Whose share an entry counts against: its tenant's (whatever Unix user its jobs run
+    as), else its namespace's. The prefix keeps a tenant and a namespace of one name apart."""
+    return f"tenant:{tenant}" if tenant is not None else f"namespace:{namespace}"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slurmjob_operator.core.naming import SCRIPT_FILE
 from slurmjob_operator.core.redact import Redactor
+from slurmjob_operator.core.shares import OWNER_RE
 from slurmjob_operator.storage.files import write_at
 from slurmjob_operator.storage.logs import read_tail
 from slurmjob_operator.storage.nofollow import (
@@ -72,14 +73,6 @@ _ATTEMPT_RE = re.compile(r"^attempt-([1-9][0-9]{0,6})$")
 # files an attempt has at most 20,002 log names, whatever its job created beside them.
 _LOG_RE = re.compile(r"^(stdout|stderr)(-(0|[1-9][0-9]{0,3}))?\.log$")
 TEMPORARY_RE = re.compile(r"^\.[0-9a-f-]{36}\.[0-9a-f]{12}\.tmp$")
-#: An owner as recorded: `tenant/<tenant name>` or `namespace/<namespace>` (both DNS labels).
-OWNER_RE = re.compile(r"^(tenant|namespace)/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def owner_of(namespace: str, tenant: str | None) -> str:
-    """Whose share an entry counts against: its tenant's, else its namespace's. The prefix
-    keeps a tenant and a namespace of the same name apart."""
-    return f"tenant/{tenant}" if tenant is not None else f"namespace/{namespace}"
 
 
 class ArchivedAttempt(BaseModel):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmjob_operator.core.shares import Held, evictions
+from slurmjob_operator.core.shares import Held, evictions, share_owner
 from slurmjob_operator.storage.archive import (
     NAMESPACE_RE,
     RECORD_FILE,
@@ -137,7 +137,7 @@ def sweep(
     share rule picks until the rest holds at most `max_bytes` (`floor`: the share rule's);
     and temporary entries a crash left. `owner_of(namespace)`: the owner of an entry that
     records none (default: its namespace)."""
-    resolve = owner_of or (lambda namespace: f"namespace/{namespace}")
+    resolve = owner_of or (lambda namespace: share_owner(namespace, None))
     rootfd = open_root(root)
     try:
         entries = _entries(rootfd, now, resolve)
