@@ -19,6 +19,8 @@ from slurmjob_operator.core import claims, naming
 from slurmjob_operator.core.claims import ChainLimit, Placement
 from slurmjob_operator.core.jobview import BaseState
 from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.storage import ledger
+from slurmjob_operator.storage.nofollow import UnsafePath
 from slurmjob_operator.times import rfc3339
 
 from .controller_fakes import Bed, cpu_spec, make_bed
@@ -342,3 +344,46 @@ async def test_an_upstream_status_naming_another_tenants_job_is_no_dependency(
     assert all(dep != "afterok:100" for dep in bed.slurm.dependency.values())
     assert not bed.store.status(post).attempts, "nothing sent with another's job as upstream"
     assert "JobIdentityMismatch" in bed.store.reasons()
+
+
+# -- what a job can plant in its own resource directory -------------------------------------
+
+
+def test_the_numbers_a_deletion_looks_for_are_bounded_whatever_is_claimed() -> None:
+    status = SlurmJobStatus(attempts=attempts(1_000_000_000))
+    assert claims.made_numbers(status, 0) == range(1, claims.ATTEMPT_NUMBER_MAX + 1)
+    assert claims.made_numbers(SlurmJobStatus(), 999_999_999)[-1] == claims.ATTEMPT_NUMBER_MAX
+    assert claims.made_numbers(SlurmJobStatus(attempts=attempts(1, 2)), 0) == range(1, 3)
+    walltime = WalltimeSpec(total_time="1000h", segment_time=60, max_segments=1000)
+    assert claims.attempt_cap(20, 10, walltime, queued=True) <= claims.ATTEMPT_NUMBER_MAX
+
+
+async def test_a_planted_huge_attempt_directory_neither_stalls_a_deletion_nor_a_submit(
+    bed: Bed,
+) -> None:
+    ref = bed.store.create("train", cpu_spec())
+    await reconcile(bed, ref)
+    where = naming.resource_dir(bed.settings.storage_root, ref.namespace, ref.name, ref.uid)
+    (where / "attempt-999999999").mkdir()  # what a job owning its resource directory can do
+    assert ledger.attempts_made(bed.settings, ref.namespace, ref.name, ref.uid) == 999_999_999
+    await bed.controller.finalize(bed.store.body(ref))
+    assert bed.slurm.jobs[100].base_state is BaseState.CANCELLED
+
+
+def test_the_ledger_refuses_a_linked_or_flooded_resource_directory(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path)
+    ns, name, uid = "team-a", "train", "0123456789abcdef0123"
+    where = naming.resource_dir(bed.settings.storage_root, ns, name, uid)
+    where.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "attempt-7").mkdir(parents=True)
+    where.symlink_to(elsewhere)
+    with pytest.raises(UnsafePath):
+        ledger.attempts_made(bed.settings, ns, name, uid)
+    where.unlink()
+    where.mkdir()
+    for i in range(ledger.MAX_ENTRIES + 1):
+        (where / f"f{i}").touch()
+    with pytest.raises(ledger.LedgerUnreadable):
+        ledger.attempts_made(bed.settings, ns, name, uid)
+    assert ledger.attempts_made(bed.settings, ns, "other", uid) == 0  # none made yet

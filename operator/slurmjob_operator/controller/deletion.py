@@ -30,7 +30,7 @@ from slurmjob_operator.controller.removals import RemovalSweep, remove_checkpoin
 from slurmjob_operator.controller.resource import ResourceEdge, RetryLater
 from slurmjob_operator.core import naming
 from slurmjob_operator.core.arrays import shown_index
-from slurmjob_operator.core.claims import next_attempt
+from slurmjob_operator.core.claims import made_numbers
 from slurmjob_operator.core.decisions import tails_outlive_deletion
 from slurmjob_operator.core.following import with_logs
 from slurmjob_operator.core.jobview import by_leader
@@ -157,7 +157,7 @@ class Deletion:
             made = 0
         names = {
             naming.job_name(ref.namespace, ref.name, ref.uid, number): number
-            for number in range(1, next_attempt(view.status, made))
+            for number in made_numbers(view.status, made)
         }
         if not names:
             return False  # no attempt was ever made: no job to look for

@@ -74,6 +74,18 @@ def next_attempt(status: SlurmJobStatus, made: int) -> int:
     return max(highest_number(status), made) + 1
 
 
+#: The highest attempt number the operator could ever make: above every cap a spec can reach
+#: (`attempt_cap` at most 1,121: retry.limit 20, probe attempts 10, maxSegments 1,000, under
+#: Kueue). A number past it, in a status or a directory name, was never the operator's.
+ATTEMPT_NUMBER_MAX = 2048
+
+
+def made_numbers(status: SlurmJobStatus, made: int) -> range:
+    """The attempt numbers the operator may have made for a resource (whose jobs a deletion
+    looks for), bounded whatever a status or a planted directory name claims."""
+    return range(1, min(next_attempt(status, made), ATTEMPT_NUMBER_MAX + 1))
+
+
 def attempt_cap(
     retry_limit: int, probe_attempts: int, walltime: WalltimeSpec | None, *, queued: bool = False
 ) -> int:
