@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The container runtimes of the test bed: Enroot, Pyxis and Apptainer, built from their
+# upstream sources and cached by the hash of those sources (idempotent, fast when done).
+#
+# None of the three is in a registry this machine reaches (Apptainer's Go module is refused by
+# the proxy), so their source archives come from a directory: $SLURMJOB_TESTBED_VENDOR, else
+# ../shared/vendor beside the checkout when it exists, else the verified copies this script
+# kept in its cache. Elsewhere, pack the same trees (see docs/development.md, "Container
+# runtimes"): `git archive --prefix=NAME-VERSION/ TAG` of each upstream repository (Enroot's
+# three submodules extracted the same way under deps/, Apptainer with a VERSION file), which
+# gives the same uncompressed tar streams whatever the gzip.
+#
+# What each build leaves in $CACHE/runtimes:
+#   enroot-<v>-<h>/root      a tree to copy over / (prefix /usr/local, config /etc/enroot)
+#   apptainer-<v>-<h>/root   a tree to copy over / (prefix /opt/slurmjob-apptainer)
+# Pyxis is built per cluster against its own spank.h by tests/testbed/slurm.py (seconds), from
+# the verified archive this script leaves in $CACHE/vendor.
+#
+# Usage: runtimes.sh [CHROOT]   installs the runtimes on the host and, given, in the chroot.
+set -euo pipefail
+
+CACHE="/var/cache/slurmjob-testbed"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CHECKOUT="$(cd "$HERE/../.." && pwd)"
+CHROOT="${1:-}"
+
+# Upstream pins: the commit each archive was packed from, and the sha256 of its uncompressed
+# tar stream (independent of how it was gzipped).
+ENROOT_VERSION=4.1.2
+ENROOT_COMMIT="v4.1.2 (submodules makeself 5742be6, musl 0784374, linux-headers c79004a)"
+ENROOT_TAR_SHA256=9a45e7198989ea8fd8abad40d17424d2ad23b56109f0e19412c7a1dfeca6d658
+PYXIS_VERSION=0.24.0
+PYXIS_COMMIT="v0.24.0 (1075199)"
+PYXIS_TAR_SHA256=ba31b7042bb541636eab9416e69800a6f6e1e6c4ed4f1b72cb7cf030f943c9d4
+APPTAINER_VERSION=1.5.3
+APPTAINER_COMMIT="v1.5.3 (6a76317), plus a VERSION file reading 1.5.3"
+APPTAINER_TAR_SHA256=fe690cde558edb829800348243089632689b084f61696442c8634ec64a6723a0
+APPTAINER_PREFIX=/opt/slurmjob-apptainer
+
+# What the runtimes need where a slurmd runs (host and chroot), and what Apptainer's build needs.
+RUNTIME_PKGS=(squashfs-tools squashfuse fuse3 jq parallel curl pigz zstd libcap2-bin
+    fuse-overlayfs uidmap libseccomp2 libsubid4 fuse2fs cryptsetup-bin ca-certificates
+    procps util-linux)
+BUILD_PKGS=(libseccomp-dev libtalloc-dev libattr1-dev libprotobuf-c-dev libsubid-dev
+    pkg-config fakeroot make gcc libc6-dev)
+
+log() { printf "[testbed-runtimes] %s\n" "$*" >&2; }
+die() {
+    printf '[testbed-runtimes] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+[[ $(id -u) -eq 0 ]] || die "must run as root (installs packages and runtimes)"
+export DEBIAN_FRONTEND=noninteractive
+
+apt_missing() { # $1 = root ("" for the host), then packages; prints the missing ones
+    local root=$1 p
+    shift
+    local -a ch=()
+    [[ -n $root ]] && ch=(chroot "$root")
+    for p in "$@"; do
+        "${ch[@]}" dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+            grep -q 'install ok installed' || printf '%s\n' "$p"
+    done
+}
+
+apt_ensure() { # $1 = root ("" for the host), then packages
+    local root=$1
+    shift
+    local -a missing ch=()
+    mapfile -t missing < <(apt_missing "$root" "$@")
+    ((${#missing[@]})) || return 0
+    [[ -n $root ]] && ch=(chroot "$root")
+    log "installing in '${root:-/}': ${missing[*]}"
+    local mounted=0
+    if [[ -n $root ]] && ! mountpoint -q "$root/proc"; then
+        mount -t proc proc "$root/proc"
+        mounted=1
+    fi
+    "${ch[@]}" apt-get -o Acquire::Check-Valid-Until=false update -q >/dev/null ||
+        die "apt-get update in '${root:-/}' failed"
+    "${ch[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+        die "apt-get install in '${root:-/}' failed for: ${missing[*]}"
+    "${ch[@]}" apt-get clean
+    if ((mounted)); then umount -l "$root/proc" || true; fi
+}
+
+# ---------------------------------------------------------------- sources
+vendor_dir() {
+    if [[ -n ${SLURMJOB_TESTBED_VENDOR:-} ]]; then
+        printf '%s\n' "$SLURMJOB_TESTBED_VENDOR"
+    elif [[ -d $CHECKOUT/../shared/vendor ]]; then
+        printf '%s\n' "$CHECKOUT/../shared/vendor"
+    else
+        printf '%s\n' "$CACHE/vendor"
+    fi
+}
+VENDOR="$(vendor_dir)"
+install -d -m 0755 "$CACHE/vendor" "$CACHE/runtimes"
+
+# Verify an archive against its pin and keep a copy in the cache; prints the cached path.
+source_archive() { # $1 = file name, $2 = expected sha256 of the tar stream, $3 = upstream
+    local name=$1 want=$2 upstream=$3 src have
+    src="$VENDOR/$name"
+    if [[ ! -f $src ]]; then
+        src="$CACHE/vendor/$name"
+        [[ -f $src ]] || die "source archive $name is missing from $VENDOR (and from the cache):
+    set SLURMJOB_TESTBED_VENDOR to a directory holding it, packed from $upstream as
+    docs/development.md ('Container runtimes') says"
+    fi
+    have=$(gzip -dc "$src" | sha256sum | cut -d' ' -f1)
+    [[ $have == "$want" ]] || die "source archive $src differs from the pinned $upstream:
+    its tar stream has sha256 $have, expected $want"
+    if [[ $src != "$CACHE/vendor/$name" ]]; then
+        cp "$src" "$CACHE/vendor/$name.tmp" && mv "$CACHE/vendor/$name.tmp" "$CACHE/vendor/$name"
+    fi
+    printf '%s\n' "$CACHE/vendor/$name"
+}
+
+ENROOT_SRC=$(source_archive "enroot-$ENROOT_VERSION.tar.gz" "$ENROOT_TAR_SHA256" \
+    "github.com/NVIDIA/enroot $ENROOT_COMMIT")
+source_archive "pyxis-$PYXIS_VERSION.tar.gz" "$PYXIS_TAR_SHA256" \
+    "github.com/NVIDIA/pyxis $PYXIS_COMMIT" >/dev/null
+APPTAINER_SRC=$(source_archive "apptainer-$APPTAINER_VERSION.tar.gz" "$APPTAINER_TAR_SHA256" \
+    "github.com/apptainer/apptainer $APPTAINER_COMMIT")
+
+# A build's cache key: the source's tar stream and the recipe's version (bump RECIPE when a
+# build command below changes; an edit elsewhere in this script must not cost a rebuild).
+RECIPE=1
+recipe_hash() { # $1 = tar sha256
+    printf '%s recipe-%s\n' "$1" "$RECIPE" | sha256sum | cut -c1-16
+}
+
+# ---------------------------------------------------------------- builds
+apt_ensure "" "${RUNTIME_PKGS[@]}" "${BUILD_PKGS[@]}"
+
+build_enroot() {
+    local out=$CACHE/runtimes/enroot-$ENROOT_VERSION-$(recipe_hash "$ENROOT_TAR_SHA256")
+    if [[ ! -f $out/.complete ]]; then
+        log "building Enroot $ENROOT_VERSION"
+        local t0=$SECONDS work
+        work=$(mktemp -d)
+        tar -xzf "$ENROOT_SRC" -C "$work"
+        rm -rf "$out"
+        # Helpers statically linked against the bundled musl; prefix /usr/local so that
+        # enroot is on slurmd's PATH in both roots.
+        make -C "$work/enroot-$ENROOT_VERSION" -j2 install prefix=/usr/local \
+            sysconfdir=/etc DESTDIR="$out/root" >"$work/build.log" 2>&1 ||
+            die "Enroot build failed: $(tail -20 "$work/build.log")"
+        rm -rf "$work"
+        touch "$out/.complete"
+        log "Enroot built in $((SECONDS - t0)) s"
+    fi
+    printf '%s\n' "$out"
+}
+
+build_apptainer() {
+    local out=$CACHE/runtimes/apptainer-$APPTAINER_VERSION-$(recipe_hash "$APPTAINER_TAR_SHA256")
+    if [[ ! -f $out/.complete ]]; then
+        log "building Apptainer $APPTAINER_VERSION (8-17 minutes on two cores, once)"
+        local t0=$SECONDS work
+        work=$(mktemp -d)
+        tar -xzf "$APPTAINER_SRC" -C "$work"
+        rm -rf "$out"
+        (
+            cd "$work/apptainer-$APPTAINER_VERSION"
+            ./mconfig --without-suid -p "$APPTAINER_PREFIX" &&
+                make -C builddir &&
+                make -C builddir install DESTDIR="$out/root"
+        ) >"$work/build.log" 2>&1 || die "Apptainer build failed: $(tail -30 "$work/build.log")"
+        rm -rf "$work"
+        touch "$out/.complete"
+        log "Apptainer built in $((SECONDS - t0)) s"
+    fi
+    printf '%s\n' "$out"
+}
+
+ENROOT_BUILD=$(build_enroot)
+APPTAINER_BUILD=$(build_apptainer)
+
+# ---------------------------------------------------------------- install into a root
+install_into() { # $1 = root ("" for the host)
+    local root=$1
+    [[ -n $root ]] && apt_ensure "$root" "${RUNTIME_PKGS[@]}"
+    cp -a "$ENROOT_BUILD/root/." "${root:-/}"
+    cp -a "$APPTAINER_BUILD/root/." "${root:-/}"
+    ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "${root}/usr/local/bin/apptainer"
+    log "runtimes installed in '${root:-/}'"
+}
+install_into ""
+[[ -n $CHROOT ]] && install_into "$CHROOT"
+log "done"
