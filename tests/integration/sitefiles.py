@@ -1,18 +1,20 @@
-"""Site files for a test cluster: runtime artifacts on the shared storage, the two catalogs,
-and the SLURMJOB_* settings that point the operator at that cluster."""
+"""Site files for a test cluster: runtime artifacts on the shared storage (the test bed's real
+images, tests/testbed/images.py), the two catalogs, and the SLURMJOB_* settings that point the
+operator at that cluster."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
+from tests.testbed import images
 from tests.testbed.slurm import SlurmTestbed
 
-SIF_BYTES = b"#!/usr/bin/env run-singularity\n\0" + b"SIF_MAGIC\0" + b"testbed runtime" * 64
-# A SquashFS 4.0 superblock: magic, then major/minor version at offset 28.
-SQSH_BYTES = b"hsqs" + b"\0" * 24 + (4).to_bytes(2, "little") + b"\0" * 66 + b"testbed runtime" * 64
+#: The image every test job runs in (Debian trixie with bash, coreutils, python3, real Ray and
+#: the site's probe program).
+IMAGE = "base"
 SERIES = [
     {"name": "h100", "slurmConstraint": "h100", "gpusPerNode": 2},
     {"name": "a100", "slurmConstraint": "a100", "gpusPerNode": 2},
@@ -20,25 +22,32 @@ SERIES = [
 ]
 
 
-def _write_runtime(root: Path, name: str, content: bytes, owner: tuple[int, int]) -> str:
+def _write_runtime(root: Path, name: str, source: Path, owner: tuple[int, int]) -> str:
+    """Put the cached image ``source`` at runtimes/``name`` on the storage root: a hard link
+    (the cache and the storage root are on one filesystem here), else a copy. The cached file
+    is root's and read-only to jobs; a job that replaces the link changes only its own tree."""
     path = root / "runtimes" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_bytes() != content:
+    if not (path.exists() and os.path.samefile(path, source)):
         # A module in the other lane (tests/lanes.py) may be reading it: never half-written.
         tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-        tmp.write_bytes(content)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            tmp.chmod(0o644)
         tmp.replace(path)
     os.chown(path.parent, *owner)
-    path.chmod(0o644)
-    return hashlib.sha256(content).hexdigest()
+    return images.sha256(source)
 
 
 def site_env(testbed: SlurmTestbed, profile: str, workdir: Path) -> dict[str, str]:
     """Write the runtimes and catalogs; return the settings for `testbed` and `profile`."""
     root = testbed.storage_root
     owner = (testbed.uid, testbed.gid)
-    sif = _write_runtime(root, "testbed.sif", SIF_BYTES, owner)
-    sqsh = _write_runtime(root, "testbed.sqsh", SQSH_BYTES, owner)
+    sif = _write_runtime(root, "testbed.sif", images.image(IMAGE, "sif"), owner)
+    sqsh = _write_runtime(root, "testbed.sqsh", images.image(IMAGE, "sqsh"), owner)
     registry = workdir / "runtimes.yaml"
     registry.write_text(
         json.dumps(

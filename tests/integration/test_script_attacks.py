@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 from tests.integration.helpers import cpu_spec, wait_for_job
-from tests.integration.sitefiles import SIF_BYTES, SQSH_BYTES, site_env
+from tests.integration.sitefiles import IMAGE, site_env
+from tests.testbed import images
 from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
 
@@ -72,7 +73,9 @@ def profile(request: pytest.FixtureRequest) -> str:
 def _own_runtime(testbed: SlurmTestbed, profile: str, registry: Path) -> Path:
     """A runtime of this test alone, added to the registry site_env wrote."""
     fmt = "sif" if profile == "apptainer" else "sqsh"
-    content = (SIF_BYTES if fmt == "sif" else SQSH_BYTES) + uuid.uuid4().bytes
+    # The real image with bytes of its own at the end (past what squashfs and SIF read): a
+    # file no other test shares, that still runs.
+    content = images.image(IMAGE, fmt).read_bytes() + uuid.uuid4().bytes
     path = testbed.storage_root / "runtimes" / f"attack-{uuid.uuid4().hex[:10]}.{fmt}"
     path.write_bytes(content)
     os.chown(path, testbed.uid, testbed.gid)

@@ -3,7 +3,8 @@
 #   * host packages: Debian 12's Slurm 22.05 (+ JWT plugin, headers), munge, gcc, debootstrap;
 #   * users: slurmrest (runs slurmrestd) and slurmci (job owner, fixed uid/gid);
 #   * a debootstrap chroot with Slurm 26.05 from Debian testing, cached under
-#     /var/cache/slurmjob-testbed/<suite>-chroot and built only once.
+#     /var/cache/slurmjob-testbed/<suite>-chroot and built only once;
+#   * the container runtimes (Enroot, Apptainer) in both roots: runtimes.sh.
 # Daemons are started by tests/testbed/slurm.py, not here.
 set -euo pipefail
 
@@ -186,4 +187,9 @@ if [[ ! -f $OLD_CLIENT_DIR/libmariadb.so.3 ]]; then
     rm -rf "$work"
 fi
 install -d -m 0755 "$CHROOT$TESTBED_ROOT"
+
+# ---------------------------------------------------------------- container runtimes
+# Enroot and Apptainer from their pinned upstream sources, on the host and in the chroot
+# (cached by source hash; Pyxis is built per cluster by slurm.py).
+bash "$(dirname "$0")/runtimes.sh" "$CHROOT"
 log "done"

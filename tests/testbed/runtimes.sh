@@ -39,10 +39,10 @@ APPTAINER_PREFIX=/opt/slurmjob-apptainer
 
 # What the runtimes need where a slurmd runs (host and chroot), and what Apptainer's build needs.
 RUNTIME_PKGS=(squashfs-tools squashfuse fuse3 jq parallel curl pigz zstd libcap2-bin
-    fuse-overlayfs uidmap libseccomp2 libsubid4 fuse2fs cryptsetup-bin ca-certificates
+    fuse-overlayfs uidmap libseccomp2 fuse2fs cryptsetup-bin ca-certificates
     procps util-linux)
-BUILD_PKGS=(libseccomp-dev libtalloc-dev libattr1-dev libprotobuf-c-dev libsubid-dev
-    pkg-config fakeroot make gcc libc6-dev)
+BUILD_PKGS=(libseccomp-dev libtalloc-dev libattr1-dev libprotobuf-c-dev pkg-config fakeroot
+    make gcc libc6-dev)
 
 log() { printf "[testbed-runtimes] %s\n" "$*" >&2; }
 die() {
@@ -125,16 +125,17 @@ APPTAINER_SRC=$(source_archive "apptainer-$APPTAINER_VERSION.tar.gz" "$APPTAINER
 
 # A build's cache key: the source's tar stream and the recipe's version (bump RECIPE when a
 # build command below changes; an edit elsewhere in this script must not cost a rebuild).
-RECIPE=1
-recipe_hash() { # $1 = tar sha256
-    printf '%s recipe-%s\n' "$1" "$RECIPE" | sha256sum | cut -c1-16
+ENROOT_RECIPE=2
+APPTAINER_RECIPE=2
+recipe_hash() { # $1 = tar sha256, $2 = recipe version
+    printf '%s recipe-%s\n' "$1" "$2" | sha256sum | cut -c1-16
 }
 
 # ---------------------------------------------------------------- builds
 apt_ensure "" "${RUNTIME_PKGS[@]}" "${BUILD_PKGS[@]}"
 
 build_enroot() {
-    local out=$CACHE/runtimes/enroot-$ENROOT_VERSION-$(recipe_hash "$ENROOT_TAR_SHA256")
+    local out=$CACHE/runtimes/enroot-$ENROOT_VERSION-$(recipe_hash "$ENROOT_TAR_SHA256" "$ENROOT_RECIPE")
     if [[ ! -f $out/.complete ]]; then
         log "building Enroot $ENROOT_VERSION"
         local t0=$SECONDS work
@@ -146,6 +147,10 @@ build_enroot() {
         make -C "$work/enroot-$ENROOT_VERSION" -j2 install prefix=/usr/local \
             sysconfdir=/etc DESTDIR="$out/root" >"$work/build.log" 2>&1 ||
             die "Enroot build failed: $(tail -20 "$work/build.log")"
+        # The install wrote the staging directory into enroot's paths; take it out, as
+        # enroot's own `make dist` does. No file capabilities (`make setcap`): the test bed
+        # starts squashfs images directly and never imports multi-layer images as a user.
+        sed -i "s;$out/root;;" "$out/root/usr/local/bin/enroot" "$out/root/etc/enroot/enroot.conf"
         rm -rf "$work"
         touch "$out/.complete"
         log "Enroot built in $((SECONDS - t0)) s"
@@ -154,7 +159,7 @@ build_enroot() {
 }
 
 build_apptainer() {
-    local out=$CACHE/runtimes/apptainer-$APPTAINER_VERSION-$(recipe_hash "$APPTAINER_TAR_SHA256")
+    local out=$CACHE/runtimes/apptainer-$APPTAINER_VERSION-$(recipe_hash "$APPTAINER_TAR_SHA256" "$APPTAINER_RECIPE")
     if [[ ! -f $out/.complete ]]; then
         log "building Apptainer $APPTAINER_VERSION (8-17 minutes on two cores, once)"
         local t0=$SECONDS work
@@ -163,7 +168,10 @@ build_apptainer() {
         rm -rf "$out"
         (
             cd "$work/apptainer-$APPTAINER_VERSION"
-            ./mconfig --without-suid -p "$APPTAINER_PREFIX" &&
+            # Without libsubid: the one library of the host's (Debian 12's libsubid.so.4) that
+            # the chroot's newer release lacks (it has .so.6), so that one build runs in both
+            # roots. libsubid serves only --fakeroot's id ranges, which no job here uses.
+            ./mconfig --without-suid --without-libsubid -p "$APPTAINER_PREFIX" &&
                 make -C builddir &&
                 make -C builddir install DESTDIR="$out/root"
         ) >"$work/build.log" 2>&1 || die "Apptainer build failed: $(tail -30 "$work/build.log")"
@@ -178,14 +186,43 @@ ENROOT_BUILD=$(build_enroot)
 APPTAINER_BUILD=$(build_apptainer)
 
 # ---------------------------------------------------------------- install into a root
+# Enroot's per-user paths: a directory per job user, made by root and owned by that user, in
+# each root (the host's and the chroot's are separate trees), so that no user can prepare or
+# read another's runtime, cache or data directory. The users are install.sh's.
+ENROOT_USERS=(slurmci team-a team-b)
+ENROOT_DIR=/var/lib/slurmjob-enroot
+
 install_into() { # $1 = root ("" for the host)
-    local root=$1
-    [[ -n $root ]] && apt_ensure "$root" "${RUNTIME_PKGS[@]}"
+    local root=$1 user uid gid
+    local -a ch=()
+    [[ -n $root ]] && ch=(chroot "$root")
+    # make: tests/testbed/slurm.py builds Pyxis against each root's own spank.h.
+    [[ -n $root ]] && apt_ensure "$root" "${RUNTIME_PKGS[@]}" make
     cp -a "$ENROOT_BUILD/root/." "${root:-/}"
     cp -a "$APPTAINER_BUILD/root/." "${root:-/}"
-    ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "${root}/usr/local/bin/apptainer"
+    ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "$root/usr/local/bin/apptainer"
+    install -d -m 0755 "$root/etc/enroot/enroot.conf.d" "$root$ENROOT_DIR"
+    cat >"$root/etc/enroot/enroot.conf.d/50-slurmjob-testbed.conf" <<EOF
+# Written by tests/testbed/runtimes.sh: per-user paths made by root (see there).
+ENROOT_RUNTIME_PATH $ENROOT_DIR/\${UID}/run
+ENROOT_CACHE_PATH   $ENROOT_DIR/\${UID}/cache
+ENROOT_DATA_PATH    $ENROOT_DIR/\${UID}/data
+ENROOT_TEMP_PATH    $ENROOT_DIR/\${UID}/tmp
+ENROOT_MOUNT_HOME   no
+EOF
+    for user in "${ENROOT_USERS[@]}"; do
+        uid=$("${ch[@]}" id -u "$user") || die "user $user missing in '${root:-/}' (install.sh)"
+        gid=$("${ch[@]}" id -g "$user")
+        install -d -m 0700 -o "$uid" -g "$gid" "$root$ENROOT_DIR/$uid"
+    done
     log "runtimes installed in '${root:-/}'"
 }
 install_into ""
 [[ -n $CHROOT ]] && install_into "$CHROOT"
+
+# Unprivileged squashfuse mounts (Pyxis' use_squashfuse=1, Apptainer's SIF) need /dev/fuse
+# readable and writable by the job user: 0666, the usual distribution default (Debian's udev
+# rule sets it; this machine has no udev). The chroot binds the host's /dev. It is a device
+# node on devtmpfs: the change lasts until the next boot, and the test bed does not undo it.
+chmod 0666 /dev/fuse
 log "done"

@@ -33,6 +33,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -56,6 +57,7 @@ REST_USER = "slurmrest"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 JOB_PATH = f"{BIN_DIR}:{SYSTEM_PATH}"
 KEEP_ENV = "SLURMJOB_TESTBED_KEEP"
+PYXIS_ARCHIVE = "pyxis-0.24.0.tar.gz"
 
 NODES: dict[str, dict[str, Any]] = {
     "n1": {"features": ["fast", "h100"], "gpus": 2, "gpu_type": "h100"},
@@ -312,6 +314,7 @@ def _ensure_chroot_mounts(root: Path) -> None:
             if required:
                 raise TestbedError(f"mount {' '.join(args)} {target} failed: {proc.stderr}")
             _log(f"optional mount {target} failed (ignored): {proc.stderr.strip()}")
+    (root / ".pivot-old").mkdir(mode=0o700, exist_ok=True)  # slurmd's pivot_root (PIVOT_INTO)
     for name in ("hosts", "resolv.conf"):
         src = Path("/etc") / name
         dst = root / "etc" / name
@@ -332,18 +335,17 @@ def _ensure_common_dirs() -> tuple[int, int]:
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chown(d, pw.pw_uid, pw.pw_gid)
         d.chmod(0o755)
-    for rec in ("pyxis.jsonl", "apptainer.jsonl", "ray.jsonl"):
-        f = RECORD_DIR / rec
-        f.touch(exist_ok=True)
-        os.chown(f, pw.pw_uid, pw.pw_gid)
-        f.chmod(0o664)
-    for src in sorted((HERE / "standins").iterdir()):
-        dst = BIN_DIR / src.name
-        if not dst.exists() or dst.read_bytes() != src.read_bytes():
-            tmp = dst.with_suffix(".tmp")
-            shutil.copyfile(src, tmp)
-            tmp.chmod(0o755)
-            tmp.replace(dst)
+    # The recording plugin's file: root's, written as root (no job can add a line).
+    steps = RECORD_DIR / "steps.jsonl"
+    steps.touch(exist_ok=True)
+    os.chown(steps, 0, 0)
+    steps.chmod(0o644)
+    # The host-side stand-ins of earlier releases of the test bed (apptainer, ray, torchrun,
+    # the probe): gone, so that the real runtimes on PATH are the ones that run.
+    for name in ("apptainer", "ray", "torchrun", "collective-probe"):
+        (BIN_DIR / name).unlink(missing_ok=True)
+    for old in ("pyxis.jsonl", "apptainer.jsonl", "ray.jsonl"):
+        (RECORD_DIR / old).unlink(missing_ok=True)
     return pw.pw_uid, pw.pw_gid
 
 
@@ -354,32 +356,69 @@ def _slurm_version(spec: ClusterSpec) -> str:
     return _sh(argv).stdout.strip()
 
 
-def _spank_plugin(spec: ClusterSpec) -> Path:
-    """Compile (or take from the cache) the pyxis test double for this Slurm version."""
-    src = HERE / "spank_pyxis_stub.c"
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+def _compile_in_root(spec: ClusterSpec, src_dir: Path, argv: list[str], product: str) -> Path:
+    """Run a build command in a copy of ``src_dir`` inside the cluster's root (the host, or
+    the chroot its slurmd runs in, against that root's own Slurm headers); return the path of
+    ``product`` on the host."""
+    if spec.chroot is None:
+        _sh(["bash", "-c", 'cd "$1" && shift && exec "$@"', "build", str(src_dir), *argv])
+        return src_dir / product
+    work = spec.chroot / "tmp" / f"slurmjob-build-{os.getpid()}-{src_dir.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(src_dir, work)
+    inner = Path("/tmp") / work.name
+    _sh(["chroot", str(spec.chroot), "bash", "-c", 'cd "$1" && shift && exec "$@"', "build",
+         str(inner), *argv])  # fmt: skip
+    return work / product
+
+
+def _cached_build(spec: ClusterSpec, name: str, key: str, build: Any) -> Path:
+    """The plugin ``name`` for this cluster's Slurm version, built once per ``key``."""
     version = _slurm_version(spec)
-    cached = CACHE_DIR / "spank" / f"pyxis_stub-{version}-{digest}.so"
+    cached = CACHE_DIR / "spank" / f"{name}-{version}-{key}.so"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
-        _log(f"compiling SPANK plugin for Slurm {version}")
-        flags = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror"]
-        if spec.chroot is None:
-            _sh([*flags, "-o", str(cached) + ".tmp", str(src)])
-            Path(str(cached) + ".tmp").replace(cached)
-        else:
-            work = spec.chroot / "tmp" / f"slurmjob-spank-{digest}"
-            work.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, work / "p.c")
-            inner = Path("/tmp") / work.name
-            _sh(["chroot", str(spec.chroot), *flags, "-o", str(inner / "p.so"), str(inner / "p.c")])
-            shutil.move(work / "p.so", str(cached))
-            shutil.rmtree(work, ignore_errors=True)
-    dst = spec.base / "lib" / "pyxis_stub.so"
+        _log(f"building SPANK plugin {name} for Slurm {version}")
+        with tempfile.TemporaryDirectory() as tmp:
+            built = build(Path(tmp))
+            shutil.copyfile(built, str(cached) + ".tmp")
+            if spec.chroot is not None:  # the copy it was built in, in the chroot's /tmp
+                shutil.rmtree(built.parent, ignore_errors=True)
+        Path(str(cached) + ".tmp").replace(cached)
+    dst = spec.base / "lib" / f"{name}.so"
     if not dst.exists() or dst.read_bytes() != cached.read_bytes():
         shutil.copyfile(cached, dst)
         dst.chmod(0o755)
     return dst
+
+
+def _recorder_plugin(spec: ClusterSpec) -> Path:
+    """The recording SPANK plugin (the oracle of what reaches a step's host side)."""
+    src = HERE / "spank_record.c"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+
+    def build(tmp: Path) -> Path:
+        shutil.copyfile(src, tmp / "record.c")
+        flags = ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror"]
+        return _compile_in_root(spec, tmp, [*flags, "-o", "record.so", "record.c"], "record.so")
+
+    return _cached_build(spec, "slurmjob_record", digest, build)
+
+
+def _pyxis_plugin(spec: ClusterSpec) -> Path:
+    """Pyxis, built from its pinned upstream archive (verified and kept in the cache by
+    tests/testbed/runtimes.sh) against this cluster's own spank.h."""
+    archive = CACHE_DIR / "vendor" / PYXIS_ARCHIVE
+    if not archive.is_file():
+        raise TestbedError(f"{archive} is missing: run `bash tests/testbed/runtimes.sh` first")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+
+    def build(tmp: Path) -> Path:
+        _sh(["tar", "-xzf", str(archive), "-C", str(tmp)])
+        src = tmp / PYXIS_ARCHIVE.removesuffix(".tar.gz")
+        return _compile_in_root(spec, src, ["make", "-s"], "spank_pyxis.so")
+
+    return _cached_build(spec, "spank_pyxis", digest, build)
 
 
 def _user_ids(spec: ClusterSpec, user: str) -> tuple[int, int]:
@@ -510,9 +549,17 @@ def _write_config(spec: ClusterSpec) -> bool:
         changed |= _write_if_changed(cgroup_conf, "CgroupPlugin=disabled\n")
     else:
         cgroup_conf.unlink(missing_ok=True)
-    plugin = _spank_plugin(spec)
+    # The recorder first: it sees the step before Pyxis enters the container. Pyxis starts
+    # squashfs images directly (use_squashfuse=1: about a second per step, against 1-11 s for
+    # `enroot create`; docs/benchmarks.md), with its runtime files under the cluster's own
+    # directory (both clusters' nodes are this one machine).
+    recorder = _recorder_plugin(spec)
+    pyxis = _pyxis_plugin(spec)
+    (b / "run" / "pyxis").mkdir(parents=True, exist_ok=True)
     changed |= _write_if_changed(
-        b / "etc" / "plugstack.conf", f"required {plugin} record_dir={RECORD_DIR}\n"
+        b / "etc" / "plugstack.conf",
+        f"required {recorder} record_dir={RECORD_DIR}\n"
+        f"required {pyxis} runtime_path={b}/run/pyxis use_squashfuse=1\n",
     )
     if spec.accounting_ports is not None:
         changed |= _write_dbd_config(spec, spec.accounting_ports)
@@ -569,8 +616,23 @@ def _write_dbd_config(spec: ClusterSpec, ports: tuple[int, int]) -> bool:
     return _write_if_changed(b / "etc" / "slurmdbd.conf", "\n".join(lines) + "\n", mode=0o600)
 
 
-def _daemon_argv(spec: ClusterSpec, argv: Sequence[str], user: str | None = None) -> list[str]:
+#: How slurmd enters the chroot: in a mount namespace of its own whose root IS the chroot
+#: (pivot_root), not by chroot(2). The kernel refuses a user namespace to a chrooted process
+#: (user_namespaces(7)), and Enroot and Apptainer each make one for every container.
+PIVOT_INTO = (
+    'root=$1; shift; mount --rbind "$root" "$root" && cd "$root" && '
+    'pivot_root . .pivot-old && umount -l /.pivot-old && exec chroot . "$@"'
+)
+
+
+def _daemon_argv(
+    spec: ClusterSpec, argv: Sequence[str], user: str | None = None, *, pivot: bool = False
+) -> list[str]:
     env = ["env", "-i", f"PATH={SYSTEM_PATH}", f"SLURM_CONF={spec.conf}"]
+    if spec.chroot is not None and pivot:
+        assert user is None, "a pivoted daemon runs as root"
+        return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                PIVOT_INTO, "pivot", str(spec.chroot), *env, *argv]  # fmt: skip
     if spec.chroot is not None:
         userspec = [f"--userspec={user}:{user}"] if user else []
         return ["chroot", *userspec, str(spec.chroot), *env, *argv]
@@ -610,7 +672,10 @@ def _start_daemons(spec: ClusterSpec) -> None:
     _start_ctld(spec)
     for node in NODES:
         proc = subprocess.run(
-            _daemon_argv(spec, ["slurmd", "-N", node]), capture_output=True, text=True, check=False
+            _daemon_argv(spec, ["slurmd", "-N", node], pivot=True),
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise TestbedError(

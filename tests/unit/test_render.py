@@ -251,7 +251,9 @@ def test_cpu_job_has_no_ray_and_no_gpu() -> None:
         assert "ray" not in script
         assert "--nv" not in script
         assert "het-group" not in script
-    assert "apptainer exec --nv" in golden_render(RuntimeProfile.APPTAINER, "gpu").launch.script
+    assert "apptainer exec --no-home --contain --nv" in golden_render(
+        RuntimeProfile.APPTAINER, "gpu"
+    ).launch.script
 
 
 def test_files_and_modes() -> None:

@@ -126,9 +126,12 @@ verify_artifact
 # paths under the cluster's storage root; the attempt's directory is mounted read-only at the
 # same path. Pyxis takes the values of --container-env from the step's environment (where
 # step_srun puts spec.env, under the variables' own names) and makes them win over the image's.
+# The user's home directory is not mounted (Pyxis mounts it unless told not to, or unless the
+# site's enroot.conf says ENROOT_MOUNT_HOME no): a job sees only its declared mounts.
 # shellcheck disable=SC2054 # the commas separate Pyxis mounts (env names) inside one word
 container_options=(
   --container-image=/lustre/slurmjob/runtimes/custom-test.sqsh
+  --no-container-mount-home
   --container-mounts=/lustre/slurmjob/datasets/imagenet:/data:ro,/lustre/slurmjob/results/run-1:/results,/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
   --container-env=EPOCHS,GREETING,HF_TOKEN
   --container-workdir=/workspace

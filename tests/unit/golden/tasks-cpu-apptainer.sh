@@ -124,10 +124,12 @@ verify_artifact
 # How a step enters the container (apptainer): after srun's `--`, `apptainer exec` on the SIF.
 # apptainer reads its own options only up to the image: the words after it are the command, so
 # none of them is ever an apptainer option. Bind sources are paths under the cluster's storage
-# root; the attempt's directory is bound read-only at the same path.
+# root; the attempt's directory is bound read-only at the same path. --no-home and --contain:
+# neither the user's home nor the node's /tmp, /var/tmp and /dev are shared with the container
+# (only its declared mounts are), whatever the site's apptainer.conf binds by default.
 container_options=()
 container_launcher=(
-  apptainer exec
+  apptainer exec --no-home --contain
   --bind /lustre/slurmjob/datasets/imagenet:/data:ro
   --bind /lustre/slurmjob/results/run-1:/results
   --bind /lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
