@@ -8,6 +8,8 @@
 #         (tests/testbed/standins/collective-probe, a stand-in: the GPUs are fake) in
 #         /usr/local/bin.
 #   ray   base plus real Ray (RAY_REQ below) in a venv at /opt/ray, `ray` in /usr/local/bin.
+#         ray[default]: plain `ray` refuses the batch script's --ray-client-server-port. Kept
+#         apart because every job hashes and copies its image: 157 MB of squashfs against 40.
 # Both carry /etc/slurmjob-testbed-image, "slurmjob-testbed-image name=NAME key=KEY ...", which
 # the tests read (with /etc/os-release) from inside the container.
 #
