@@ -4,6 +4,7 @@ and Slurm jobs asked straight from slurmrestd through the project's own client."
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 import time
@@ -32,7 +33,32 @@ def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> di
         "timeLimit": "10m",
     }
     spec.update(extra)
+    if runs_ray(spec):
+        spec["framework"] = {**spec["framework"], "runtimeId": runtime_id(profile, ray=True)}
     return spec
+
+
+def step_records(record_dir: Path, cluster: str, **match: Any) -> list[dict[str, Any]]:
+    """What the recording SPANK plugin saw of the steps' tasks on the host side (before any
+    container): its records on ``cluster`` whose fields equal ``match`` (e.g. cwd=, sluid=).
+    Job ids repeat across test bed restarts; a staging directory or a SLUID does not."""
+    path = record_dir / "steps.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("cluster") == cluster and all(record.get(k) == v for k, v in match.items()):
+            found.append(record)
+    return found
+
+
+def runs_ray(spec: dict[str, Any]) -> bool:
+    """Whether the spec's job runs the Ray shape (GPU pools and no other launch shape): it
+    needs the image with Ray."""
+    gpus = any(pool.get("gpusPerNode", 0) for pool in spec.get("pools", []))
+    return gpus and spec.get("launch", {}).get("shape", "ray") == "ray"
 
 
 #: A retry rule for exit code 3, once: what the tests make fail on purpose.

@@ -233,7 +233,7 @@ def op_2205(
 
 def het_spec(command: list[str], second_series: str = "a100") -> dict[str, Any]:
     return {
-        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-sif"},
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-ray-sif"},
         "command": command,
         "pools": het_pools(second_series),
         "timeLimit": "10m",

@@ -13,8 +13,8 @@ goes through the real pipeline to slurmrestd and must fail on the compute node:
   `/:/host` mounted and none inside the other job's allocation; the step fails (no such
   command).
 
-Both runtime profiles run, with the testbed's stand-ins (the Pyxis SPANK test double records
-the options each step got; the apptainer stand-in records its argv).
+Both runtime profiles run, through the real Pyxis and Apptainer; the test bed's recording
+SPANK plugin, beside Pyxis, says what each step's task was given on the host side (its argv).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import cpu_spec, wait_for_job
+from tests.integration.helpers import cpu_spec, step_records, wait_for_job
 from tests.integration.sitefiles import IMAGE, site_env
 from tests.testbed import images
 from tests.testbed.handles import cancel_own
@@ -141,17 +141,14 @@ async def _wait(
     return await wait_for_job(client, ref, final=final, within=within)
 
 
-def _records(bed: Bed, kind: str) -> list[dict[str, Any]]:
-    path = bed.testbed.record_dir / f"{kind}.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("cluster") == bed.testbed.cluster_name:
-            out.append(record)
-    return out
+#: Step ids at and above this are Slurm's own steps (batch, extern, interactive).
+SLURM_OWN_STEPS = 0xFFFFFFF0
+
+
+def _steps(bed: Bed, sluid: str) -> list[dict[str, Any]]:
+    """The recording plugin's records of the job's own steps (not its batch step)."""
+    found = step_records(bed.testbed.record_dir, bed.testbed.cluster_name, sluid=sluid)
+    return [r for r in found if r["step_id"] < SLURM_OWN_STEPS]
 
 
 def _tenant_folder(bed: Bed, expected_sha256: str) -> tuple[Path, Path]:
@@ -248,16 +245,12 @@ async def test_srun_option_injection_stays_the_command(
     # keep earlier runs' lines.
     sluids = {still.sluid, job.sluid}
     assert None not in sluids
-    kind = "apptainer" if bed.settings.slurm_runtime_profile == "apptainer" else "pyxis"
-    records = [r for r in _records(bed, kind) if r.get("sluid") in sluids]
-    assert "/:/host" not in json.dumps([r.get("container_mounts") for r in records])
-    on_victim = [r for r in records if r.get("sluid") == still.sluid]
-    assert len(on_victim) == 1, on_victim  # its own `sleep` step, no other
-    if kind == "apptainer":
-        [attacker] = [r for r in records if r.get("sluid") == job.sluid]
-        assert attacker["cmd"] == command  # the image's command, as given: nothing else
-    else:
-        [attacker] = [r for r in records if r.get("sluid") == job.sluid]
-        assert attacker["container_image"] == str(bed.settings.storage_root) + "/" + (
-            prepared.resolution.runtime.path
-        )
+    # What each step's task was given: the victim's own `sleep`, and the attacker's words,
+    # all of them, as the command after the runtime's own options (never srun's options).
+    [victim_step] = _steps(bed, still.sluid)
+    assert victim_step["argv"][-2:] == ["sleep", "120"]
+    [attacker] = _steps(bed, job.sluid)
+    assert attacker["argv"][-len(command) :] == command
+    if bed.settings.slurm_runtime_profile == "apptainer":
+        image = str(bed.settings.storage_root) + "/" + prepared.resolution.runtime.path
+        assert attacker["argv"][attacker["argv"].index(image) + 1 :] == command

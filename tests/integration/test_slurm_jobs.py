@@ -7,7 +7,6 @@ container runtimes are the testbed's stand-ins (see tests/testbed/).
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 from tests.integration import leaks
-from tests.integration.helpers import cpu_spec, het_pools, wait_for_job
+from tests.integration.helpers import cpu_spec, het_pools, step_records, wait_for_job
 from tests.integration.sitefiles import site_env
 from tests.testbed.handles import cancel_own
 from tests.testbed.slurm import SlurmTestbed
@@ -110,22 +109,11 @@ async def _wait(
     return await wait_for_job(client, ref, final=final, within=within)
 
 
-def _records(bed: Bed, kind: str, prepared: PreparedAttempt) -> list[dict[str, Any]]:
-    """The stand-ins' records of one attempt (job ids repeat across testbed restarts; the
-    attempt's staging directory, the steps' working directory, does not)."""
-    path = bed.testbed.record_dir / f"{kind}.jsonl"
-    if not path.exists():
-        return []
+def _steps(bed: Bed, prepared: PreparedAttempt) -> list[dict[str, Any]]:
+    """The recording plugin's records of one attempt's steps (their working directory is the
+    attempt's staging directory)."""
     staging = str(prepared.rendered.staging_dir)
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("cluster") == bed.testbed.cluster_name and record.get("cwd") == staging:
-            out.append(record)
-    return out
+    return step_records(bed.testbed.record_dir, bed.testbed.cluster_name, cwd=staging)
 
 
 async def test_discovery_picks_the_newest_served_version(bed: Bed, client: SlurmClient) -> None:
@@ -141,7 +129,8 @@ async def test_cpu_job_completes_with_its_output_staged(bed: Bed, client: SlurmC
         [
             "bash",
             "-c",
-            'echo "arg=$1 env=$GREETING secret=$TOKEN"; echo to-stderr >&2',
+            'echo "arg=$1 env=$GREETING secret=$TOKEN"; echo to-stderr >&2; '
+            "cat /etc/slurmjob-testbed-image",
             "x",
             tricky,
         ],
@@ -168,12 +157,16 @@ async def test_cpu_job_completes_with_its_output_staged(bed: Bed, client: SlurmC
     script_lines = prepared.rendered.launch.script.splitlines()
     assert not [line for line in script_lines if line.startswith("#SBATCH")]
     assert job.time_limit_minutes == 7
-    # The runtime stand-in saw the artifact at its cluster path.
-    kind = "apptainer" if bed.settings.slurm_runtime_profile == "apptainer" else "pyxis"
-    records = _records(bed, kind, prepared)
-    assert records, f"no {kind} record for job {receipt.job_id}"
-    image = str(bed.testbed.storage_root / "runtimes")
-    assert image in json.dumps(records)
+    # It ran in the test bed's image, through the runtime: the image's marker, and on the
+    # host side the command's words intact at the end of the task's argv (after apptainer's
+    # options and the image, or alone under Pyxis).
+    assert "slurmjob-testbed-image name=base " in out
+    [step] = _steps(bed, prepared)
+    assert step["argv"][-len(spec["command"]) :] == spec["command"]
+    if bed.settings.slurm_runtime_profile == "apptainer":
+        image = str(bed.testbed.storage_root / "runtimes" / "testbed-base.sif")
+        assert step["argv"][:2] == ["apptainer", "exec"]
+        assert image in step["argv"]
 
 
 async def test_failing_job_reports_its_exit_code(bed: Bed, client: SlurmClient) -> None:
@@ -209,40 +202,67 @@ async def test_find_by_exact_name(bed: Bed, client: SlurmClient) -> None:
 async def test_heterogeneous_gpu_job_runs_on_both_constrained_nodes(
     bed: Bed, client: SlurmClient
 ) -> None:
-    spec = _spec(
-        bed,
-        [
-            "bash",
-            "-c",
-            # Ray workers join in the background; give them a moment to show up on n2.
-            "sleep 3; echo head=$SLURMD_NODENAME master=$MASTER_ADDR world=$WORLD_SIZE",
-        ],
-        pools=het_pools(),
-    )
+    spec = _spec(bed, ["/opt/ray/bin/python3", "-c", RAY_PROGRAM], pools=het_pools())
     prepared = _prepare(bed, client, spec)
     assert len(prepared.rendered.launch.components) == 2
     receipt = await stage_and_submit(client, prepared, bed.settings)
     # Both nodes at once: it queues while another lane's job holds one.
-    jobs = await _wait(client, receipt.job_id, within=180)
+    jobs = await _wait(client, receipt.job_id, within=240)
     assert len(jobs) == 2, jobs
     by_offset = {j.het_job_offset: j for j in jobs}
     assert by_offset[0].nodes == "n1"
     assert by_offset[0].constraints == "h100"
     assert by_offset[1].nodes == "n2"
     assert by_offset[1].constraints == "a100"
-    assert all(j.base_state is BaseState.COMPLETED for j in jobs), jobs
-    out = (prepared.rendered.staging_dir / "stdout.log").read_text()
+    staging = prepared.rendered.staging_dir
+    out = (staging / "stdout.log").read_text()
+    assert all(j.base_state is BaseState.COMPLETED for j in jobs), (
+        jobs,
+        out,
+        (staging / "stderr.log").read_text()[-3000:],
+        (staging / "ray.log").read_text()[-3000:],
+    )
+    # Real Ray: the command joined the job's cluster and ran a task on each node's raylet.
     assert "head=n1 master=n1 world=2" in out
-    ray = _records(bed, "ray", prepared)
-    hosts = {r["nodename"] for r in ray if r.get("command") == "start"}
-    assert {"n1", "n2"} <= hosts, ray
-    # The head's GCS port was picked on n1 at run time (never 6379); the worker joined it.
-    starts = [r for r in ray if r.get("command") == "start"]
-    [head] = [r for r in starts if r["options"].get("--head")]
-    assert head["options"]["--port"] != "6379", head
-    workers = [r for r in starts if not r["options"].get("--head")]
-    assert workers, ray
-    assert all(r["options"]["--address"] == f"n1:{head['options']['--port']}" for r in workers)
+    assert "ray-tasks-ran-on=n1,n2" in out, out
+    # On the host side: the head's GCS port was picked on n1 at run time (never 6379) and the
+    # worker on n2 joined that address.
+    ray_steps = [(r["nodename"], _ray_words(r["argv"])) for r in _steps(bed, prepared)]
+    starts = [(node, words) for node, words in ray_steps if words[:2] == ["ray", "start"]]
+    [(head_node, head)] = [(n, w) for n, w in starts if "--head" in w]
+    assert head_node == "n1"
+    [port] = [w.removeprefix("--port=") for w in head if w.startswith("--port=")]
+    assert port != "6379", head
+    workers = [(n, w) for n, w in starts if "--head" not in w]
+    assert [n for n, _ in workers] == ["n2"], starts
+    assert all(f"--address=n1:{port}" in w for _, w in workers), workers
+
+
+#: The command of the Ray test: waits for both raylets, runs one task on each (pinned to the
+#: node), prints where each ran (the raylet's SLURMD_NODENAME, from the step on that node).
+RAY_PROGRAM = """
+import os, socket, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+ray.init()
+deadline = time.time() + 90
+while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
+    time.sleep(0.5)
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+@ray.remote(num_cpus=0)
+def where():
+    return os.environ.get("SLURMD_NODENAME", "?")
+ran = ray.get([where.options(scheduling_strategy=On(n, soft=False)).remote() for n in nodes])
+print("head=%s master=%s world=%s" % (os.environ["SLURMD_NODENAME"],
+      os.environ["MASTER_ADDR"], os.environ["WORLD_SIZE"]))
+print("ray-tasks-ran-on=" + ",".join(sorted(ran)), flush=True)
+"""
+
+
+def _ray_words(argv: list[str]) -> list[str]:
+    """The Ray command of a step's argv: from its `ray` word (after apptainer's options and
+    image, or the worker's rank wrapper); [] when there is none."""
+    return argv[argv.index("ray") :] if "ray" in argv else []
 
 
 async def test_refused_description_carries_slurms_error_text(bed: Bed, client: SlurmClient) -> None:

@@ -121,8 +121,8 @@ def test_a_tenants_limits_are_enforced_before_submit(tenant_op: tuple[Operator, 
 
 TEAM_A_UID = 2101
 TEAM_B_UID = 2102
-# The Pyxis stand-in runs the command as it is; the apptainer stand-in appends to a record
-# file of the testbed's job user (slurmci), which the tenants' uids may not write.
+# The tenants' jobs run through real Pyxis and Enroot, as each tenant's uid (Enroot's per-user
+# directories for both are made by tests/testbed/runtimes.sh).
 PROFILE = "enroot-pyxis"
 
 

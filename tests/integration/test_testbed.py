@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.helpers import step_records
+from tests.integration.sitefiles import image_on_storage
 from tests.testbed.slurm import SlurmTestbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -129,19 +132,6 @@ def assert_completed(tb: SlurmTestbed, jobs: list[dict[str, Any]], wd: Path, job
     return text
 
 
-def records(tb: SlurmTestbed, kind: str, job_id: int, wd: Path) -> list[dict[str, Any]]:
-    """Records of this job: job ids repeat across runs (fresh state), so match the dir too."""
-    path = tb.record_dir / f"{kind}.jsonl"
-    found = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("cluster") != tb.cluster_name or rec.get("cwd") != str(wd):
-            continue
-        if str(rec.get("job_id", rec.get("slurm_job_id"))) == str(job_id):
-            found.append(rec)
-    return found
-
-
 # ----------------------------------------------------------------------------- tests
 
 
@@ -217,91 +207,67 @@ def test_heterogeneous_gpu_job_spans_both_nodes(slurm: SlurmTestbed) -> None:
     assert "leader=n1 size=2" in text
 
 
-def test_pyxis_spank_double_records_srun_options(slurm: SlurmTestbed) -> None:
-    wd = workdir(slurm, "pyxis")
-    script = (
-        "#!/bin/bash\n"
-        "set -e\n"
-        "srun --container-image=/x.sqsh --container-mounts=/a:/b:ro "
-        "--container-workdir=/w true\n"
-        "srun --container-image=/y.sqsh --container-env=A,B --container-writable "
-        "--no-container-mount-home true\n"
-        "srun true\n"
-        "echo ok\n"
+def _in_image_script(launch: str, wd: Path) -> str:
+    """A batch script whose step runs `launch` + a probe of what the container sees: the
+    image's marker and release, the working directory, the user, a read-only mount."""
+    probe = (
+        "cat /etc/slurmjob-testbed-image; . /etc/os-release; echo codename=$VERSION_CODENAME; "
+        "echo pwd=$(pwd) id=$(id -u):$(id -g); ls /data/marker.txt; "
+        "touch /data/new 2>/dev/null && echo data-writable || echo data-read-only; "
+        f"test -e {wd}/host-only.txt && echo host-file-visible || echo host-file-invisible"
     )
-    job_id = submit(slurm, script, [component(slurm, wd, "tb-pyxis")])
-    jobs = wait_done(slurm, job_id)
-    assert "ok" in assert_completed(slurm, jobs, wd, job_id)
-    recs = sorted(records(slurm, "pyxis", job_id, wd), key=lambda r: r["step_id"])
-    assert len(recs) == 2, recs  # the plain `srun true` is not recorded
-    first, second = recs
-    assert first["container_image"] == "/x.sqsh"
-    assert first["container_mounts"] == "/a:/b:ro"
-    assert first["container_workdir"] == "/w"
-    assert first["container_env"] is None
-    assert first["container_writable"] is False
-    assert first["nodename"] == "n1"
-    assert second["container_image"] == "/y.sqsh"
-    assert second["container_env"] == "A,B"
-    assert second["container_writable"] is True
-    assert second["no_container_mount_home"] is True
+    return f"#!/bin/bash\nset -e\n{launch} sh -c {shlex.quote(probe)}\necho step-rc=$?\n"
 
 
-def test_apptainer_and_ray_standins(slurm: SlurmTestbed) -> None:
-    wd = workdir(slurm, "app")
-    sif = wd / "image.sif"
-    sif.write_bytes(
-        b"#!/usr/bin/env run-singularity\n".ljust(32, b"\n") + b"SIF_MAGIC01" + bytes(64)
-    )
-    (wd / "not.sif").write_bytes(b"x" * 100)
-    script = f"""#!/bin/bash
-set -u
-apptainer exec --nv --bind /a:/b:ro --pwd /tmp {sif} echo hi
-apptainer exec --pwd /tmp {sif} pwd
-srun apptainer exec --cleanenv {sif} sh -c 'echo task=$SLURM_PROCID'
-apptainer exec --bogus {sif} true; echo "bogus rc=$?"
-apptainer exec {wd}/not.sif true; echo "notsif rc=$?"
-ray start --head --port=6379 --num-gpus=2 --block &
-pid=$!
-sleep 0.5
-ray health-check --address=$SLURMD_NODENAME:6379; echo "health rc=$?"
-ray start --address=$SLURMD_NODENAME:6379 --num-gpus=2; echo "worker rc=$?"
-ray stop; echo "stop rc=$?"
-ray start --nope; echo "badray rc=$?"
-kill $pid; wait $pid; echo "head rc=$?"
-"""
-    job_id = submit(slurm, script, [component(slurm, wd, "tb-app")])
-    jobs = wait_done(slurm, job_id)
-    text = assert_completed(slurm, jobs, wd, job_id)
+def _check_in_image(tb: SlurmTestbed, wd: Path, job_id: int) -> str:
+    jobs = wait_done(tb, job_id, timeout=90)
+    text = assert_completed(tb, jobs, wd, job_id)
     lines = text.splitlines()
-    assert "hi" in lines
-    assert "/tmp" in lines
-    assert "task=0" in lines
-    for expected in (
-        "bogus rc=2",
-        "notsif rc=255",
-        "health rc=0",
-        "worker rc=0",
-        "stop rc=0",
-        "badray rc=2",
-        "head rc=0",
-    ):
-        assert expected in lines, text
-    app = records(slurm, "apptainer", job_id, wd)
-    assert len(app) == 3, app
-    assert app[0]["argv"] == [
-        "apptainer", "exec", "--nv", "--bind", "/a:/b:ro", "--pwd", "/tmp", str(sif), "echo", "hi",
-    ]  # fmt: skip
-    assert app[0]["nv"] is True
-    assert app[0]["binds"] == [{"src": "/a", "dst": "/b", "mode": "ro"}]
-    assert app[0]["nodename"] == "n1"
-    assert app[2]["slurm_procid"] == "0"
-    ray = records(slurm, "ray", job_id, wd)
-    assert [r["command"] for r in ray] == ["start", "health-check", "start", "stop"], ray
-    assert ray[0]["options"] == {
-        "--head": True,
-        "--port": "6379",
-        "--num-gpus": "2",
-        "--block": True,
-    }
-    assert ray[2]["options"]["--address"] == "n1:6379"
+    assert any(line.startswith("slurmjob-testbed-image name=base ") for line in lines), text
+    assert "codename=trixie" in lines, text  # neither the host's bookworm nor the chroot's forky
+    assert f"pwd=/data id={tb.uid}:{tb.gid}" in lines, text
+    assert "/data/marker.txt" in lines, text
+    assert "data-read-only" in lines, text
+    assert "host-file-invisible" in lines, text
+    assert "step-rc=0" in lines, text
+    return text
+
+
+def _data_dir(tb: SlurmTestbed, wd: Path) -> Path:
+    data = wd / "data"
+    data.mkdir()
+    (data / "marker.txt").write_text("data\n")
+    os.chown(data, tb.uid, tb.gid)
+    # On the node's own filesystem (the host, or the chroot slurmd runs in), not mounted.
+    (wd / "host-only.txt").write_text("host\n")
+    return data
+
+
+def test_pyxis_runs_the_step_in_the_image(slurm: SlurmTestbed) -> None:
+    """Real Pyxis and Enroot: the step runs in the test bed's image, as the job's user, with
+    the read-only mount and the working directory it was given; the recording plugin saw the
+    command's words as the task's argv."""
+    wd = workdir(slurm, "pyxis")
+    data = _data_dir(slurm, wd)
+    image = image_on_storage(slurm, "base", "sqsh")
+    launch = (
+        f"srun --container-image={image} --no-container-mount-home "
+        f"--container-mounts={data}:/data:ro --container-workdir=/data"
+    )
+    job_id = submit(slurm, _in_image_script(launch, wd), [component(slurm, wd, "tb-pyxis")])
+    _check_in_image(slurm, wd, job_id)
+    [step] = step_records(slurm.record_dir, slurm.cluster_name, cwd=str(wd), step_id=0)
+    assert step["argv"][:2] == ["sh", "-c"]
+    assert step["uid"] == slurm.uid
+
+
+def test_apptainer_runs_the_step_in_the_image(slurm: SlurmTestbed) -> None:
+    """Real Apptainer (non-setuid, unprivileged): the same, with --no-home and --contain."""
+    wd = workdir(slurm, "app")
+    data = _data_dir(slurm, wd)
+    image = image_on_storage(slurm, "base", "sif")
+    launch = f"srun apptainer exec --no-home --contain --bind {data}:/data:ro --pwd /data {image}"
+    job_id = submit(slurm, _in_image_script(launch, wd), [component(slurm, wd, "tb-app")])
+    _check_in_image(slurm, wd, job_id)
+    [step] = step_records(slurm.record_dir, slurm.cluster_name, cwd=str(wd), step_id=0)
+    assert step["argv"][:3] == ["apptainer", "exec", "--no-home"]

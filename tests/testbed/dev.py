@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.integration.sitefiles import site_env
+from tests.integration.sitefiles import runtime_id, site_env
 from tests.k8s.kube import KubeTestbed, start_testbed, stop_testbed, testbed_status
 from tests.k8s.kube import TestbedError as KubeTestbedError
 from tests.testbed.slurm import (
@@ -143,7 +143,8 @@ def write_site(testbed: SlurmTestbed, profile: str) -> dict[str, str]:
     registry_file = Path(env["SLURMJOB_RUNTIME_REGISTRY_FILE"])
     runtimes: list[dict[str, Any]] = json.loads(registry_file.read_text())["runtimes"]
     fmt = "sif" if profile == "apptainer" else "sqsh"
-    artifact = next(r for r in runtimes if r["format"] == fmt)
+    # The examples' GPU jobs run the Ray shape: their runtime ids map to the image with Ray.
+    artifact = next(r for r in runtimes if r["id"] == runtime_id(profile, ray=True))
     runtimes += [{**artifact, "id": rid} for rid in EXAMPLE_RUNTIMES]
     for runtime in runtimes:
         if runtime["id"] == "custom-trainer":
@@ -151,7 +152,7 @@ def write_site(testbed: SlurmTestbed, profile: str) -> dict[str, str]:
     _write(
         registry_file,
         "# Written by `make dev-up`: the test artifacts on the dev cluster's storage root; the\n"
-        f"# examples' runtime ids map to the {fmt} artifact ({profile} profile).\n"
+        f"# examples' runtime ids map to the {fmt} image with Ray ({profile} profile).\n"
         + yaml.safe_dump({"runtimes": runtimes}, sort_keys=False),
     )
     series_file = Path(env["SLURMJOB_GPU_SERIES_FILE"])

@@ -40,6 +40,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 MIRROR="${SLURMJOB_TESTBED_MIRROR:-http://deb.debian.org/debian}"
 APPTAINER="${SLURMJOB_TESTBED_APPTAINER:-/opt/slurmjob-apptainer/bin/apptainer}"
 PROBE="$HERE/standins/collective-probe"
+# torchrun stays a stand-in (docs/development.md): PyPI's torch for Linux pulls 2.3 GB of
+# CUDA wheels and does not import without them, and the CPU-only index is out of reach here.
+TORCHRUN="$HERE/standins/torchrun"
 
 # The recipe. Bump TREE_RECIPE when a command that makes the trees (debootstrap, pip, pruning)
 # changes, IMAGE_RECIPE when one that makes the images from them (marker, squashfs, SIF) does;
@@ -227,7 +230,7 @@ build_raylayer() { # $1 = entry directory
 cached "$RAYLAYER" build_raylayer
 
 # ---------------------------------------------------------------- images
-PROBE_SHA=$(sha256sum <"$PROBE" | cut -d' ' -f1)
+PROBE_SHA=$(cat "$PROBE" "$TORCHRUN" | sha256sum | cut -d' ' -f1)
 # Which tree each image starts from, and what else decides its content.
 declare -A IMAGE_TREE=([base]="$ROOTFS/root" [ray]="$RAYLAYER/root")
 declare -A IMAGE_INPUTS=([base]="rootfs=$ROOTFS_KEY" [ray]="raylayer=$RAY_KEY ray=$RAY_REQ")
@@ -239,6 +242,7 @@ build_image() { # $1 = image name, $2 = image key, $3 = entry directory
     or set SLURMJOB_TESTBED_APPTAINER): the SIF images need its 'sif' command"
     cp -a "${IMAGE_TREE[$name]}" "$root"
     install -m 0755 "$PROBE" "$root/usr/local/bin/collective-probe"
+    install -m 0755 "$TORCHRUN" "$root/usr/local/bin/torchrun"
     printf 'slurmjob-testbed-image name=%s key=%s suite=%s%s\n' "$name" "$key" "$SUITE" \
         "$([[ $name == ray ]] && printf ' ray=%s' "$RAY_VERSION")" \
         >"$root/etc/slurmjob-testbed-image"
@@ -268,6 +272,7 @@ verify_image() { # $1 = name, $2 = entry directory
     local name=$1 out=$2 listing want
     listing=$(unsquashfs -l "$out/image.sqsh") || die "unsquashfs cannot list $out/image.sqsh"
     for want in etc/os-release etc/slurmjob-testbed-image usr/local/bin/collective-probe \
+        usr/local/bin/torchrun \
         usr/bin/python3 usr/bin/bash usr/bin/ps usr/bin/kill; do
         grep -qx "squashfs-root/$want" <<<"$listing" || die "$name: /$want is not in the squashfs"
     done

@@ -4,7 +4,8 @@
 #   * users: slurmrest (runs slurmrestd) and slurmci (job owner, fixed uid/gid);
 #   * a debootstrap chroot with Slurm 26.05 from Debian testing, cached under
 #     /var/cache/slurmjob-testbed/<suite>-chroot and built only once;
-#   * the container runtimes (Enroot, Apptainer) in both roots: runtimes.sh.
+#   * the container runtimes (Enroot, Apptainer) in both roots: runtimes.sh;
+#   * the images the jobs run in: images.sh.
 # Daemons are started by tests/testbed/slurm.py, not here.
 set -euo pipefail
 
@@ -91,6 +92,13 @@ ensure_users() { # $1 = root dir ("" for the host)
     done
 }
 ensure_users ""
+# The test clusters' node names, n1 and n2 (both 127.0.0.1: one machine), must resolve on the
+# host, in the chroot (slurm.py copies /etc/hosts there) and in the containers (Enroot and
+# Apptainer bind /etc/hosts): a Ray worker or a torchrun rendezvous connects to the first
+# node by its name. A line of its own, added once and left (it names nothing else).
+if ! grep -q ' # slurmjob-testbed nodes$' /etc/hosts; then
+    printf '127.0.0.1 n1 n2 # slurmjob-testbed nodes\n' >>/etc/hosts
+fi
 install -d -m 0755 "$TESTBED_ROOT"
 install -d -m 0755 -o "$CI_UID" -g "$CI_GID" "$TESTBED_ROOT/storage" "$TESTBED_ROOT/records"
 install -d -m 0755 "$TESTBED_ROOT/bin" "$CACHE"
@@ -192,4 +200,9 @@ install -d -m 0755 "$CHROOT$TESTBED_ROOT"
 # Enroot and Apptainer from their pinned upstream sources, on the host and in the chroot
 # (cached by source hash; Pyxis is built per cluster by slurm.py).
 bash "$(dirname "$0")/runtimes.sh" "$CHROOT"
+# The images the jobs run in (cached by content); images/current names them for the tests
+# (tests/testbed/images.py).
+install -d -m 0755 "$CACHE/images"
+bash "$(dirname "$0")/images.sh" >"$CACHE/images/current.tmp"
+mv "$CACHE/images/current.tmp" "$CACHE/images/current"
 log "done"

@@ -7,8 +7,9 @@
   ``MinJobAge`` short enough that slurmctld purges an ended job within a test (it purges
   every 60 s, jobs older than ``MinJobAge``).
 
-Both have two slurmd nodes (n1: 2 fake h100, n2: 2 fake a100), JWT auth, a pyxis-like SPANK
-test double and stand-ins for apptainer and ray in ``/srv/slurmjob-testbed/bin``.
+Both have two slurmd nodes (n1: 2 fake h100, n2: 2 fake a100), JWT auth, real Pyxis (built
+here against each cluster's spank.h) beside a recording SPANK plugin (steps.jsonl), and real
+Enroot and Apptainer (tests/testbed/runtimes.sh); jobs run in the images of images.sh.
 Everything lives under ``/srv/slurmjob-testbed`` (bind-mounted at the same path into the
 chroot), compiled plugins are cached under ``/var/cache/slurmjob-testbed``.
 
@@ -30,6 +31,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -300,6 +302,10 @@ def _ensure_chroot_mounts(root: Path) -> None:
     mounts: list[tuple[Path, list[str], bool]] = [
         (root / "proc", ["-t", "proc", "proc"], True),
         (root / "dev", ["--bind", "/dev"], True),
+        # What the containers need below /dev: a devpts (Apptainer's --contain makes a new
+        # instance, and refuses to without one there) and /dev/shm (Ray's object store).
+        (root / "dev" / "pts", ["--bind", "/dev/pts"], True),
+        (root / "dev" / "shm", ["--bind", "/dev/shm"], True),
         (root / "sys", ["-t", "sysfs", "sysfs"], False),
         (root / str(TESTBED_ROOT).lstrip("/"), ["--bind", str(TESTBED_ROOT)], True),
     ]
@@ -929,12 +935,47 @@ def start_cluster(name: str, reuse: bool | None = None) -> SlurmTestbed:
 
 
 def stop_cluster(name: str) -> None:
-    """Stop every daemon of cluster ``name`` recorded in its pid files (mounts are kept)."""
+    """Stop every daemon of cluster ``name`` recorded in its pid files (mounts are kept), and
+    whatever its nodes still ran: a job's slurmstepd outlives its slurmd, and with it the
+    job's containers (a Ray head keeps a dozen processes)."""
     spec = SPECS[name]
     for comm, pid_file in _daemons(spec):
         procs.stop_pid(comm, pid_file, log=_log, timeout=10)
     procs.reap_child(_REST_CHILDREN.pop(name, None))
     procs.reap_child(_DB_CHILDREN.pop(name, None))
+    _end_strays(spec)
+
+
+def _end_strays(spec: ClusterSpec) -> None:
+    """SIGKILL this cluster's slurmstepds (their environment names its slurm.conf, as its
+    slurmd's did) and every process below them."""
+    mark = f"SLURM_CONF={spec.conf}".encode()
+    parents: dict[int, int] = {}
+    roots: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_text = (entry / "stat").read_text()
+            ppid = int(stat_text.rsplit(")", 1)[1].split()[1])
+            parents[int(entry.name)] = ppid
+            if (entry / "comm").read_text().strip() == "slurmstepd" and mark in (
+                entry / "environ"
+            ).read_bytes().split(b"\0"):
+                roots.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    doomed = set(roots)
+    grew = True
+    while grew:
+        below = {pid for pid, ppid in parents.items() if ppid in doomed} - doomed
+        doomed |= below
+        grew = bool(below)
+    if doomed:
+        _log(f"ending {len(doomed)} processes {spec.name}'s nodes left behind")
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_control(name: str) -> None:

@@ -106,7 +106,12 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		argc = 0;
 	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS)
 		env = NULL;
-	getenv_or_empty(sp, "SLURMD_NODENAME", node, sizeof(node));
+	/* The node slurmstepd serves: its own environment's (slurmd's), not the job's, where
+	 * srun passes on the batch step's node name to steps on other nodes. */
+	if (getenv("SLURMD_NODENAME"))
+		snprintf(node, sizeof(node), "%s", getenv("SLURMD_NODENAME"));
+	else
+		getenv_or_empty(sp, "SLURMD_NODENAME", node, sizeof(node));
 	getenv_or_empty(sp, "SLURM_CLUSTER_NAME", cluster, sizeof(cluster));
 	getenv_or_empty(sp, "PWD", pwd, sizeof(pwd));
 	getenv_or_empty(sp, "SLURM_JOB_SLUID", sluid, sizeof(sluid));

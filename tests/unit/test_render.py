@@ -251,9 +251,10 @@ def test_cpu_job_has_no_ray_and_no_gpu() -> None:
         assert "ray" not in script
         assert "--nv" not in script
         assert "het-group" not in script
-    assert "apptainer exec --no-home --contain --nv" in golden_render(
-        RuntimeProfile.APPTAINER, "gpu"
-    ).launch.script
+    assert (
+        "apptainer exec --no-home --contain --nv"
+        in golden_render(RuntimeProfile.APPTAINER, "gpu").launch.script
+    )
 
 
 def test_files_and_modes() -> None:
@@ -418,6 +419,9 @@ def test_shquote() -> None:
     assert shquote("=") == "'='"
     assert shquote("LR=0.1") == "'LR=0.1'"
     assert shquote("--lr=0.1") == "--lr=0.1"
+    # bash's reserved words too (shellcheck's SC1010 reads a bare `then` as syntax).
+    assert shquote("then") == "'then'"
+    assert shquote("done") == "'done'"
     with pytest.raises(RenderError):
         shquote("nul\0")
     with pytest.raises(RenderError):

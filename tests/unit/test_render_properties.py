@@ -168,6 +168,7 @@ def _check(job: dict[str, Any], shape: str) -> None:
             launcher: list[str] = []
             container = [
                 f"--container-image={image}",
+                "--no-container-mount-home",
                 f"--container-mounts={','.join(mounts)}",
                 f"--container-env={names}",
                 f"--container-workdir={job['working_dir']}",
@@ -175,7 +176,8 @@ def _check(job: dict[str, Any], shape: str) -> None:
         else:
             binds = [w for m in mounts for w in ("--bind", m)]
             gpu = ["--nv"] if shape != "cpu" else []
-            launcher = ["apptainer", "exec", *gpu, *binds, "--pwd", job["working_dir"], image]
+            launcher = ["apptainer", "exec", "--no-home", "--contain", *gpu, *binds, "--pwd",
+                        job["working_dir"], image]  # fmt: skip
             container = []
         head = ["--het-group=0"] if shape != "cpu" else []
         place = ["--nodelist=n1"] if shape != "cpu" else []
@@ -251,11 +253,12 @@ def _run_command(command: list[str], profile: RuntimeProfile) -> None:
         staging = str(rendered.cluster_staging_dir)
         if profile is RuntimeProfile.APPTAINER:
             bind = f"{staging}:{staging}:ro"
-            launcher = ["apptainer", "exec", "--bind", bind, "--pwd", "/workspace", image]
+            launcher = ["apptainer", "exec", "--no-home", "--contain", "--bind", bind, "--pwd",
+                        "/workspace", image]  # fmt: skip
             options = _layout(step, launcher, command)
             assert options == ["--overlap", "--nodes=1", "--ntasks=1"]
         else:
             options = _layout(step, [], command)
             assert options[:3] == ["--overlap", "--nodes=1", "--ntasks=1"]
-            assert all(o.startswith("--container-") for o in options[3:])
+            assert all(o.startswith(("--container-", "--no-container-")) for o in options[3:])
         assert not list(Path(tmp).rglob("pwned"))

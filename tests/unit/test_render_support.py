@@ -88,11 +88,38 @@ def stand_in_dir(settings: Settings) -> Path:
     return first
 
 
+def apptainer_reads(handed: str) -> str:
+    """What a program in an Apptainer container sees for a value handed to Apptainer as
+    ``handed`` (APPTAINERENV_<NAME>), for the values core.containerenv produces: the model of
+    what the test bed's real Apptainer 1.5.3 did (tests/integration/test_containers.py runs
+    values through it): a double-quoted shell string's escapes of backslash, dollar and
+    backquote, and one carriage return dropped before each line feed. An unescaped $ or
+    backquote would be expanded: the model refuses it."""
+    handed = handed.replace("\r\n", "\n")
+    out: list[str] = []
+    i = 0
+    while i < len(handed):
+        c = handed[i]
+        if c == "\\" and i + 1 < len(handed) and handed[i + 1] in "\\$`":
+            out.append(handed[i + 1])
+            i += 2
+            continue
+        assert c not in "$`", f"unescaped {c!r} would be expanded in {handed!r}"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def user_env(step: Step, profile: RuntimeProfile) -> dict[str, str]:
-    """The variables a step hands to the container: for apptainer, APPTAINERENV_<NAME>."""
+    """The variables a step hands to the container, as the program inside sees them: for
+    apptainer, APPTAINERENV_<NAME> as Apptainer reads it."""
     if profile is RuntimeProfile.APPTAINER:
         prefix = "APPTAINERENV_"
-        return {k[len(prefix) :]: v for k, v in step.env.items() if k.startswith(prefix)}
+        return {
+            k[len(prefix) :]: apptainer_reads(v)
+            for k, v in step.env.items()
+            if k.startswith(prefix)
+        }
     return step.env
 
 

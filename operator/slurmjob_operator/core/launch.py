@@ -74,6 +74,17 @@ class StagedFile:
 RAY_PICKED_PORTS = ("ray_port", "ray_client_port", "ray_dashboard_port", "ray_agent_port")
 
 
+#: Ray refuses an object store under 75 MiB.
+RAY_OBJECT_STORE_MIN_BYTES = 75 * 2**20
+
+
+def ray_object_store_bytes(memory_gb: int) -> int:
+    """The object store of a Ray node: 30% of the memory Slurm gave the job on that node
+    (Ray's own default takes 30% of the whole machine's, however little the job asked for;
+    on a shared node that is other jobs' memory), and never under Ray's minimum."""
+    return max(RAY_OBJECT_STORE_MIN_BYTES, memory_gb * 2**30 * 3 // 10)
+
+
 def picked_ports(*, ray: bool, master_port: int | None) -> tuple[str, ...]:
     """The variables of the ports the batch script picks free on the first node at run time.
 

@@ -26,9 +26,16 @@ import jinja2
 from slurmjob_operator.api.scriptwords import command_problem, path_problem, reserved_env_name
 from slurmjob_operator.api.spec import LaunchShape, SlurmJobSpec
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core import naming
+from slurmjob_operator.config.slurm import RuntimeProfile
+from slurmjob_operator.core import containerenv, naming
 from slurmjob_operator.core.indices import slurm_array
-from slurmjob_operator.core.launch import JobComponent, LaunchRequest, StagedFile, picked_ports
+from slurmjob_operator.core.launch import (
+    JobComponent,
+    LaunchRequest,
+    StagedFile,
+    picked_ports,
+    ray_object_store_bytes,
+)
 from slurmjob_operator.core.naming import (
     ARRAY_STDERR_PATTERN,
     ARRAY_STDOUT_PATTERN,
@@ -124,12 +131,15 @@ def _mount_spec(source: PurePosixPath, target: str, read_only: bool) -> str:
     return f"{source}:{target}" + (":ro" if read_only else "")
 
 
-def _env_records(values: Sequence[tuple[str, str]]) -> bytes:
-    """NAME=value records, each ending in NUL: data for the script's `mapfile -d ''`."""
+def _env_records(values: Sequence[tuple[str, str]], profile: RuntimeProfile) -> bytes:
+    """NAME=value records, each ending in NUL: data for the script's `mapfile -d ''`. Each
+    value is written as the runtime must be handed it to show the program the value itself
+    (core.containerenv)."""
     for name, value in values:
         if "\0" in value:
             raise RenderError(f"env {name}: values cannot contain NUL bytes")
-    return _utf8("".join(f"{name}={value}\0" for name, value in values), "environment values")
+    records = "".join(f"{name}={containerenv.carried(profile, value)}\0" for name, value in values)
+    return _utf8(records, "environment values")
 
 
 def _check_words(spec: SlurmJobSpec) -> None:
@@ -249,6 +259,7 @@ def _template_values(
             "gpus": p.gpus_per_node,
             # Global node rank of the step's first node (the head is rank 0).
             "rank_offset": offsets[i] if i > 0 else 1,
+            "object_store_bytes": ray_object_store_bytes(p.memory_gb),
         }
         for i, p in enumerate(pools)
     ]
@@ -277,6 +288,7 @@ def _template_values(
         "ray_pools": ray_pools,
         "node_pools": node_pools,
         "torchrun": shape is LaunchShape.TORCHRUN,
+        "ray": shape is LaunchShape.RAY,
         "task_count": sum(p.nodes * p.tasks for p in pools) if tasks else 0,
         "master_port": spec.master_port,
         "picked_ports": picked_ports(ray=shape is LaunchShape.RAY, master_port=spec.master_port),
@@ -343,13 +355,14 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
     segment = _segment(spec, ctx)
     script = render_script(spec, ctx, segment)
     plain = list(spec.plain_env.items()) + segment[0]
+    profile = ctx.settings.slurm_runtime_profile
     files = {
         SCRIPT_FILE: StagedFile(_utf8(script, "the script's values"), SCRIPT_MODE),
-        ENV_FILE: StagedFile(_env_records(plain), ENV_MODE),
+        ENV_FILE: StagedFile(_env_records(plain, profile), ENV_MODE),
     }
     if spec.secret_env:
         secret_pairs = [(e.name, ctx.secret_values[e.name]) for e in spec.secret_env]
-        files[SECRETS_FILE] = StagedFile(_env_records(secret_pairs), SECRETS_MODE)
+        files[SECRETS_FILE] = StagedFile(_env_records(secret_pairs, profile), SECRETS_MODE)
 
     launch = LaunchRequest(
         job_name=naming.job_name(ctx.namespace, ctx.name, ctx.uid, ctx.attempt),

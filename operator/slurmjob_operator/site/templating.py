@@ -36,6 +36,13 @@ class Quoted(str):
 _ASSIGNMENT_LIKE = re.compile(r"=|[A-Za-z_][A-Za-z0-9_]*=")
 
 
+#: bash's reserved words (`help reserved`), which shellcheck reads as syntax even in an array.
+_RESERVED_WORDS = frozenset(
+    "if then else elif fi case esac for select while until do done in function time "
+    "coproc { } ! [[ ]]".split()
+)
+
+
 def shquote(value: object) -> Quoted:
     """Quote one value as one shell word (POSIX single quotes where needed)."""
     if isinstance(value, jinja2.Undefined):
@@ -45,9 +52,10 @@ def shquote(value: object) -> Quoted:
     text = str(value)
     if "\0" in text:
         raise RenderError("values cannot contain NUL bytes")
-    if _ASSIGNMENT_LIKE.match(text) and "'" not in text:
-        # shlex leaves `=` bare; inside a bash array a bare `name=value` or `=` word is read
-        # as a literal but flagged (SC2191) as a mistaken index assignment: quote it anyway.
+    if (_ASSIGNMENT_LIKE.match(text) or text in _RESERVED_WORDS) and "'" not in text:
+        # shlex leaves `=` and bash's reserved words bare; inside a bash array a bare
+        # `name=value` or `=` word, or `then`, is read as a literal but flagged (SC2191,
+        # SC1010) as a mistake: quote them anyway, so that every script is shellcheck-clean.
         return Quoted(f"'{text}'")
     return Quoted(shlex.quote(text))
 

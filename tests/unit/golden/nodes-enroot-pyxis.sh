@@ -85,9 +85,15 @@ stop_background() {
   background_pids=()
 }
 
+# Node-local directories the script made (the Ray head's session directory): removed on exit,
+# once the steps that used them have stopped.
+cleanup_dirs=()
 on_exit() {
   remove_secrets
   stop_background
+  if ((${#cleanup_dirs[@]} > 0)); then
+    rm -rf -- "${cleanup_dirs[@]}" || true
+  fi
 }
 trap on_exit EXIT
 # Turn the signals Slurm sends (scancel, time limit) into an exit, so the EXIT trap runs.

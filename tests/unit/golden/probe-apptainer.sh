@@ -85,9 +85,15 @@ stop_background() {
   background_pids=()
 }
 
+# Node-local directories the script made (the Ray head's session directory): removed on exit,
+# once the steps that used them have stopped.
+cleanup_dirs=()
 on_exit() {
   remove_secrets
   stop_background
+  if ((${#cleanup_dirs[@]} > 0)); then
+    rm -rf -- "${cleanup_dirs[@]}" || true
+  fi
 }
 trap on_exit EXIT
 # Turn the signals Slurm sends (scancel, time limit) into an exit, so the EXIT trap runs.
@@ -128,14 +134,21 @@ verify_artifact
 # neither the user's home nor the node's /tmp, /var/tmp and /dev are shared with the container
 # (only its declared mounts are), whatever the site's apptainer.conf binds by default.
 container_options=()
-container_launcher=(
+container_runtime=(
   apptainer exec --no-home --contain --nv
   --bind /lustre/slurmjob/datasets/imagenet:/data:ro
   --bind /lustre/slurmjob/results/run-1:/results
   --bind /lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
   --pwd /workspace
-  /lustre/slurmjob/runtimes/custom-test.sif
 )
+container_launcher=("${container_runtime[@]}" "$artifact")
+# shared_dir_step DIR: the options and launcher of a step that also binds the node-local
+# directory DIR read-write at the same path (the Ray head's session directory, which the
+# command's step on that node must reach: each step is a container of its own).
+shared_dir_step() {
+  shared_options=()
+  shared_launcher=("${container_runtime[@]}" --bind "$1:$1" "$artifact")
+}
 # spec.env travels as APPTAINERENV_<NAME>: apptainer sets NAME inside the container (over the
 # image's own value), and srun and apptainer on the host never see it under its own name.
 user_env_prefix=APPTAINERENV_
@@ -386,7 +399,9 @@ fi
 # Every port Ray opens is this job's: the head's GCS, client server, dashboard and dashboard
 # agent ports were picked free on the first node (rendezvous.sh.j2); the node manager, object
 # manager and workers bind port 0 (the kernel chooses; Ray reports the port it got), and the
-# runtime-env agent, metrics export and agent gRPC ports are Ray's own random picks.
+# runtime-env agent, metrics export and agent gRPC ports are Ray's own random picks. Each
+# node's object store is 30% of the memory Slurm gave the job there (Ray's default would take
+# 30% of the whole machine's).
 # On the other nodes the dashboard agent takes the head's number: drawn at random, not checked
 # there (Ray keeps an agent whose HTTP port is taken, without that service).
 ray_address=$head_node:$ray_port
@@ -406,10 +421,19 @@ export RAY_AUTH_TOKEN=$ray_token
 # Whatever Ray prints about its cluster stays the job user's: ray.log is not world-readable.
 (umask 077 && : >>"$ray_log") || fail 95 "cannot create $ray_log"
 
+# Ray's session directory (--temp-dir): node-local, made here on the first node, where the
+# head and the command run. Both their steps mount it (shared_dir_step): each step is a
+# container of its own, and the command's driver reaches the head's raylet through a socket
+# in it. The other nodes' raylets keep theirs inside their own containers.
+ray_tmp=$(mktemp -d /tmp/slurmjob-ray.XXXXXXXX) || fail 95 "cannot make Ray's session directory in /tmp"
+cleanup_dirs+=("$ray_tmp")
+shared_dir_step "$ray_tmp"
+
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
-  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
+  "${shared_options[@]}" -- "${shared_launcher[@]}" "${rung_env[@]}" \
   ray start --head --port="$ray_port" --ray-client-server-port="$ray_client_port" \
-  --dashboard-port="$ray_dashboard_port" "${ray_node_ports[@]}" \
+  --dashboard-port="$ray_dashboard_port" "${ray_node_ports[@]}" --temp-dir="$ray_tmp" \
+  --object-store-memory=164926744166 \
   --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
 head_pid=$!
@@ -438,7 +462,8 @@ node_rank_wrapper='NODE_RANK=$(($1 + ${SLURM_NODEID:-0})); export NODE_RANK; shi
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 \
   --exclude="$head_node" "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" \
   sh -c "$node_rank_wrapper" sh 1 \
-  ray start --address="$ray_address" "${ray_node_ports[@]}" --num-gpus=8 --block \
+  ray start --address="$ray_address" "${ray_node_ports[@]}" \
+  --object-store-memory=164926744166 --num-gpus=8 --block \
   >>"$ray_log" 2>&1 &
 background_pids+=("$!")
 
@@ -446,6 +471,6 @@ background_pids+=("$!")
 export RAY_ADDRESS=$ray_address
 status=0
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
-  "${container_options[@]}" -- "${container_launcher[@]}" "${rung_env[@]}" "${user_command[@]}" || status=$?
+  "${shared_options[@]}" -- "${shared_launcher[@]}" "${rung_env[@]}" "${user_command[@]}" || status=$?
 stop_background
 exit "$status"

@@ -85,9 +85,15 @@ stop_background() {
   background_pids=()
 }
 
+# Node-local directories the script made (the Ray head's session directory): removed on exit,
+# once the steps that used them have stopped.
+cleanup_dirs=()
 on_exit() {
   remove_secrets
   stop_background
+  if ((${#cleanup_dirs[@]} > 0)); then
+    rm -rf -- "${cleanup_dirs[@]}" || true
+  fi
 }
 trap on_exit EXIT
 # Turn the signals Slurm sends (scancel, time limit) into an exit, so the EXIT trap runs.
@@ -128,14 +134,14 @@ verify_artifact
 # neither the user's home nor the node's /tmp, /var/tmp and /dev are shared with the container
 # (only its declared mounts are), whatever the site's apptainer.conf binds by default.
 container_options=()
-container_launcher=(
+container_runtime=(
   apptainer exec --no-home --contain
   --bind /lustre/slurmjob/datasets/imagenet:/data:ro
   --bind /lustre/slurmjob/results/run-1:/results
   --bind /lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
   --pwd /workspace
-  /lustre/slurmjob/runtimes/custom-test.sif
 )
+container_launcher=("${container_runtime[@]}" "$artifact")
 # spec.env travels as APPTAINERENV_<NAME>: apptainer sets NAME inside the container (over the
 # image's own value), and srun and apptainer on the host never see it under its own name.
 user_env_prefix=APPTAINERENV_
