@@ -232,10 +232,15 @@ def op_2205(
 
 
 def het_spec(command: list[str], second_series: str = "a100") -> dict[str, Any]:
+    """A heterogeneous GPU job for the tests of what the operator does with one (queueing,
+    exactly once, node failures): the command once per node (launch shape `nodes`), in the
+    base image. Real Ray, which a GPU job runs by default, costs a head, a worker and a
+    dashboard per job: it is proven in test_slurm_jobs.py."""
     return {
-        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-ray-sif"},
+        "framework": {"kind": "custom", "name": "custom", "runtimeId": "custom-sif"},
         "command": command,
         "pools": het_pools(second_series),
+        "launch": {"shape": "nodes"},
         "timeLimit": "10m",
     }
 

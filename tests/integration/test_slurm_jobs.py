@@ -165,7 +165,7 @@ async def test_cpu_job_completes_with_its_output_staged(bed: Bed, client: SlurmC
     assert step["argv"][-len(spec["command"]) :] == spec["command"]
     if bed.settings.slurm_runtime_profile == "apptainer":
         image = str(bed.testbed.storage_root / "runtimes" / "testbed-base.sif")
-        assert step["argv"][:2] == ["apptainer", "exec"]
+        assert step["argv"][:3] == ["apptainer", "--quiet", "exec"]
         assert image in step["argv"]
 
 

@@ -1,11 +1,14 @@
-"""A real job on Slurm 26.05 attacks the operator through its own staging directory (issue 9,
-findings 1 and 2): it replaces stdout.log, or its whole attempt directory, with a symbolic link
-to a file only the operator can read, or stdout.log with a FIFO. The status must never carry
-the file's marker, and the other jobs must keep being followed while the FIFO sits there.
+"""A job's Slurm user on Slurm 26.05 attacks the operator through the job's own staging
+directory (issue 9, findings 1 and 2): it replaces stdout.log, or the whole attempt directory,
+with a symbolic link to a file only the operator can read, or stdout.log with a FIFO, while
+the job runs. The status must never carry the file's marker, and the other jobs must keep
+being followed while the FIFO sits there.
 
 The operator runs as `slurmjob-operator run` (as in test_operator_e2e), the job as the testbed's
-Slurm user, which owns its staging directory. The job finds that directory in
-SLURMJOB_STAGING_DIR (set in the job's environment), or as its working directory.
+Slurm user, which owns its staging directory on the shared storage. The job's command itself
+cannot plant anything there: it runs in a real container that sees the attempt directory
+read-only (the first test checks that too). The user can, from anywhere else it runs (a login
+node, another session): the tests plant as that user on the host, while the job runs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -53,6 +57,16 @@ def marker_file(tmp_path: Path) -> tuple[Path, str]:
     return path, marker
 
 
+def _as_job_user(op: Operator, staging: Path, script: str) -> None:
+    """Run ``script`` in ``staging`` as the job's Slurm user, on the host: what that user can
+    do to its own staging directory outside the job."""
+    subprocess.run(
+        ["runuser", "-u", op.testbed.user, "--", "sh", "-c", f'cd "$1" && {script}', "sh", staging],
+        check=True,
+        timeout=30,
+    )
+
+
 def _staging(obj: dict[str, Any]) -> Path:
     return Path(obj["status"]["attempts"][-1]["stagingDir"])
 
@@ -80,11 +94,12 @@ def test_a_symlinked_log_never_reaches_the_status(
     op: Operator, marker_file: tuple[Path, str]
 ) -> None:
     path, marker = marker_file
-    # The job swaps its log only once the test has seen the first tail in the status (a file
-    # `go` in its directory; at most a minute), whatever the machine's speed.
+    # The job's user swaps the log only once the test has seen the first tail in the status;
+    # the job tries first, from its container, and cannot.
     script = (
         ENTER + "echo before-the-swap; for i in $(seq 600); do [ -e go ] && break; sleep 0.1; "
-        f"done; rm -f stdout.log && ln -s {path} stdout.log && echo planted >&2; sleep 12"
+        "done; ln -s /x in-the-job 2>/dev/null && echo job-planted >&2 || "
+        "echo job-read-only >&2; sleep 12"
     )
     op.apply("symlink", cpu_spec(["bash", "-c", script]))
     seen = op.wait_for(
@@ -94,11 +109,13 @@ def test_a_symlinked_log_never_reaches_the_status(
         within=180,
         what="the first tail in the status",
     )
+    _as_job_user(op, _staging(seen), f"rm -f stdout.log && ln -s {path} stdout.log")
     (_staging(seen) / "go").touch()
     obj = _watch_without(op, "symlink", marker)
     assert obj["status"]["phase"] == "Succeeded", obj["status"]
     staging = _staging(obj)
-    assert (staging / "stdout.log").is_symlink(), "the job did plant the link"
+    assert (staging / "stdout.log").is_symlink(), "the job's user did plant the link"
+    assert not (staging / "in-the-job").exists(), "the job wrote in its attempt directory"
     # The tail read before the swap is kept; nothing is read through the link.
     assert "before-the-swap" in obj["status"]["logs"]["stdout"]["tail"]
     assert "symbolic link" in op.log_tail(400)
@@ -115,14 +132,16 @@ def test_a_symlinked_attempt_directory_never_reaches_the_status(
     for name in ("stdout.log", "stderr.log", "job.sh"):
         (decoy / name).write_text(marker + "\n")
         (decoy / name).chmod(0o600)
-    script = (
-        ENTER + "echo before-the-swap; sleep 5; "
-        f'mv "$d" "$d.moved" && ln -s {decoy} "$d" && echo planted >&2; sleep 12'
-    )
+    script = ENTER + "echo before-the-swap; sleep 15"
     op.apply("dirlink", cpu_spec(["bash", "-c", script]))
+    seen = op.wait_for(
+        "dirlink", lambda o: "before-the-swap" in _tail(o), within=180, what="the first tail"
+    )
+    d = _staging(seen)
+    _as_job_user(op, d.parent, f'mv "{d.name}" "{d.name}.moved" && ln -s {decoy} "{d.name}"')
     obj = _watch_without(op, "dirlink", marker)
     assert obj["status"]["phase"] == "Succeeded", obj["status"]
-    assert _staging(obj).is_symlink(), "the job did plant the link"
+    assert _staging(obj).is_symlink(), "the job's user did plant the link"
     op.kube.kubectl(
         "delete", "slurmjob", "dirlink", "-n", op.namespace, "--timeout=60s", timeout=70
     )
@@ -133,10 +152,11 @@ def test_a_symlinked_attempt_directory_never_reaches_the_status(
 def test_a_fifo_at_the_log_stalls_no_other_job(op: Operator) -> None:
     # A fixed 30 s: a job that held its CPU until told would keep the bystander pending behind
     # another lane's whole-node job that waits for that CPU.
-    script = ENTER + "rm -f stdout.log && mkfifo stdout.log && echo planted >&2; sleep 30"
+    script = ENTER + "echo before-the-fifo; sleep 30"
     op.apply("fifo", cpu_spec(["bash", "-c", script]))
     obj = op.wait_phase("fifo", "Running", "Succeeded", "Failed", within=60)
     fifo = _staging(obj) / "stdout.log"
+    _as_job_user(op, _staging(obj), "rm -f stdout.log && mkfifo stdout.log")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if fifo.exists() and stat.S_ISFIFO(os.lstat(fifo).st_mode):

@@ -36,8 +36,8 @@ def op(
     yield from _operator(kube, slurm_2605, tmp_path_factory.mktemp("walltime"))
 
 
-def _chain(script: str, **walltime: Any) -> dict[str, Any]:
-    spec = cpu_spec(["bash", "-c", script])
+def _chain(script: str, profile: str = "apptainer", **walltime: Any) -> dict[str, Any]:
+    spec = cpu_spec(["bash", "-c", script], profile)
     del spec["timeLimit"]
     spec["walltime"] = {
         "totalTime": "30m",
@@ -63,6 +63,13 @@ def _checkpoint(attempt: dict[str, Any]) -> Path:
 def test_a_program_counting_through_three_segments_ends_succeeded_with_its_count(
     op: Operator,
 ) -> None:
+    """In Apptainer; test_walltime_pyxis_e2e.py runs the same through Pyxis and Enroot."""
+    count_through_three_segments(op)
+
+
+def count_through_three_segments(op: Operator) -> None:
+    """Slurm's warning signal reaches the program in its container, twice, before the
+    segment ends: the program saves its count and asks for the next segment."""
     # Counts while it runs; on the warning signal it writes the count and asks to continue;
     # the third segment reports what it found and ends the chain.
     script = f"""
@@ -74,7 +81,7 @@ if [ "$SLURMJOB_SEGMENT" -ge 2 ]; then exit 0; fi
 trap 'echo "$n" > "$f"; echo "signalled at $n"; exit {CONTINUE}' USR1
 while true; do n=$((n + 1)); sleep 1 & wait $!; done
 """
-    op.apply("counter", _chain(script))
+    op.apply("counter", _chain(script, op.env["SLURMJOB_SLURM_RUNTIME_PROFILE"]))
     obj = op.wait_phase("counter", *FINAL, within=360)
     status = obj["status"]
     assert status["phase"] == "Succeeded", status

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.unit.test_render_support import apptainer_reads
 
 from slurmjob_operator.config.slurm import RuntimeProfile
-from slurmjob_operator.core.containerenv import carried
+from slurmjob_operator.core.containerenv import STEP_EXPORT_NAMES, carried, step_export
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,15 @@ def test_apptainer_round_trip(value: str) -> None:
 @given(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=40))
 def test_pyxis_carries_values_verbatim(value: str) -> None:
     assert carried(RuntimeProfile.ENROOT_PYXIS, value) == value
+
+
+def test_a_step_exports_the_operators_the_launchs_and_the_users_names_only() -> None:
+    names = step_export(RuntimeProfile.ENROOT_PYXIS, ["EPOCHS", "HF_TOKEN"]).split(",")
+    assert names[: len(STEP_EXPORT_NAMES)] == list(STEP_EXPORT_NAMES)
+    assert names[len(STEP_EXPORT_NAMES) :] == ["EPOCHS", "HF_TOKEN"]
+    assert "PATH" in names
+    assert not [n for n in names if n.startswith(("SLURM_", "LD_", "HOME"))]
+    # With Apptainer the user's variables travel under its prefix, as the script hands them.
+    apptainer = step_export(RuntimeProfile.APPTAINER, ["EPOCHS"]).split(",")
+    assert apptainer[-1] == "APPTAINERENV_EPOCHS"
+    assert "EPOCHS" not in apptainer

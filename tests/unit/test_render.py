@@ -252,7 +252,7 @@ def test_cpu_job_has_no_ray_and_no_gpu() -> None:
         assert "--nv" not in script
         assert "het-group" not in script
     assert (
-        "apptainer exec --no-home --contain --nv"
+        "apptainer --quiet exec --no-home --contain --nv"
         in golden_render(RuntimeProfile.APPTAINER, "gpu").launch.script
     )
 
@@ -464,7 +464,7 @@ def test_script_runs(tmp_path: Path, profile: RuntimeProfile, shape: str) -> Non
         cut = each.argv.index("--")
         assert all(a.startswith("-") for a in each.argv[:cut])
         if profile is RuntimeProfile.APPTAINER:
-            assert each.argv[cut + 1 : cut + 3] == ["apptainer", "exec"]
+            assert each.argv[cut + 1 : cut + 4] == ["apptainer", "--quiet", "exec"]
     assert step.argv[step.argv.index("--") + 1 :][-len(spec.command) :] == spec.command
     if shape == "cpu":
         assert len(run.steps) == 1
@@ -666,4 +666,4 @@ def test_a_plain_job_takes_no_indices(tmp_path: Path) -> None:
         render_attempt(spec, ctx)
     plain = render_attempt(spec, make_context(spec, settings, artifact))
     assert plain.launch.array is None
-    assert "SLURMJOB_ARRAY_INDEX" not in plain.launch.script
+    assert "export SLURMJOB_ARRAY_INDEX" not in plain.launch.script

@@ -156,7 +156,7 @@ def test_command_words_come_after_srun_double_dash(
     assert step.argv[-len(command) :] == command
     launcher = step.argv[cut + 1 : len(step.argv) - len(command)]
     if profile is RuntimeProfile.APPTAINER:
-        assert launcher[:2] == ["apptainer", "exec"]
+        assert launcher[:3] == ["apptainer", "--quiet", "exec"]
         assert launcher[-1] == str(settings.storage_root / artifact.path)
     else:
         assert launcher == []

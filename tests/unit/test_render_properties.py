@@ -11,6 +11,7 @@ With validation switched off, a first word starting with `-` still lands after `
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,10 @@ def _layout(step: Step, launcher: list[str], command: list[str]) -> list[str]:
     return step.argv[:cut]
 
 
+#: The Ray session directory's word in a step's argv: Pyxis' mount option, or the path pair.
+RAY_DIR_WORD = re.compile(r"(?:--container-mounts=)?(/tmp/slurmjob-ray\.[A-Za-z0-9]{8}):\1")
+
+
 def _check(job: dict[str, Any], shape: str) -> None:
     profile: RuntimeProfile = job["profile"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,17 +181,32 @@ def _check(job: dict[str, Any], shape: str) -> None:
         else:
             binds = [w for m in mounts for w in ("--bind", m)]
             gpu = ["--nv"] if shape != "cpu" else []
-            launcher = ["apptainer", "exec", "--no-home", "--contain", *gpu, *binds, "--pwd",
+            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", *gpu, *binds, "--pwd",
                         job["working_dir"], image]  # fmt: skip
             container = []
         head = ["--het-group=0"] if shape != "cpu" else []
         place = ["--nodelist=n1"] if shape != "cpu" else []
-        expected = ["--overlap", *head, "--nodes=1", "--ntasks=1", *place, *container]
-        assert _layout(step, launcher, job["command"]) == expected
+        # A Ray job's command (and head) step also mounts the session directory the script
+        # made on the first node, read-write at its own path.
+        shared_launcher, shared_container = launcher, container
+        if shape != "cpu":
+            [ray_dir] = {m[1] for a in step.argv if (m := RAY_DIR_WORD.fullmatch(a))}
+            pair = f"{ray_dir}:{ray_dir}"
+            if profile is RuntimeProfile.ENROOT_PYXIS:
+                shared_container = [*container, f"--container-mounts={pair}"]
+            else:
+                shared_launcher = [*launcher[:-1], "--bind", pair, image]
+        expected = ["--overlap", *head, "--nodes=1", "--ntasks=1", *place, *shared_container]
+        assert _layout(step, shared_launcher, job["command"]) == expected
         for other in run.steps:  # the Ray steps: the same launcher after `--`
             cut = other.argv.index("--")
-            assert other.argv[cut + 1 : cut + 1 + len(launcher)] == launcher
-            assert other.argv[cut - len(container) : cut] == container
+            after = other.argv[cut + 1 :]
+            assert after[: len(launcher)] == launcher or after[: len(shared_launcher)] == (
+                shared_launcher
+            )
+            assert other.argv[cut - len(container) : cut] == container or (
+                other.argv[cut - len(shared_container) : cut] == shared_container
+            )
         values = user_env(step, profile)
         for key, value in job["env"].items():
             assert values[key] == value
@@ -253,7 +273,7 @@ def _run_command(command: list[str], profile: RuntimeProfile) -> None:
         staging = str(rendered.cluster_staging_dir)
         if profile is RuntimeProfile.APPTAINER:
             bind = f"{staging}:{staging}:ro"
-            launcher = ["apptainer", "exec", "--no-home", "--contain", "--bind", bind, "--pwd",
+            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", "--bind", bind, "--pwd",
                         "/workspace", image]  # fmt: skip
             options = _layout(step, launcher, command)
             assert options == ["--overlap", "--nodes=1", "--ntasks=1"]

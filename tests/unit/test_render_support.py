@@ -4,7 +4,8 @@
 and `scontrol` in the first directory of the job's PATH (the script sets the PATH rendered from
 `Settings.slurm_job_path` itself; `stand_in_settings` makes one whose first directory is the
 test's own). The fake srun writes its argv (NUL-separated) and environment (`env -0`) to a log
-directory and exits; a step ending in `--block` (a Ray node) sleeps until the script stops it.
+directory and exits (a leading `--export=` is applied when the record is read, as srun applies
+it to the step's environment); a step ending in `--block` (a Ray node) sleeps until the script stops it.
 The fake scontrol, a host tool the script runs after it has read the env files, records its
 environment too (`Run.host_envs`). Artifacts are real small files with the right magic, so the
 script's verification (dd, tr, sha256sum) runs for real.
@@ -285,8 +286,23 @@ def _read_steps(log_dir: Path) -> list[Step]:
         env_file = argv_file.with_suffix(".env")
         # A background step stopped early may have no env file yet.
         env = _read_env(env_file.read_bytes()) if env_file.exists() else {}
-        steps.append(Step(argv, env))
+        steps.append(_exported(argv, env))
     return steps
+
+
+def _exported(argv: list[str], env: dict[str, str]) -> Step:
+    """What the step gets, as srun gives it: with a leading `--export=NAMES`, only those names
+    and Slurm's own SLURM_* (and SLURMD_NODENAME, which slurmstepd sets) of srun's
+    environment; the option itself is srun's, not the step's."""
+    if not argv or not argv[0].startswith("--export="):
+        return Step(argv, env)
+    names = set(argv[0].removeprefix("--export=").split(","))
+    kept = {
+        k: v
+        for k, v in env.items()
+        if k in names or k.startswith("SLURM_") or k == "SLURMD_NODENAME"
+    }
+    return Step(argv[1:], kept)
 
 
 def run_attempt(

@@ -31,3 +31,36 @@ def carried(profile: RuntimeProfile, value: str) -> str:
     escaped = "".join("\\" + c if c in APPTAINER_SPECIAL else c for c in value)
     # One CR before each LF is dropped on the way in: give it one more to drop.
     return escaped.replace("\r\n", "\r\r\n")
+
+
+#: What a step's srun passes on of the batch environment besides Slurm's own `SLURM_*`
+#: (which srun always passes): the site's PATH, the operator's variables of the job's
+#: description, and those the script sets for the launch (rendezvous, Ray's). Nothing else of
+#: the batch environment (a site's TaskProlog, a variable a script of the site exports) reaches
+#: a container. The operator's variables set only inside a step (SLURMJOB_NODE_RANK and the
+#: like, by the launch wrappers) need no passing.
+STEP_EXPORT_NAMES = (
+    "PATH",
+    "SLURMJOB_NAMESPACE",
+    "SLURMJOB_NAME",
+    "SLURMJOB_UID",
+    "SLURMJOB_ATTEMPT",
+    "SLURMJOB_STAGING_DIR",
+    "SLURMJOB_NODE_COUNT",
+    "SLURMJOB_ARRAY_INDEX",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "NUM_GPU_PER_NODE",
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+)
+
+
+def step_export(profile: RuntimeProfile, env_names: list[str]) -> str:
+    """srun's `--export` list for a step: STEP_EXPORT_NAMES and spec.env's names (under
+    Apptainer's prefix with that runtime, as the script hands them over)."""
+    prefix = "APPTAINERENV_" if profile is RuntimeProfile.APPTAINER else ""
+    return ",".join([*STEP_EXPORT_NAMES, *(prefix + name for name in env_names)])

@@ -1,8 +1,7 @@
 """Render one attempt of a SlurmJob: the batch script, its staged files and the LaunchRequest.
 
 Inputs are already validated (`api.spec`, `api.site`); this module only turns them into text.
-Every value reaches the script quoted: the template environment and its quoting rule are
-`site.templating`.
+Every value reaches the script quoted (the quoting rule is `site.templating`).
 
 Nothing of the manifest is code for the batch shell: the command's words are quoted array
 items after srun's `--`; `job.env` and `secrets.env` hold NAME=value records ending in NUL, which
@@ -10,8 +9,8 @@ the script reads as data (never `source`) and hands to the containerised steps o
 of `api.scriptwords` (reserved env names, the path alphabet, the command's first word and `:`)
 are checked here again, so a spec that skipped validation still cannot reach a script.
 
-Templates: `job.sh.j2` (the base) includes `runtime/<profile>.sh.j2` (how a step enters the
-container) and `shape/<cpu|ray>.sh.j2` (which steps run).
+Templates: `job.sh.j2` includes `runtime/<profile>.sh.j2` (how a step enters the container) and
+`shape/<cpu|ray|...>.sh.j2` (which steps run).
 """
 
 from __future__ import annotations
@@ -132,14 +131,13 @@ def _mount_spec(source: PurePosixPath, target: str, read_only: bool) -> str:
 
 
 def _env_records(values: Sequence[tuple[str, str]], profile: RuntimeProfile) -> bytes:
-    """NAME=value records, each ending in NUL: data for the script's `mapfile -d ''`. Each
-    value is written as the runtime must be handed it to show the program the value itself
-    (core.containerenv)."""
+    """NAME=value records, each ending in NUL, for the script's `mapfile -d ''`; each value as
+    the runtime must be handed it to show the program the value itself (core.containerenv)."""
     for name, value in values:
         if "\0" in value:
             raise RenderError(f"env {name}: values cannot contain NUL bytes")
-    records = "".join(f"{name}={containerenv.carried(profile, value)}\0" for name, value in values)
-    return _utf8(records, "environment values")
+    carried = (f"{name}={containerenv.carried(profile, value)}\0" for name, value in values)
+    return _utf8("".join(carried), "environment values")
 
 
 def _check_words(spec: SlurmJobSpec) -> None:
@@ -275,6 +273,7 @@ def _template_values(
         "job_path": settings.slurm_job_path,
         "has_secrets": bool(spec.secret_env),
         "env_names": [e.name for e in spec.env] + own_names,
+        "step_export": containerenv.step_export(profile, [e.name for e in spec.env] + own_names),
         "plain_env_names": list(spec.plain_env) + own_names,
         "secret_env_names": [e.name for e in spec.secret_env],
         "user_command": list(spec.command),
@@ -397,15 +396,5 @@ def render_attempt(spec: SlurmJobSpec, ctx: RenderContext) -> RenderedAttempt:
 
 
 # RenderError stays importable from here, where the controller looks for it.
-__all__ = [
-    "EXIT_ARTIFACT",
-    "EXIT_CODES",
-    "EXIT_RENDEZVOUS",
-    "EXIT_SECRETS",
-    "EXIT_STAGING",
-    "RenderContext",
-    "RenderError",
-    "RenderedAttempt",
-    "render_attempt",
-    "render_script",
-]
+__all__ = ["EXIT_ARTIFACT", "EXIT_CODES", "EXIT_RENDEZVOUS", "EXIT_SECRETS", "EXIT_STAGING"]
+__all__ += ["RenderContext", "RenderError", "RenderedAttempt", "render_attempt", "render_script"]

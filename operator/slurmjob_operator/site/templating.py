@@ -38,8 +38,8 @@ _ASSIGNMENT_LIKE = re.compile(r"=|[A-Za-z_][A-Za-z0-9_]*=")
 
 #: bash's reserved words (`help reserved`), which shellcheck reads as syntax even in an array.
 _RESERVED_WORDS = frozenset(
-    "if then else elif fi case esac for select while until do done in function time "
-    "coproc { } ! [[ ]]".split()
+    {"if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until"}
+    | {"do", "done", "in", "function", "time", "coproc", "{", "}", "!", "[[", "]]"}
 )
 
 

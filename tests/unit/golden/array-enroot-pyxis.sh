@@ -172,8 +172,11 @@ read_env_file secrets.env "${secret_env_names[@]}" ||
   fail 94 "$staging_dir/secrets.env does not hold the variables this attempt staged"
 remove_secrets
 # Every containerised step starts with this srun: the user's variables are in its environment
-# (and so in the step's) and nowhere else; the script's own variables are inherited as usual.
-step_srun=(env -- "${step_env[@]}" "$srun_bin")
+# (and so in the step's) and nowhere else. srun hands the step only what --export names (the
+# site's PATH, the operator's and the launch's variables, the user's) with Slurm's own
+# SLURM_*: nothing else of the batch environment reaches a container (core.containerenv).
+# shellcheck disable=SC2054 # the commas separate srun's --export names inside one word
+step_srun=(env -- "${step_env[@]}" "$srun_bin" --export=PATH,SLURMJOB_NAMESPACE,SLURMJOB_NAME,SLURMJOB_UID,SLURMJOB_ATTEMPT,SLURMJOB_STAGING_DIR,SLURMJOB_NODE_COUNT,SLURMJOB_ARRAY_INDEX,MASTER_ADDR,MASTER_PORT,WORLD_SIZE,NODE_RANK,NUM_GPU_PER_NODE,RAY_ADDRESS,RAY_AUTH_MODE,RAY_AUTH_TOKEN,EPOCHS,GREETING,HF_TOKEN)
 
 # Rendezvous for multi-node launchers: the first node of the whole job is the master.
 # WORLD_SIZE is the node count (TAO's meaning), not a process count.

@@ -133,9 +133,11 @@ verify_artifact
 # root; the attempt's directory is bound read-only at the same path. --no-home and --contain:
 # neither the user's home nor the node's /tmp, /var/tmp and /dev are shared with the container
 # (only its declared mounts are), whatever the site's apptainer.conf binds by default.
+# --quiet: Apptainer's own notes (INFO, WARNING) stay out of the job's stderr, where the
+# spec's log patterns read; its errors still show.
 container_options=()
 container_runtime=(
-  apptainer exec --no-home --contain --nv
+  apptainer --quiet exec --no-home --contain --nv
   --bind /lustre/slurmjob/datasets/imagenet:/data:ro
   --bind /lustre/slurmjob/results/run-1:/results
   --bind /lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:/lustre/slurmjob/team-a/resnet-3f2a9c1e/attempt-1:ro
@@ -180,8 +182,11 @@ read_env_file secrets.env "${secret_env_names[@]}" ||
   fail 94 "$staging_dir/secrets.env does not hold the variables this attempt staged"
 remove_secrets
 # Every containerised step starts with this srun: the user's variables are in its environment
-# (and so in the step's) and nowhere else; the script's own variables are inherited as usual.
-step_srun=(env -- "${step_env[@]}" "$srun_bin")
+# (and so in the step's) and nowhere else. srun hands the step only what --export names (the
+# site's PATH, the operator's and the launch's variables, the user's) with Slurm's own
+# SLURM_*: nothing else of the batch environment reaches a container (core.containerenv).
+# shellcheck disable=SC2054 # the commas separate srun's --export names inside one word
+step_srun=(env -- "${step_env[@]}" "$srun_bin" --export=PATH,SLURMJOB_NAMESPACE,SLURMJOB_NAME,SLURMJOB_UID,SLURMJOB_ATTEMPT,SLURMJOB_STAGING_DIR,SLURMJOB_NODE_COUNT,SLURMJOB_ARRAY_INDEX,MASTER_ADDR,MASTER_PORT,WORLD_SIZE,NODE_RANK,NUM_GPU_PER_NODE,RAY_ADDRESS,RAY_AUTH_MODE,RAY_AUTH_TOKEN,APPTAINERENV_EPOCHS,APPTAINERENV_GREETING,APPTAINERENV_HF_TOKEN)
 
 # Rendezvous for multi-node launchers: the first node of the whole job is the master.
 # WORLD_SIZE is the node count (TAO's meaning), not a process count.
