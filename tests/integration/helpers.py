@@ -38,10 +38,15 @@ def cpu_spec(command: list[str], profile: str = "apptainer", **extra: Any) -> di
     return spec
 
 
+#: Step ids at and above this are Slurm's own steps (batch, extern, interactive).
+SLURM_OWN_STEPS = 0xFFFFFFF0
+
+
 def step_records(record_dir: Path, cluster: str, **match: Any) -> list[dict[str, Any]]:
     """What the recording SPANK plugin saw of the steps' tasks on the host side (before any
-    container): its records on ``cluster`` whose fields equal ``match`` (e.g. cwd=, sluid=).
-    Job ids repeat across test bed restarts; a staging directory or a SLUID does not."""
+    container): its records on ``cluster`` whose fields equal ``match`` (e.g. cwd=, sluid=),
+    of the job's own steps (not the batch step). Job ids repeat across test bed restarts; a
+    staging directory or a SLUID does not."""
     path = record_dir / "steps.jsonl"
     found = []
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -49,7 +54,9 @@ def step_records(record_dir: Path, cluster: str, **match: Any) -> list[dict[str,
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if record.get("cluster") == cluster and all(record.get(k) == v for k, v in match.items()):
+        if record.get("cluster") != cluster or record.get("step_id", 0) >= SLURM_OWN_STEPS:
+            continue
+        if all(record.get(k) == v for k, v in match.items()):
             found.append(record)
     return found
 

@@ -167,9 +167,12 @@ async def test_a_hung_probe_is_cancelled_and_the_next_rung_passes_in_the_same_al
     ]
     # No probe step still ran when the command's steps started (accounting's times).
     steps = _steps(slurm_2605, jobs[0].job_id)
-    probes = [end for name, _, end in steps if name == "slurmjob-probe"]
-    own = ("slurmjob-probe", "batch", "extern")
-    others = [start for name, start, _ in steps if name not in own and not name.startswith("sj-")]
+    probes = [end for name, _, end in steps if name.startswith("slurmjob-probe-")]
+    others = [
+        start
+        for name, start, _ in steps
+        if name not in ("batch", "extern") and not name.startswith(("slurmjob-probe-", "sj-"))
+    ]
     assert probes, steps
     assert others, steps
     assert max(probes) <= min(others), f"a probe step still ran: {steps}"

@@ -141,14 +141,9 @@ async def _wait(
     return await wait_for_job(client, ref, final=final, within=within)
 
 
-#: Step ids at and above this are Slurm's own steps (batch, extern, interactive).
-SLURM_OWN_STEPS = 0xFFFFFFF0
-
-
 def _steps(bed: Bed, sluid: str) -> list[dict[str, Any]]:
     """The recording plugin's records of the job's own steps (not its batch step)."""
-    found = step_records(bed.testbed.record_dir, bed.testbed.cluster_name, sluid=sluid)
-    return [r for r in found if r["step_id"] < SLURM_OWN_STEPS]
+    return step_records(bed.testbed.record_dir, bed.testbed.cluster_name, sluid=sluid)
 
 
 def _tenant_folder(bed: Bed, expected_sha256: str) -> tuple[Path, Path]:

@@ -113,7 +113,11 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	else
 		getenv_or_empty(sp, "SLURMD_NODENAME", node, sizeof(node));
 	getenv_or_empty(sp, "SLURM_CLUSTER_NAME", cluster, sizeof(cluster));
+	/* The task's working directory: its PWD when srun passed one, else where slurmstepd
+	 * put the task (srun --export=NAMES passes no PWD). */
 	getenv_or_empty(sp, "PWD", pwd, sizeof(pwd));
+	if (!pwd[0] && !getcwd(pwd, sizeof(pwd)))
+		pwd[0] = '\0';
 	getenv_or_empty(sp, "SLURM_JOB_SLUID", sluid, sizeof(sluid));
 	snprintf(path, sizeof(path), "%s/steps.jsonl", record_dir);
 

@@ -181,8 +181,8 @@ def _check(job: dict[str, Any], shape: str) -> None:
         else:
             binds = [w for m in mounts for w in ("--bind", m)]
             gpu = ["--nv"] if shape != "cpu" else []
-            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", *gpu, *binds, "--pwd",
-                        job["working_dir"], image]  # fmt: skip
+            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", *gpu, *binds,
+                        "--pwd", job["working_dir"], image]  # fmt: skip
             container = []
         head = ["--het-group=0"] if shape != "cpu" else []
         place = ["--nodelist=n1"] if shape != "cpu" else []
@@ -273,8 +273,8 @@ def _run_command(command: list[str], profile: RuntimeProfile) -> None:
         staging = str(rendered.cluster_staging_dir)
         if profile is RuntimeProfile.APPTAINER:
             bind = f"{staging}:{staging}:ro"
-            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", "--bind", bind, "--pwd",
-                        "/workspace", image]  # fmt: skip
+            launcher = ["apptainer", "--quiet", "exec", "--no-home", "--contain", "--bind", bind,
+                        "--pwd", "/workspace", image]  # fmt: skip
             options = _layout(step, launcher, command)
             assert options == ["--overlap", "--nodes=1", "--ntasks=1"]
         else:

@@ -5,7 +5,8 @@ and `scontrol` in the first directory of the job's PATH (the script sets the PAT
 `Settings.slurm_job_path` itself; `stand_in_settings` makes one whose first directory is the
 test's own). The fake srun writes its argv (NUL-separated) and environment (`env -0`) to a log
 directory and exits (a leading `--export=` is applied when the record is read, as srun applies
-it to the step's environment); a step ending in `--block` (a Ray node) sleeps until the script stops it.
+it to the step's environment); a step ending in `--block` (a Ray node) sleeps until the script
+stops it.
 The fake scontrol, a host tool the script runs after it has read the env files, records its
 environment too (`Run.host_envs`). Artifacts are real small files with the right magic, so the
 script's verification (dd, tr, sha256sum) runs for real.
