@@ -201,6 +201,9 @@ install_into() { # $1 = root ("" for the host)
     cp -a "$ENROOT_BUILD/root/." "${root:-/}"
     cp -a "$APPTAINER_BUILD/root/." "${root:-/}"
     ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "$root/usr/local/bin/apptainer"
+    # Earlier recipes' wrappers of squashfuse and enroot (they did not keep a Pyxis
+    # container's image mounted through Slurm's signals: docs/development.md).
+    rm -f "$root/usr/local/bin/squashfuse" "$root/usr/local/sbin/enroot"
     install -d -m 0755 "$root/etc/enroot/enroot.conf.d" "$root$ENROOT_DIR"
     cat >"$root/etc/enroot/enroot.conf.d/50-slurmjob-testbed.conf" <<EOF
 # Written by tests/testbed/runtimes.sh: per-user paths made by root (see there).

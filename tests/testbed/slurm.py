@@ -555,17 +555,21 @@ def _write_config(spec: ClusterSpec) -> bool:
         changed |= _write_if_changed(cgroup_conf, "CgroupPlugin=disabled\n")
     else:
         cgroup_conf.unlink(missing_ok=True)
-    # The recorder first: it sees the step before Pyxis enters the container. Pyxis starts
-    # squashfs images directly (use_squashfuse=1: about a second per step, against 1-11 s for
-    # `enroot create`; docs/benchmarks.md), with its runtime files under the cluster's own
-    # directory (both clusters' nodes are this one machine).
+    # The recorder first: it sees the step before Pyxis enters the container. Pyxis keeps its
+    # runtime files under the cluster's own directory (both clusters' nodes are this one
+    # machine). 22.05 starts squashfs images directly (use_squashfuse=1: a fifth of a second
+    # per step; docs/benchmarks.md); 26.05, where the walltime chains run, unpacks them
+    # (`enroot create`): a signal Slurm sends a step (the walltime warning, scancel --signal)
+    # is followed by SIGCONT, which ends Pyxis' stopped placeholder in the container, and with
+    # it the Enroot fuse shim and squashfuse that serve the image (docs/development.md).
+    squashfuse = 0 if spec.chroot is not None else 1
     recorder = _recorder_plugin(spec)
     pyxis = _pyxis_plugin(spec)
     (b / "run" / "pyxis").mkdir(parents=True, exist_ok=True)
     changed |= _write_if_changed(
         b / "etc" / "plugstack.conf",
         f"required {recorder} record_dir={RECORD_DIR}\n"
-        f"required {pyxis} runtime_path={b}/run/pyxis use_squashfuse=1\n",
+        f"required {pyxis} runtime_path={b}/run/pyxis use_squashfuse={squashfuse}\n",
     )
     if spec.accounting_ports is not None:
         changed |= _write_dbd_config(spec, spec.accounting_ports)
