@@ -271,3 +271,31 @@ def test_apptainer_runs_the_step_in_the_image(slurm: SlurmTestbed) -> None:
     _check_in_image(slurm, wd, job_id)
     [step] = step_records(slurm.record_dir, slurm.cluster_name, cwd=str(wd), step_id=0)
     assert step["argv"][:3] == ["apptainer", "exec", "--no-home"]
+
+
+def test_a_signalled_apptainer_step_keeps_its_image(slurm: SlurmTestbed) -> None:
+    """A step signal (what a walltime warning is) reaches every process of the step, the
+    squashfuse_ll serving the SIF included: the test bed's must survive it, as a site's must
+    (README, Slurm-side checklist), or the program dies of SIGBUS at its next page of the
+    image. srun forwards the USR1 the batch shell sends it to the step, as Slurm's warning."""
+    wd = workdir(slurm, "app-sig")
+    image = image_on_storage(slurm, "base", "sif")
+    # After the signal, the program opens files and runs a binary it has not read before.
+    program = (
+        "trap 'got=1' USR1; touch /w/ready; while [ -z \"$got\" ]; do sleep 0.1; done; "
+        "python3 -c 'print(\"after-signal\")'; . /etc/os-release; echo codename=$VERSION_CODENAME"
+    )
+    script = (
+        "#!/bin/bash\n"
+        f"srun apptainer --quiet exec --no-home --contain --bind {wd}:/w --pwd /w {image} "
+        f"sh -c {shlex.quote(program)} &\n"
+        "until [ -e ready ]; do sleep 0.1; done\n"
+        "kill -USR1 $!\n"
+        "wait $!\necho step-rc=$?\n"
+    )
+    job_id = submit(slurm, script, [component(slurm, wd, "tb-app-sig")])
+    text = assert_completed(slurm, wait_done(slurm, job_id, timeout=90), wd, job_id)
+    lines = text.splitlines()
+    assert "after-signal" in lines, text
+    assert "codename=trixie" in lines, text
+    assert "step-rc=0" in lines, text

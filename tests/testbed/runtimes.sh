@@ -204,6 +204,17 @@ install_into() { # $1 = root ("" for the host)
     # Earlier recipes' wrappers of squashfuse and enroot (they did not keep a Pyxis
     # container's image mounted through Slurm's signals: docs/development.md).
     rm -f "$root/usr/local/bin/squashfuse" "$root/usr/local/sbin/enroot"
+    # Unprivileged Apptainer mounts a SIF with squashfuse_ll, a process of the step: Slurm's
+    # step signal (a walltime warning, USR1 or USR2) reaches it too and its default action
+    # ends it, after which every page the program has not read yet is a SIGBUS. Apptainer
+    # looks in its own libexec bin first; libfuse keeps a disposition it finds ignored.
+    cat >"$root$APPTAINER_PREFIX/libexec/apptainer/bin/squashfuse_ll" <<'EOF'
+#!/bin/sh
+# Written by tests/testbed/runtimes.sh: a step's warning signal must not end the image's mount.
+trap '' USR1 USR2
+exec /usr/bin/squashfuse_ll "$@"
+EOF
+    chmod 0755 "$root$APPTAINER_PREFIX/libexec/apptainer/bin/squashfuse_ll"
     install -d -m 0755 "$root/etc/enroot/enroot.conf.d" "$root$ENROOT_DIR"
     cat >"$root/etc/enroot/enroot.conf.d/50-slurmjob-testbed.conf" <<EOF
 # Written by tests/testbed/runtimes.sh: per-user paths made by root (see there).
