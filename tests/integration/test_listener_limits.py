@@ -46,7 +46,10 @@ from slurmjob_operator.api.logs import API_LOG_PATH
 pytestmark = pytest.mark.integration
 
 DEADLINE = 1.0  # SLURMJOB_LISTENER_HEADER_TIMEOUT (and keep-alive) of the operator under test
-SLACK = 1.0  # an attacked event loop's lateness allowed on top of it
+#: An attacked event loop's lateness allowed on top of it, and the attacking client's own (it
+#: shares two cores with the unit tier: 2.004 s seen once). Below the 3 deadlines the attack
+#: lasts at least, so a listener without the deadline still fails.
+SLACK = 1.5
 CLIENTS = 1000  # slow connections at once, per port
 SOURCE_SHARE = 8  # clients per source address
 GROWTH_LIMIT = 30 * 1024 * 1024  # bytes of peak RSS growth allowed per listener

@@ -562,7 +562,7 @@ def test_script_ray_head_that_dies(tmp_path: Path) -> None:
         rendered,
         settings,
         tmp_path / "w",
-        extra_env={"FAKE_HEAD_DIES": "1", "FAKE_HEALTH_EXIT": "1"},
+        extra_env={"FAKE_HEAD_DIES": "1", "FAKE_HEALTH_FAILS": "1"},
     )
     assert run.returncode == 95
     assert "Ray head" in run.stderr
@@ -579,10 +579,13 @@ def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"  # the first directory of the job's PATH (stand_in_settings)
     bin_dir.mkdir()
     started = tmp_path / "command-started"
-    # Ray steps block, health checks pass, the command blocks until the signal.
+    # Ray steps block (the head's marks it ready), the command blocks until the signal.
     (bin_dir / "srun").write_text(
         "#!/bin/bash\n"
-        'for a in "$@"; do [[ $a == health-check ]] && exit 0; done\n'
+        'args=("$@")\n'
+        'for ((i = 0; i + 3 < $#; i++)); do\n'
+        '  [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* ]] && : >"${args[i + 3]}"\n'
+        "done\n"
         f"[[ ${{*: -1}} == --block ]] || touch {shlex.quote(str(started))}\n"
         "exec sleep 30\n"
     )

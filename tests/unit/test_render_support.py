@@ -6,7 +6,8 @@ and `scontrol` in the first directory of the job's PATH (the script sets the PAT
 test's own). The fake srun writes its argv (NUL-separated) and environment (`env -0`) to a log
 directory and exits (a leading `--export=` is applied when the record is read, as srun applies
 it to the step's environment); a step ending in `--block` (a Ray node) sleeps until the script
-stops it.
+stops it; the Ray head's step marks its head ready as the real wrapper does once `ray
+health-check` answers (not with `FAKE_HEALTH_FAILS`).
 The fake scontrol, a host tool the script runs after it has read the env files, records its
 environment too (`Run.host_envs`). Artifacts are real small files with the right magic, so the
 script's verification (dd, tr, sha256sum) runs for real.
@@ -44,13 +45,16 @@ if [[ $last == --block ]]; then
   if [[ -n ${FAKE_HEAD_DIES:-} ]]; then
     exit 1
   fi
+  # The Ray head's wrapper (sh -c WRAPPER sh READY_FILE ADDRESS ...) marks its head ready,
+  # unless the test says the head never answers.
+  args=("$@")
+  for ((i = 0; i + 3 < ${#args[@]}; i++)); do
+    if [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* && -z ${FAKE_HEALTH_FAILS:-} ]]; then
+      : >"${args[i + 3]}"
+    fi
+  done
   exec sleep 60
 fi
-for arg in "$@"; do
-  if [[ $arg == health-check ]]; then
-    exit "${FAKE_HEALTH_EXIT:-0}"
-  fi
-done
 sleep "${FAKE_COMMAND_SLEEP:-0}"  # lets background steps record themselves first
 exit "${FAKE_SRUN_EXIT:-0}"
 """

@@ -304,8 +304,20 @@ ray_tmp=$(mktemp -d /tmp/slurmjob-ray.XXXXXXXX) || fail 95 "cannot make Ray's se
 cleanup_dirs+=("$ray_tmp")
 shared_dir_step "$ray_tmp"
 
+# The head's step asks its own head for health, inside its container, and marks it ready in
+# the session directory: one container for the head, however long it takes. (A health check
+# per probe was a container per probe: with Pyxis' use_squashfuse=0, an unpacked image each.)
+# shellcheck disable=SC2016 # expanded by sh inside the container, not here
+head_wrapper='ready=$1 address=$2; shift 2; "$@" & head=$!
+until ray health-check --address "$address" >/dev/null 2>&1; do
+  kill -0 "$head" 2>/dev/null || { wait "$head"; exit; }
+  sleep 1
+done
+: >"$ready"; wait "$head"'
+ray_ready_file=$ray_tmp/head-ready
 "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
-  "${shared_options[@]}" -- "${shared_launcher[@]}" "${rung_env[@]}" \
+  "${shared_options[@]}" -- "${shared_launcher[@]}" \
+  sh -c "$head_wrapper" sh "$ray_ready_file" "$ray_address" "${rung_env[@]}" \
   ray start --head --port="$ray_port" --ray-client-server-port="$ray_client_port" \
   --dashboard-port="$ray_dashboard_port" "${ray_node_ports[@]}" --temp-dir="$ray_tmp" \
   --object-store-memory=164926744166 \
@@ -314,18 +326,16 @@ shared_dir_step "$ray_tmp"
 head_pid=$!
 background_pids+=("$head_pid")
 
-# Wait up to 300 s for the head to answer.
+# Wait up to 300 s for the head's step to say its head answers.
 ray_ready=0
-for ((try = 0; try < 150; try++)); do
-  kill -0 "$head_pid" 2>/dev/null ||
-    fail 95 "the Ray head step on $head_node ended before it became healthy"
-  if "${step_srun[@]}" --overlap --nodes=1 --ntasks=1 --nodelist="$head_node" \
-    "${container_options[@]}" -- "${container_launcher[@]}" \
-    ray health-check --address "$ray_address" >/dev/null 2>&1; then
+for ((try = 0; try < 300; try++)); do
+  if [[ -e $ray_ready_file ]]; then
     ray_ready=1
     break
   fi
-  sleep 2
+  kill -0 "$head_pid" 2>/dev/null ||
+    fail 95 "the Ray head step on $head_node ended before it became healthy"
+  sleep 1
 done
 ((ray_ready == 1)) || fail 95 "the Ray head on $head_node did not become healthy in 300 s"
 
