@@ -583,7 +583,7 @@ def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     (bin_dir / "srun").write_text(
         "#!/bin/bash\n"
         'args=("$@")\n'
-        'for ((i = 0; i + 3 < $#; i++)); do\n'
+        "for ((i = 0; i + 3 < $#; i++)); do\n"
         '  [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* ]] && : >"${args[i + 3]}"\n'
         "done\n"
         f"[[ ${{*: -1}} == --block ]] || touch {shlex.quote(str(started))}\n"
