@@ -58,7 +58,13 @@ DEFAULT_PROFILE = "apptainer"
 NAMESPACES = ("team-a",)
 DEV_SECRET = {"namespace": "team-a", "name": "hf", "key": "token", "value": "dev-token"}
 #: Mount sources the examples name (relative to the storage root).
-MOUNT_SOURCES = ("datasets/mnist", "datasets/imagenet", "datasets/prompts", "checkpoints/team-a")
+MOUNT_SOURCES = (
+    "datasets/mnist",
+    "datasets/imagenet",
+    "datasets/prompts",
+    "datasets/alpaca",
+    "checkpoints/team-a",
+)
 #: Runtime ids of the examples, mapped to the test artifact of the chosen profile.
 EXAMPLE_RUNTIMES = ("custom-python", "custom-trainer")
 SLURM_CLIENTS = ("squeue", "sinfo", "scontrol", "scancel")

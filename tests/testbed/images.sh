@@ -48,7 +48,7 @@ TORCHRUN="$HERE/standins/torchrun"
 # changes, IMAGE_RECIPE when one that makes the images from them (marker, squashfs, SIF) does;
 # an edit elsewhere in this script must not cost a rebuild.
 TREE_RECIPE=2
-IMAGE_RECIPE=1
+IMAGE_RECIPE=2
 SUITE=trixie
 ROOTFS_PKGS=(python3 python3-venv procps util-linux)
 RAY_VERSION=2.60.0
@@ -243,6 +243,9 @@ build_image() { # $1 = image name, $2 = image key, $3 = entry directory
     cp -a "${IMAGE_TREE[$name]}" "$root"
     install -m 0755 "$PROBE" "$root/usr/local/bin/collective-probe"
     install -m 0755 "$TORCHRUN" "$root/usr/local/bin/torchrun"
+    # The examples' working directory, as NGC's images have it: a container's working
+    # directory must exist in its image (Apptainer refuses to start without it).
+    install -d -m 0755 "$root/workspace"
     printf 'slurmjob-testbed-image name=%s key=%s suite=%s%s\n' "$name" "$key" "$SUITE" \
         "$([[ $name == ray ]] && printf ' ray=%s' "$RAY_VERSION")" \
         >"$root/etc/slurmjob-testbed-image"
@@ -272,7 +275,7 @@ verify_image() { # $1 = name, $2 = entry directory
     local name=$1 out=$2 listing want
     listing=$(unsquashfs -l "$out/image.sqsh") || die "unsquashfs cannot list $out/image.sqsh"
     for want in etc/os-release etc/slurmjob-testbed-image usr/local/bin/collective-probe \
-        usr/local/bin/torchrun \
+        usr/local/bin/torchrun workspace \
         usr/bin/python3 usr/bin/bash usr/bin/ps usr/bin/kill; do
         grep -qx "squashfs-root/$want" <<<"$listing" || die "$name: /$want is not in the squashfs"
     done
