@@ -198,8 +198,10 @@ install_into() { # $1 = root ("" for the host)
     [[ -n $root ]] && ch=(chroot "$root")
     # make: tests/testbed/slurm.py builds Pyxis against each root's own spank.h.
     [[ -n $root ]] && apt_ensure "$root" "${RUNTIME_PKGS[@]}" make
-    cp -a "$ENROOT_BUILD/root/." "${root:-/}"
-    cp -a "$APPTAINER_BUILD/root/." "${root:-/}"
+    # --remove-destination: a binary a leftover container still runs (Apptainer's starter) is
+    # "Text file busy" to overwrite; unlinked, it keeps running from its old inode.
+    cp -a --remove-destination "$ENROOT_BUILD/root/." "${root:-/}"
+    cp -a --remove-destination "$APPTAINER_BUILD/root/." "${root:-/}"
     ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "$root/usr/local/bin/apptainer"
     # Earlier recipes' wrappers of squashfuse and enroot (they did not keep a Pyxis
     # container's image mounted through Slurm's signals: docs/development.md).
