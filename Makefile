@@ -40,7 +40,7 @@ lint: venv
 
 # pytest's exit 5 (no tests collected) is a failure like any other non-zero exit. The whole
 # suite runs through tests/lanes.py: the daemons started once, the modules that must be alone
-# one by one, then the others in three concurrent pytest processes (`python -m tests.lanes
+# one by one, then the others in two concurrent pytest processes (`python -m tests.lanes
 # --plan` prints them). With PYTEST_ARGS (paths, -k ...) it is plain pytest in one process.
 pytest: venv
 ifeq ($(strip $(PYTEST_ARGS)),)

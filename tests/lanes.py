@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="the whole suite, in lanes sharing one set of test daemons (any option "
         "it does not know goes to every pytest process)",
     )
-    parser.add_argument("--lanes", type=int, default=3, help="concurrent lanes (default 3)")
+    parser.add_argument("--lanes", type=int, default=2, help="concurrent lanes (default 2)")
     parser.add_argument("--serial", action="store_true", help="every module in one process")
     parser.add_argument("--plan", action="store_true", help="print the plan and exit")
     parser.add_argument("--timings-json", metavar="PATH", help="the combined table as JSON")
