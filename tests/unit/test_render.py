@@ -30,6 +30,7 @@ from slurmjob_operator.site.templating import RenderError, environment, shquote
 from slurmjob_operator.storage.staging import stage_attempt
 
 from .test_render_support import (
+    MARK_HEAD_READY,
     UID,
     command_step,
     fixed_artifact,
@@ -581,11 +582,7 @@ def test_script_exits_on_sigterm(tmp_path: Path) -> None:
     started = tmp_path / "command-started"
     # Ray steps block (the head's marks it ready), the command blocks until the signal.
     (bin_dir / "srun").write_text(
-        "#!/bin/bash\n"
-        'args=("$@")\n'
-        "for ((i = 0; i + 3 < $#; i++)); do\n"
-        '  [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* ]] && : >"${args[i + 3]}"\n'
-        "done\n"
+        "#!/bin/bash\n" + MARK_HEAD_READY + 'mark_head_ready "$@"\n'
         f"[[ ${{*: -1}} == --block ]] || touch {shlex.quote(str(started))}\n"
         "exec sleep 30\n"
     )

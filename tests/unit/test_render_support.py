@@ -34,8 +34,24 @@ SERIES = {
     "a100": GpuSeries(name="a100", slurm_constraint="a100&ib", gpus_per_node=4),
 }
 
-FAKE_SRUN = r"""#!/bin/bash
-log=$(mktemp "$FAKE_LOG_DIR/srun.XXXXXX")
+#: Bash: what the Ray head's wrapper (`sh -c WRAPPER sh READY_FILE ADDRESS ...`) does once its
+#: head answers, for a fake srun given the step's argv: it creates READY_FILE.
+MARK_HEAD_READY = r"""
+mark_head_ready() {
+  local -a args=("$@")
+  local i
+  for ((i = 0; i + 3 < ${#args[@]}; i++)); do
+    [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* ]] && : >"${args[i + 3]}"
+  done
+  return 0
+}
+"""
+
+FAKE_SRUN = (
+    r"""#!/bin/bash
+"""
+    + MARK_HEAD_READY
+    + r"""log=$(mktemp "$FAKE_LOG_DIR/srun.XXXXXX")
 # Renamed into place once complete: the script may stop a background step at any moment, and a
 # half-written record must never be read as the step's argv.
 env -0 >"$log.env.part" && mv "$log.env.part" "$log.env"
@@ -45,19 +61,13 @@ if [[ $last == --block ]]; then
   if [[ -n ${FAKE_HEAD_DIES:-} ]]; then
     exit 1
   fi
-  # The Ray head's wrapper (sh -c WRAPPER sh READY_FILE ADDRESS ...) marks its head ready,
-  # unless the test says the head never answers.
-  args=("$@")
-  for ((i = 0; i + 3 < ${#args[@]}; i++)); do
-    if [[ ${args[i]} == -c && ${args[i + 1]} == *health-check* && -z ${FAKE_HEALTH_FAILS:-} ]]; then
-      : >"${args[i + 3]}"
-    fi
-  done
+  [[ -n ${FAKE_HEALTH_FAILS:-} ]] || mark_head_ready "$@"
   exec sleep 60
 fi
 sleep "${FAKE_COMMAND_SLEEP:-0}"  # lets background steps record themselves first
 exit "${FAKE_SRUN_EXIT:-0}"
 """
+)
 
 FAKE_SCONTROL = r"""#!/bin/bash
 env -0 >"$(mktemp "$FAKE_LOG_DIR/scontrol.XXXXXX")"
