@@ -5,8 +5,9 @@ for an operator to poll), so running two of them at once on two cores costs litt
 one. This runner:
 
 1. starts the shared daemons once, itself: both Slurm clusters, etcd + kube-apiserver and
-   Kueue, the three stacks at once (with $SLURMJOB_TESTBED_KEEP set, running ones are re-used
-   and left running);
+   Kueue, and the OCI registries (tests/testbed/registry.py, which also push their images),
+   the four stacks at once (with $SLURMJOB_TESTBED_KEEP set, running ones are re-used and
+   left running);
 2. runs the modules that must be alone (``[lanes] exclusive`` in tests/budgets.toml: they stop
    slurmctld or slurmrestd, or change what every module sees), one after another, in one
    pytest process;
@@ -167,7 +168,7 @@ class Daemons:
 
     def start(self) -> None:
         from tests.k8s import kube, kueue
-        from tests.testbed import slurm
+        from tests.testbed import registry, slurm
 
         slurm.prepare_host()  # users and shared directories once, before the threads
         errors: list[str] = []
@@ -189,6 +190,12 @@ class Daemons:
             for n in slurm.SPECS
         ]
         threads.append(threading.Thread(target=run, args=("kube-apiserver", kube_and_kueue)))
+        threads.append(
+            threading.Thread(
+                target=run,
+                args=("registries", lambda: registry.start_registries(reuse=self.keep)),
+            )
+        )
         for t in threads:
             t.start()
         for t in threads:
@@ -200,8 +207,9 @@ class Daemons:
         if self.keep:
             return
         from tests.k8s import kube, kueue
-        from tests.testbed import slurm
+        from tests.testbed import registry, slurm
 
+        registry.stop_registries()
         kueue.stop_kueue()
         kube.stop_testbed()
         for name in slurm.SPECS:

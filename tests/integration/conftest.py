@@ -20,6 +20,7 @@ if str(_REPO_ROOT) not in sys.path:  # tests/ is not a package; make tests.testb
 
 from tests.integration import leaks  # noqa: E402
 from tests.k8s.fixtures import KubeTestbed, kube  # noqa: E402, F401
+from tests.testbed import registry as registries  # noqa: E402
 from tests.testbed.slurm import (  # noqa: E402
     SlurmTestbed,
     TestbedError,
@@ -99,6 +100,22 @@ def slurm(request: pytest.FixtureRequest) -> SlurmTestbed:
     fixture = "slurm_2205" if request.param == "22.05" else "slurm_2605"
     testbed: SlurmTestbed = request.getfixturevalue(fixture)
     return testbed
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[registries.Registries]:
+    """The OCI registries on 127.0.0.1:25000 (open) and 25001 (private, Basic auth) with the
+    test bed's images pushed (tests/testbed/registry.py); stopped at session end unless
+    SLURMJOB_TESTBED_KEEP=1 (in tests/lanes.py the runner's, attached to)."""
+    try:
+        regs = registries.start_registries()
+    except registries.RegistryError as exc:
+        pytest.fail(f"the test bed's registries did not start:\n{exc}", pytrace=False)
+    try:
+        yield regs
+    finally:
+        if not registries.keep_requested():
+            registries.stop_registries()
 
 
 @pytest.fixture(scope="module")

@@ -219,7 +219,7 @@ def _mixed_pools(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("mutate", "phrase"),
     [
-        pytest.param(_with_image, "framework.image is not supported", id="framework-image"),
+        pytest.param(_with_image, "set exactly one of runtimeId and image", id="framework-image"),
         pytest.param(_cpu_two_pools, "a CPU-only job has exactly one pool", id="cpu-two-pools"),
         pytest.param(_mixed_pools, "a GPU job cannot have a pool with gpusPerNode 0", id="mixed"),
     ],

@@ -5,11 +5,15 @@
 #   * etcd from go.etcd.io/etcd/server/v3 (wrapper module gomod/etcd);
 #   * helm from helm.sh/helm/v3 (wrapper module gomod/helm);
 #   * Kueue's manager from sigs.k8s.io/kueue (wrapper module gomod/kueue), with its CRDs copied
-#     from the module next to the binary (crds/).
+#     from the module next to the binary (crds/);
+#   * the OCI registry from github.com/distribution/distribution/v3 (wrapper module
+#     gomod/registry) and crane from github.com/google/go-containerregistry (gomod/crane),
+#     for the test bed's registries (tests/testbed/registry.py).
 # Versions come from the wrapper go.mod files; each binary is cached once under
 #   /var/cache/slurmjob-testbed/k8s/<component>-<version>/<component>
-# and skipped when present. Daemons are started by tests/k8s/kube.py, not here.
-# Bump a version: see tests/k8s/pin.sh.
+# and skipped when present. Daemons are started by tests/k8s/kube.py and
+# tests/testbed/registry.py, not here. Bump a version: see tests/k8s/pin.sh.
+# Usage: build.sh [COMPONENT...]   all components, or only those named (e.g. registry crane).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,11 +54,23 @@ ETCD_VERSION=$(modver etcd go.etcd.io/etcd/server/v3)
 HELM_VERSION=$(modver helm helm.sh/helm/v3)
 HELM_CLIENT_GO=$(modver helm k8s.io/client-go)
 KUEUE_VERSION=$(modver kueue sigs.k8s.io/kueue)
+REGISTRY_VERSION=$(modver registry github.com/distribution/distribution/v3)
+CRANE_VERSION=$(modver crane github.com/google/go-containerregistry)
+
+COMPONENTS=(etcd kube-apiserver kubectl helm kueue registry crane)
+WANTED=("$@")
+for c in "${WANTED[@]}"; do
+    [[ " ${COMPONENTS[*]} " == *" $c "* ]] || die "unknown component $c (${COMPONENTS[*]})"
+done
+wanted() { # $1 = component: named on the command line, or none named
+    ((${#WANTED[@]} == 0)) || [[ " ${WANTED[*]} " == *" $1 "* ]]
+}
 
 # build <component> <version> <wrapper dir> <package> <go build args...>
 build() {
     local comp=$1 ver=$2 mod=$3 pkg=$4
     shift 4
+    wanted "$comp" || return 0
     local dir="$CACHE/$comp-$ver"
     local bin="$dir/$comp"
     if [[ -x $bin ]]; then
@@ -75,6 +91,7 @@ build() {
     kubectl) vargs=(version --client) ;;
     helm) vargs=(version) ;;
     kueue) vargs=(-help) ;; # no version flag; its flag set answers -help with status 0
+    crane) vargs=(version) ;;
     esac
     "$tmp/$comp" "${vargs[@]}" >"$tmp/version.txt" 2>&1 ||
         die "$tmp/$comp ${vargs[*]} failed: $(cat "$tmp/version.txt")"
@@ -93,8 +110,11 @@ build etcd "$ETCD_VERSION" etcd go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 # v0.0.0-master and helm/kubectl version checks misbehave.
 k8s_minor=${K8S_VERSION#v1.}
 k8s_minor=${k8s_minor%%.*}
-k8s_date=$(cd "$GOMOD/kube" && go list -m -f '{{.Time}}' k8s.io/kubernetes 2>/dev/null |
-    awk '{ print $1 "T" $2 "Z" }')
+k8s_date=""
+if wanted kube-apiserver || wanted kubectl; then
+    k8s_date=$(cd "$GOMOD/kube" && go list -m -f '{{.Time}}' k8s.io/kubernetes 2>/dev/null |
+        awk '{ print $1 "T" $2 "Z" }')
+fi
 k8s_ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     k8s_ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
@@ -118,7 +138,7 @@ build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm -ldflags "$helm_ldflags
 
 build kueue "$KUEUE_VERSION" kueue sigs.k8s.io/kueue/cmd/kueue -ldflags "-s -w"
 kueue_crds="$CACHE/kueue-$KUEUE_VERSION/crds"
-if [[ ! -f $kueue_crds/kueue.x-k8s.io_workloads.yaml ]]; then
+if wanted kueue && [[ ! -f $kueue_crds/kueue.x-k8s.io_workloads.yaml ]]; then
     src="$(cd "$GOMOD/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config/components/crd/bases"
     [[ -d $src ]] || die "Kueue's CRDs are not in the module ($src)"
     rm -rf "$kueue_crds.tmp" && mkdir -p "$kueue_crds.tmp"
@@ -127,4 +147,11 @@ if [[ ! -f $kueue_crds/kueue.x-k8s.io_workloads.yaml ]]; then
     log "kueue $KUEUE_VERSION: CRDs copied from $src"
 fi
 
-log "all binaries ready in $((SECONDS - t_all)) s under $CACHE"
+# The registry reports the version its Makefile stamps (the default reads v3.x.y+unknown).
+build registry "$REGISTRY_VERSION" registry github.com/distribution/distribution/v3/cmd/registry \
+    -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION"
+# crane's `version` prints this stamp (else the wrapper module's "(devel)").
+build crane "$CRANE_VERSION" crane github.com/google/go-containerregistry/cmd/crane \
+    -ldflags "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$CRANE_VERSION"
+
+log "${WANTED[*]:-all binaries} ready in $((SECONDS - t_all)) s under $CACHE"

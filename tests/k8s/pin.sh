@@ -3,6 +3,8 @@
 #   bash tests/k8s/pin.sh kube v1.36.3    # k8s.io/kubernetes; staging modules at v0.36.3
 #   bash tests/k8s/pin.sh etcd v3.6.16    # go.etcd.io/etcd/server/v3
 #   bash tests/k8s/pin.sh helm v3.22.0    # helm.sh/helm/v3
+#   bash tests/k8s/pin.sh registry v3.1.2 # github.com/distribution/distribution/v3 (cmd/registry)
+#   bash tests/k8s/pin.sh crane v0.22.1   # github.com/google/go-containerregistry (cmd/crane)
 # The staging list is read from the .mod file the proxy serves for that k8s.io/kubernetes
 # version (it grows: 1.36 added k8s.io/streaming and k8s.io/cri-streaming). Kubernetes >= 1.38
 # needs Go 1.27. Then run tests/k8s/build.sh (new versions go into new cache directories).
@@ -13,13 +15,14 @@ die() {
     printf '[k8s-pin] ERROR: %s\n' "$*" >&2
     exit 1
 }
-(($# == 2)) || die "usage: $0 kube|etcd|helm VERSION"
+(($# == 2)) || die "usage: $0 kube|etcd|helm|registry|crane VERSION"
 what=$1 ver=$2
 dir="$HERE/gomod/$what"
 GOFLAGS="$(go env GOFLAGS) -mod=mod"
 export GOFLAGS GOTOOLCHAIN=local
 
 new_gomod() { # $1 = module path suffix
+    mkdir -p "$dir"
     printf 'module slurmjob.io/testbed/k8s/%s\n\ngo 1.26.0\n' "$1" >"$dir/go.mod"
     : >"$dir/go.sum"
 }
@@ -51,7 +54,15 @@ helm)
     new_gomod helm
     (cd "$dir" && go get -tool "helm.sh/helm/v3/cmd/helm@$ver")
     ;;
-*) die "unknown wrapper $what (kube, etcd or helm)" ;;
+registry)
+    new_gomod registry
+    (cd "$dir" && go get -tool "github.com/distribution/distribution/v3/cmd/registry@$ver")
+    ;;
+crane)
+    new_gomod crane
+    (cd "$dir" && go get -tool "github.com/google/go-containerregistry/cmd/crane@$ver")
+    ;;
+*) die "unknown wrapper $what (kube, etcd, helm, registry or crane)" ;;
 esac
 (cd "$dir" && go mod tidy)
 printf '[k8s-pin] %s pinned at %s in %s\n' "$what" "$ver" "$dir/go.mod"

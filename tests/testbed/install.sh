@@ -18,6 +18,7 @@ CHROOT_VERSION=1 # bump to force a rebuild when the package list below changes
 CI_UID=2001
 CI_GID=2001
 TENANT_UID_BASE=2101 # team-a 2101, team-b 2102
+IMAGE_CACHE_UID=2201 # slurmimg: the image cache's user (docs/images.md), its import jobs
 TESTBED_ROOT=/srv/slurmjob-testbed
 
 HOST_PKGS=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge
@@ -90,6 +91,15 @@ ensure_users() { # $1 = root dir ("" for the host)
         [[ $("${ch[@]}" id -u "$name") == "$id" ]] ||
             die "user $name in '${root:-/}' does not have uid $id"
     done
+    if ! "${ch[@]}" getent group slurmimg >/dev/null; then
+        "${ch[@]}" groupadd --gid "$IMAGE_CACHE_UID" slurmimg
+    fi
+    if ! "${ch[@]}" getent passwd slurmimg >/dev/null; then
+        "${ch[@]}" useradd --uid "$IMAGE_CACHE_UID" --gid "$IMAGE_CACHE_UID" --no-create-home \
+            --home-dir "$TESTBED_ROOT/imagecache" --shell /bin/bash slurmimg
+    fi
+    [[ $("${ch[@]}" id -u slurmimg) == "$IMAGE_CACHE_UID" ]] ||
+        die "user slurmimg in '${root:-/}' does not have uid $IMAGE_CACHE_UID"
 }
 ensure_users ""
 # The test clusters' node names, n1 and n2 (both 127.0.0.1: one machine), must resolve on the
@@ -101,6 +111,9 @@ if ! grep -q ' # slurmjob-testbed nodes$' /etc/hosts; then
 fi
 install -d -m 0755 "$TESTBED_ROOT"
 install -d -m 0755 -o "$CI_UID" -g "$CI_GID" "$TESTBED_ROOT/storage" "$TESTBED_ROOT/records"
+# The image cache: its user's alone; Slurm opens an import job's output in logs/ first.
+install -d -m 0755 -o "$IMAGE_CACHE_UID" -g "$IMAGE_CACHE_UID" "$TESTBED_ROOT/imagecache" \
+    "$TESTBED_ROOT/imagecache/logs"
 install -d -m 0755 "$TESTBED_ROOT/bin" "$CACHE"
 
 # ---------------------------------------------------------------- chroot with Slurm 26.05

@@ -40,7 +40,7 @@ APPTAINER_PREFIX=/opt/slurmjob-apptainer
 # What the runtimes need where a slurmd runs (host and chroot), and what Apptainer's build needs.
 RUNTIME_PKGS=(squashfs-tools squashfuse fuse3 jq parallel curl pigz zstd libcap2-bin
     fuse-overlayfs uidmap libseccomp2 fuse2fs cryptsetup-bin ca-certificates
-    procps util-linux)
+    procps util-linux acl)
 BUILD_PKGS=(libseccomp-dev libtalloc-dev libattr1-dev libprotobuf-c-dev pkg-config fakeroot
     make gcc libc6-dev)
 
@@ -148,8 +148,8 @@ build_enroot() {
             sysconfdir=/etc DESTDIR="$out/root" >"$work/build.log" 2>&1 ||
             die "Enroot build failed: $(tail -20 "$work/build.log")"
         # The install wrote the staging directory into enroot's paths; take it out, as
-        # enroot's own `make dist` does. No file capabilities (`make setcap`): the test bed
-        # starts squashfs images directly and never imports multi-layer images as a user.
+        # enroot's own `make dist` does. Its file capabilities are set where it is installed
+        # (install_into: the image cache's imports run as a user).
         sed -i "s;$out/root;;" "$out/root/usr/local/bin/enroot" "$out/root/etc/enroot/enroot.conf"
         rm -rf "$work"
         touch "$out/.complete"
@@ -191,6 +191,11 @@ APPTAINER_BUILD=$(build_apptainer)
 # read another's runtime, cache or data directory. The users are install.sh's.
 ENROOT_USERS=(slurmci team-a team-b)
 ENROOT_DIR=/var/lib/slurmjob-enroot
+# The CA bundle Enroot's curl verifies registries with: Debian's bundle plus the CA of the
+# test bed's registries, written by tests/testbed/registry.py when it starts them. Under
+# /srv/slurmjob-testbed, which slurm.py binds into the chroot at the same path: one file for
+# both roots. Until the registries first start, a copy of the root's own bundle.
+REGISTRY_CA_BUNDLE=/srv/slurmjob-testbed/registry/ca-bundle.crt
 
 install_into() { # $1 = root ("" for the host)
     local root=$1 user uid gid
@@ -203,6 +208,12 @@ install_into() { # $1 = root ("" for the host)
     cp -a --remove-destination "$ENROOT_BUILD/root/." "${root:-/}"
     cp -a --remove-destination "$APPTAINER_BUILD/root/." "${root:-/}"
     ln -sfn "$APPTAINER_PREFIX/bin/apptainer" "$root/usr/local/bin/apptainer"
+    # The image cache's import jobs (docs/images.md) run `enroot import` as the cache user:
+    # Enroot's own file capabilities (its `make setcap`) on the two helpers that turn layers
+    # into a squashfs, else "failed to set capabilities: Operation not permitted". Set after
+    # every copy (a copy may not keep them); a site installs Enroot's package, which sets them.
+    "${ch[@]}" setcap cap_sys_admin+pe /usr/local/bin/enroot-mksquashovlfs
+    "${ch[@]}" setcap cap_sys_admin,cap_mknod+pe /usr/local/bin/enroot-aufs2ovlfs
     # Earlier recipes' wrappers of squashfuse and enroot (they did not keep a Pyxis
     # container's image mounted through Slurm's signals: docs/development.md).
     rm -f "$root/usr/local/bin/squashfuse" "$root/usr/local/sbin/enroot"
@@ -225,11 +236,22 @@ ENROOT_CACHE_PATH   $ENROOT_DIR/\${UID}/cache
 ENROOT_DATA_PATH    $ENROOT_DIR/\${UID}/data
 ENROOT_TEMP_PATH    $ENROOT_DIR/\${UID}/tmp
 ENROOT_MOUNT_HOME   no
+# The test bed's registries (tests/testbed/registry.py): Debian's CAs plus theirs.
+SSL_CERT_FILE       $REGISTRY_CA_BUNDLE
+# The image cache's imports (docs/images.md) make uncompressed squashfs here: compressing
+# is most of an import's CPU, which the suite's other lanes need more than disk space.
+ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -exit-on-error
 EOF
+    if [[ ! -s $root$REGISTRY_CA_BUNDLE ]]; then
+        install -d -m 0755 "$(dirname "$root$REGISTRY_CA_BUNDLE")"
+        install -m 0644 "$root/etc/ssl/certs/ca-certificates.crt" "$root$REGISTRY_CA_BUNDLE"
+    fi
     for user in "${ENROOT_USERS[@]}"; do
         uid=$("${ch[@]}" id -u "$user") || die "user $user missing in '${root:-/}' (install.sh)"
         gid=$("${ch[@]}" id -g "$user")
-        install -d -m 0700 -o "$uid" -g "$gid" "$root$ENROOT_DIR/$uid"
+        # Enroot makes the runtime, cache and data directories itself, not ENROOT_TEMP_PATH,
+        # which `enroot import` needs (a job that imports from the test bed's registries).
+        install -d -m 0700 -o "$uid" -g "$gid" "$root$ENROOT_DIR/$uid" "$root$ENROOT_DIR/$uid/tmp"
     done
     log "runtimes installed in '${root:-/}'"
 }

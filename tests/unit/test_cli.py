@@ -87,7 +87,7 @@ def _manifest(**spec_changes: Any) -> str:
                     "image": "nvcr.io/x",
                 }
             },
-            "spec.framework.image",
+            "spec.framework.image",  # not a reference with a tag or digest
         ),
         (
             {"pools": [{"name": "main", "nodes": 1, "gpusPerNode": -1, "cpus": 1, "memoryGb": 1}]},

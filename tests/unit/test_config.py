@@ -100,6 +100,29 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_LISTENER_WRITE_TIMEOUT", "3", "listener_write_timeout", 3.0),
     ("SLURMJOB_LISTENER_MAX_CONNECTIONS", "16", "listener_max_connections", 16),
     ("SLURMJOB_LISTENER_MAX_PER_SOURCE", "4", "listener_max_per_source", 4),
+    (
+        "SLURMJOB_IMAGE_REGISTRIES",
+        "nvcr.io/nvidia,127.0.0.1:5000",
+        "image_registries",
+        "nvcr.io/nvidia,127.0.0.1:5000",
+    ),
+    ("SLURMJOB_IMAGE_CACHE_ROOT", "/cache", "image_cache_root", Path("/cache")),
+    ("SLURMJOB_SLURM_IMAGE_CACHE_ROOT", "/gpfs/cache", "slurm_image_cache_root", "/gpfs/cache"),
+    ("SLURMJOB_IMAGE_CACHE_USER", "imagecache", "image_cache_user", "imagecache"),
+    ("SLURMJOB_IMAGE_IMPORT_PARTITION", "cpu", "image_import_partition", "cpu"),
+    ("SLURMJOB_IMAGE_CACHE_UID", "990", "image_cache_uid", 990),
+    ("SLURMJOB_IMAGE_IMPORT_ACCOUNT", "infra", "image_import_account", "infra"),
+    ("SLURMJOB_IMAGE_IMPORT_CPUS", "8", "image_import_cpus", 8),
+    ("SLURMJOB_IMAGE_IMPORT_MEMORY_MB", "16000", "image_import_memory_mb", 16000),
+    ("SLURMJOB_IMAGE_IMPORT_TIME_MINUTES", "60", "image_import_time_minutes", 60),
+    ("SLURMJOB_IMAGE_IMPORT_TMP", "/local/tmp", "image_import_tmp", "/local/tmp"),
+    ("SLURMJOB_IMAGE_IMPORT_CA_FILE", "/etc/ca.pem", "image_import_ca_file", "/etc/ca.pem"),
+    ("SLURMJOB_IMAGE_TAG_REUSE_SECONDS", "60", "image_tag_reuse_seconds", 60),
+    ("SLURMJOB_IMAGE_IMPORT_RETRIES", "1", "image_import_retries", 1),
+    ("SLURMJOB_IMAGE_CACHE_MAX_BYTES", str(2 * 1024**4), "image_cache_max_bytes", 2 * 1024**4),
+    ("SLURMJOB_IMAGE_CACHE_FLOOR_BYTES", str(1024**3), "image_cache_floor_bytes", 1024**3),
+    ("SLURMJOB_IMAGE_IMPORTS_PER_TENANT", "3", "image_imports_per_tenant", 3),
+    ("SLURMJOB_IMAGE_IMPORTS_MAX", "12", "image_imports_max", 12),
 ]
 
 
@@ -121,8 +144,36 @@ def test_the_serving_certificate_files_go_together() -> None:
     )
 
 
+_IMAGE_CACHE = {
+    "SLURMJOB_IMAGE_CACHE_ROOT": "/cache",
+    "SLURMJOB_IMAGE_CACHE_USER": "imagecache",
+    "SLURMJOB_IMAGE_CACHE_UID": "990",
+    "SLURMJOB_IMAGE_IMPORT_PARTITION": "cpu",
+}
+
+
+def test_images_need_the_cache_its_user_and_partition() -> None:
+    settings = Settings.from_env({"SLURMJOB_IMAGES_ENABLED": "1", **_IMAGE_CACHE})
+    assert settings.images_enabled is True
+    assert settings.image_cache_floor == settings.image_cache_max_bytes // 16
+    for left_out in _IMAGE_CACHE:
+        given = {k: v for k, v in _IMAGE_CACHE.items() if k != left_out}
+        with pytest.raises(ConfigError, match=f"SLURMJOB_IMAGES_ENABLED needs {left_out}"):
+            Settings.from_env({"SLURMJOB_IMAGES_ENABLED": "yes", **given})
+    assert Settings.from_env({"SLURMJOB_IMAGES_ENABLED": "off"}).images_enabled is False
+
+
+def test_a_registry_list_is_host_port_and_path_prefixes() -> None:
+    settings = Settings.from_env({"SLURMJOB_IMAGE_REGISTRIES": "nvcr.io/nvidia,reg:5000"})
+    assert settings.allowed_image_registries == ("nvcr.io/nvidia", "reg:5000")
+    for bad in ("nvcr.io/nvidia,", "a b", "https://nvcr.io", "NVCR.io"):
+        with pytest.raises(ConfigError, match="SLURMJOB_IMAGE_REGISTRIES"):
+            Settings.from_env({"SLURMJOB_IMAGE_REGISTRIES": bad})
+
+
 def test_the_value_table_covers_every_setting() -> None:
     names = {name for name, *_ in VALUES} | {"SLURMJOB_SLURM_TLS_VERIFY"}
+    names |= {"SLURMJOB_IMAGES_ENABLED"}  # with the cache settings, above
     names |= {"SLURMJOB_LOGS_TLS_CERT_FILE", "SLURMJOB_LOGS_TLS_KEY_FILE"}  # together, above
     assert names == {Settings.env_name(f) for f in Settings.model_fields}
 

@@ -371,11 +371,11 @@ def test_crd_agrees_with_the_models(case: Case) -> None:
 def test_cel_error_paths_name_the_field() -> None:
     pytest.importorskip("celpy")
     spec = cpu_spec()
-    spec["framework"]["image"] = "python:3.11"
+    spec["framework"]["image"] = "nvcr.io/nvidia/pytorch:24.01-py3"
     spec["mounts"] = [{"source": "../x", "target": "/x"}]
     errors = apiserver_errors(manifest(spec))
     assert any(
-        e.startswith(".spec.framework.image: framework.image is not supported") for e in errors
+        e.startswith(".spec.framework: set exactly one of runtimeId and image") for e in errors
     )
     assert any(
         e.startswith(".spec.mounts[0].source: mount sources cannot contain '..'") for e in errors

@@ -57,6 +57,18 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
     """Every transition's result; True where the reason comes from Slurm's state."""
     out: list[tuple[SlurmJobStatus, bool]] = [
         (RECORDED, False),
+        (
+            reconcile.record_attempt(
+                FRESH,
+                number=1,
+                job_name="sj-a",
+                staging_dir="/s/attempt-1",
+                generation=1,
+                now=NOW,
+                image="r.io/a/b:1@sha256:" + "ab" * 32,
+            ).status,
+            False,
+        ),
         (QUEUED, False),
         (reconcile.submitted(RECORDED, 7, 1, NOW, adopted=True).status, False),
         (reconcile.declared_lost(UNSENT, 1, NOW).status, False),

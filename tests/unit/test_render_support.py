@@ -24,6 +24,7 @@ from typing import Any
 
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import RuntimeProfile, Settings
+from slurmjob_operator.site.artifacts import CachedImage
 from slurmjob_operator.site.catalogs import ArtifactFormat, GpuSeries, RuntimeArtifact
 from slurmjob_operator.site.render import RenderContext, RenderedAttempt
 from slurmjob_operator.storage.staging import stage_attempt
@@ -243,7 +244,7 @@ def make_spec(
 def make_context(
     spec: SlurmJobSpec,
     settings: Settings,
-    artifact: RuntimeArtifact,
+    artifact: RuntimeArtifact | CachedImage,
     secret_values: Mapping[str, str] | None = None,
     namespace: str = "team-a",
     name: str = "resnet",

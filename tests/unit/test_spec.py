@@ -246,10 +246,16 @@ INVALID: list[Case] = [
         "Extra inputs are not permitted",
     ),
     Case(
-        "framework-image",
+        "framework-image-without-registry",
         changed(cpu_spec(), framework__image="python:3.11"),
         "spec.framework.image",
-        "framework.image is not supported",
+        "should match pattern",
+    ),
+    Case(
+        "framework-image-and-runtime",
+        changed(cpu_spec(), framework__image="nvcr.io/nvidia/pytorch:24.01-py3"),
+        "spec.framework",
+        "set exactly one of runtimeId and image",
     ),
     Case(
         "custom-runtime-prefix",

@@ -377,6 +377,58 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ . | int64 | quote }}
 {{- end }}
 {{- end }}
+{{- with .Values.images }}
+{{- if .enabled }}
+- name: SLURMJOB_IMAGES_ENABLED
+  value: "true"
+- name: SLURMJOB_IMAGE_CACHE_ROOT
+  value: {{ .cache.root | quote }}
+{{- with .cache.slurmRoot }}
+- name: SLURMJOB_SLURM_IMAGE_CACHE_ROOT
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_IMAGE_CACHE_USER
+  value: {{ required "images.cacheUser: the Slurm user import jobs run as (the only writer of the cache)" .cacheUser | quote }}
+- name: SLURMJOB_IMAGE_CACHE_UID
+  value: {{ required "images.cacheUid: the cache user's uid" .cacheUid | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORT_PARTITION
+  value: {{ required "images.import.partition: the CPU partition import jobs run in" .import.partition | quote }}
+{{- with .import.account }}
+- name: SLURMJOB_IMAGE_IMPORT_ACCOUNT
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_IMAGE_IMPORT_CPUS
+  value: {{ .import.cpus | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORT_MEMORY_MB
+  value: {{ .import.memoryMb | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORT_TIME_MINUTES
+  value: {{ .import.timeMinutes | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORT_TMP
+  value: {{ .import.tmp | quote }}
+{{- with .import.caFile }}
+- name: SLURMJOB_IMAGE_IMPORT_CA_FILE
+  value: {{ . | quote }}
+{{- end }}
+- name: SLURMJOB_IMAGE_IMPORT_RETRIES
+  value: {{ .import.retries | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORTS_PER_TENANT
+  value: {{ .import.perTenant | int | quote }}
+- name: SLURMJOB_IMAGE_IMPORTS_MAX
+  value: {{ .import.max | int | quote }}
+- name: SLURMJOB_IMAGE_TAG_REUSE_SECONDS
+  value: {{ .tagReuseSeconds | int | quote }}
+- name: SLURMJOB_IMAGE_CACHE_MAX_BYTES
+  value: {{ .cache.maxBytes | int64 | quote }}
+{{- with .cache.floorBytes }}
+- name: SLURMJOB_IMAGE_CACHE_FLOOR_BYTES
+  value: {{ . | int64 | quote }}
+{{- end }}
+{{- with .registries }}
+- name: SLURMJOB_IMAGE_REGISTRIES
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.ttlAfterFinished }}
 {{- if not (kindIs "invalid" .default) }}
 - name: SLURMJOB_TTL_AFTER_FINISHED_DEFAULT
@@ -476,6 +528,14 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   subPath: {{ . }}
   {{- end }}
 {{- end }}
+{{- if .Values.images.enabled }}
+- name: image-cache
+  mountPath: {{ .Values.images.cache.root }}
+  readOnly: true
+  {{- with .Values.images.cache.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end }}
 - name: slurm-auth
   mountPath: /etc/slurmjob/auth
   readOnly: true
@@ -529,6 +589,19 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 - name: archive
   persistentVolumeClaim:
     claimName: {{ required "archive.existingClaim: the PersistentVolumeClaim of the log archive (a volume no compute node mounts)" .Values.archive.existingClaim }}
+{{- end }}
+{{- if .Values.images.enabled }}
+# Read-only: the operator reads what the import jobs recorded; only the cache user writes.
+- name: image-cache
+  {{- if .Values.images.cache.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.images.cache.existingClaim }}
+    readOnly: true
+  {{- else }}
+  hostPath:
+    path: {{ required "images.cache.hostPath or images.cache.existingClaim: where the image cache is" .Values.images.cache.hostPath }}
+    type: Directory
+  {{- end }}
 {{- end }}
 # A Secret volume (not an env var): the kubelet updates the file when the Secret
 # changes and the operator re-reads it, so a rotated token needs no restart. The files

@@ -27,37 +27,56 @@ CUSTOM = "custom"
 CUSTOM_RUNTIME_PREFIX = "custom-"
 
 
+# The shape of an OCI reference with an explicit registry and an explicit tag or digest, as
+# the CRD and pydantic check it (both linear-time engines). The image cache parses it fully
+# (imagecache/reference.py: the component grammar, the tenant's registries).
+IMAGE_REF_RE = (
+    r"^[a-z0-9][-a-z0-9.]*(:[0-9]{1,5})?/[a-z0-9._/-]+"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$"
+)
+IMAGE_REF_MAX = 512
+
+
 class Framework(_Model):
-    """What runs: a framework kind/name and the runtime artifact that carries it."""
+    """What runs: a framework kind/name and either a runtime artifact of the site's registry
+    or an OCI image the site's image cache makes ready (docs/images.md)."""
 
     kind: str = Field(min_length=1, max_length=63, description="Framework kind, e.g. custom.")
     name: str = Field(min_length=1, max_length=63, description="Framework name, e.g. custom.")
-    runtime_id: str = Field(
+    runtime_id: str | None = Field(
+        default=None,
         min_length=1,
         max_length=253,
-        description="Id of a runtime artifact (SQSH or SIF) in the site's runtime registry.",
+        description=(
+            "Id of a runtime artifact (SQSH or SIF) in the site's runtime registry. Exactly "
+            "one of runtimeId and image."
+        ),
     )
     image: str | None = Field(
         default=None,
+        max_length=IMAGE_REF_MAX,
+        pattern=IMAGE_REF_RE,
         description=(
-            "Refused: this backend never materialises an OCI image implicitly. "
-            "Publish the image as a runtime artifact and set runtimeId."
+            "OCI image, registry/repository:tag or registry/repository@sha256:digest, from a "
+            "registry the tenant lists, where the site enables images: imported once per "
+            "digest by an import job off the GPU allocation, never pulled by the job itself. "
+            "Exactly one of runtimeId and image."
         ),
     )
 
-    @field_validator("image")
-    @classmethod
-    def _no_image(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(
-                "framework.image is not supported: the image comes from the runtime registry "
-                "by runtimeId (no implicit OCI image materialization)"
-            )
-        return value
+    @model_validator(mode="after")
+    def _one_source(self) -> Framework:
+        if (self.runtime_id is None) == (self.image is None):
+            raise ValueError("framework: set exactly one of runtimeId and image")
+        return self
 
     @model_validator(mode="after")
     def _custom_runtime_prefix(self) -> Framework:
-        if self.kind == CUSTOM and not self.runtime_id.startswith(CUSTOM_RUNTIME_PREFIX):
+        if (
+            self.kind == CUSTOM
+            and self.runtime_id is not None
+            and not self.runtime_id.startswith(CUSTOM_RUNTIME_PREFIX)
+        ):
             raise ValueError(
                 f"runtimeId {self.runtime_id!r}: custom runtimes must have ids starting with "
                 f"{CUSTOM_RUNTIME_PREFIX!r}"

@@ -29,6 +29,7 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from slurmjob_operator.config.coordination import CoordinationSettings
+from slurmjob_operator.config.images import ImageSettings
 from slurmjob_operator.config.pacing import PacingSettings
 from slurmjob_operator.config.serving import ServingSettings
 from slurmjob_operator.config.site import CLUSTER_NAME_RE, SiteSettings, parse_owner
@@ -95,7 +96,14 @@ def _reading(environ: Mapping[str, str]) -> Iterator[None]:
 
 # pydantic orders the fields base-most first (the MRO reversed), so the parts are listed last
 # to first: the fields keep the order the docs, the chart and the JSON schema list them in.
-class Settings(CoordinationSettings, ServingSettings, PacingSettings, SiteSettings, SlurmSettings):
+class Settings(
+    CoordinationSettings,
+    ServingSettings,
+    PacingSettings,
+    ImageSettings,
+    SiteSettings,
+    SlurmSettings,
+):
     """The operator's settings: `Settings.from_env()` reads them from `SLURMJOB_*` variables.
 
     `Settings(...)` directly takes keyword arguments only and never looks at os.environ.
@@ -131,6 +139,24 @@ class Settings(CoordinationSettings, ServingSettings, PacingSettings, SiteSettin
             raise ValueError(
                 "SLURMJOB_LOGS_CERT_SECRET is not read with SLURMJOB_LOGS_TLS_CERT_FILE: set one"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _image_cache(self) -> Settings:
+        if not self.images_enabled:
+            return self
+        missing = [
+            self.env_name(name)
+            for name in (
+                "image_cache_root",
+                "image_cache_user",
+                "image_cache_uid",
+                "image_import_partition",
+            )
+            if getattr(self, name) is None
+        ]
+        if missing:
+            raise ValueError(f"SLURMJOB_IMAGES_ENABLED needs {', '.join(missing)}")
         return self
 
     @classmethod

@@ -6,11 +6,13 @@ sender classifies (`core.decisions.FAILURES` says what it becomes) and writes on
 2. the spec: one that does not parse is refused with its errors by field;
 3. the cluster: a spec.cluster the tenant may not use, or this cluster is not;
 4. Kueue's placement: where Kueue counted the quota is where the job runs;
-5. the Secret values the environment names (read in the resource's own namespace only);
-6. render and the script checks (`site.render`, `site.preflight`);
-7. the cluster's limits (judged again on a fresh read before anything is refused);
-8. the runtime artifact;
-9. the staging tree: the directories on the way to the attempt's must be the operator's (or
+5. the image, for a spec.framework.image: refused where the site or the tenant does not
+   allow it, waited for while the image cache imports it (imagecache/gate.py);
+6. the Secret values the environment names (read in the resource's own namespace only);
+7. render and the script checks (`site.render`, `site.preflight`);
+8. the cluster's limits (judged again on a fresh read before anything is refused);
+9. the runtime artifact, or the image-cache entry against its import's record;
+10. the staging tree: the directories on the way to the attempt's must be the operator's (or
    the staging owner's) and take a new entry, else StagingNotWritable before any record.
 
 A new check is a method here and a line in `ORDER`.
@@ -38,6 +40,8 @@ from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import check, enforce
 from slurmjob_operator.core.placement import Clusters
+from slurmjob_operator.imagecache.gate import FIELD, ImageGate, requested_image
+from slurmjob_operator.site.artifacts import CachedImage
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.storage.stagingtree import check_tree
 
@@ -54,6 +58,7 @@ class Preparing:
     secrets: dict[str, str] = field(default_factory=dict)
     client: SlurmClient | None = None
     prepared: PreparedAttempt | None = None
+    image: CachedImage | None = None
 
 
 class Checks:
@@ -75,6 +80,8 @@ class Checks:
         self.limits = limits
         #: The probe cache and avoid lists (None: not kept; every probe runs, nothing excluded).
         self.probes: ProbeBook | None = None
+        #: The image cache's gate (None: images are not enabled here; an image is refused).
+        self.images: ImageGate | None = None
 
     def order(self) -> tuple[Callable[[Preparing], Awaitable[None]], ...]:
         return (
@@ -82,6 +89,7 @@ class Checks:
             self.the_spec,
             self.the_cluster,
             self.placement,
+            self.image,
             self.secret_values,
             self.render,
             self.cluster_limits,
@@ -121,6 +129,16 @@ class Checks:
         if p.admitted.partition is not None:
             p.spec = p.spec.model_copy(update={"partition": p.admitted.partition})
 
+    async def image(self, p: Preparing) -> None:
+        assert p.spec is not None
+        if p.spec.framework.image is None:
+            return
+        scope = self.site.scope(p.view.ref.namespace)
+        if self.images is None:
+            requested_image(self.settings, p.spec, scope)  # refuses, naming the setting
+            raise SpecError([f"{FIELD}: the image cache is not running here"])
+        p.image = await self.images.entry_for(p.spec, scope, p.view.ref.uid)
+
     async def secret_values(self, p: Preparing) -> None:
         p.secrets = await self.edge.secret_values(p.view)
 
@@ -149,6 +167,7 @@ class Checks:
             probes=self.probes,
             attempts=p.view.status.attempts,
             snapshot=snapshot,
+            image=p.image,
         )
 
     async def cluster_limits(self, p: Preparing) -> None:

@@ -34,6 +34,7 @@ from slurmjob_operator.core.expiry import TtlPolicy
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
+from slurmjob_operator.imagecache.wiring import image_gate
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
 from slurmjob_operator.kube.ports import (
     KeepsDeleted,
@@ -172,6 +173,8 @@ class Controller:
         self.probes = probes if probes is not None else probe_book(settings, kube)
         self._following.probing.probes = self.probes
         self._submission.sender.checks.probes = self.probes
+        # The image cache, where images are enabled and the store holds ConfigMaps.
+        self._submission.sender.checks.images = image_gate(settings, kube, self.slurm_as)
 
     def depended_on(self, namespace: str, name: str) -> bool:
         """Whether a SlurmJob of this cluster still to finish names this one in dependsOn."""

@@ -31,9 +31,15 @@ from slurmjob_operator.core.segments import (
     plan_segment,
     segment_minutes,
 )
-from slurmjob_operator.site.artifacts import artifact_path, verify_artifact
+from slurmjob_operator.site.artifacts import (
+    CachedImage,
+    artifact_path,
+    verify_artifact,
+    verify_cached,
+)
 from slurmjob_operator.site.catalogs import (
     GpuSeriesCatalog,
+    RuntimeArtifact,
     RuntimeRegistry,
     load_gpu_series,
     load_runtime_registry,
@@ -120,10 +126,14 @@ class Site:
 
     @property
     def slurm_users(self) -> frozenset[str]:
-        """Every tenant's `slurmUser`: the only users the operator acts as besides its own."""
+        """Every tenant's `slurmUser`, and the image cache's user where images are enabled:
+        the only users the operator acts as besides its own."""
+        cache = self.settings.image_cache_user if self.settings.images_enabled else None
+        extra = frozenset({cache}) if cache is not None else frozenset()
         if self.tenants is None:
-            return frozenset()
-        return frozenset(t.slurm_user for t in self.tenants.tenants if t.slurm_user is not None)
+            return extra
+        own = (t.slurm_user for t in self.tenants.tenants if t.slurm_user is not None)
+        return frozenset(own) | extra
 
     def check_tenant_users(self) -> None:
         """Refuse (ConfigError) what would make a tenant's jobs fail one by one: a `slurmUser`
@@ -163,6 +173,8 @@ class PreparedAttempt:
     probe_plan: ProbePlan | None = None
     segment: SegmentPlan | None = None
     """The walltime segment this attempt runs (None: no spec.walltime)."""
+    artifact: RuntimeArtifact | CachedImage | None = None
+    """What the job runs: the registry's artifact or the image cache's entry."""
 
 
 def _probe_keys(
@@ -170,7 +182,7 @@ def _probe_keys(
 ) -> ProbeKeys | None:
     """The job's probe keys (None: it gets no probe), from the namespace, the tenant entry the
     site resolved for it, this cluster and what the spec resolved to; never from a status."""
-    if not probe_runs(spec, resolution.runtime):
+    if resolution.runtime is None or not probe_runs(spec, resolution.runtime):
         return None
     tenant = resolution.tenant
     series = ",".join(sorted({s.name for s in resolution.series.values() if s is not None}))
@@ -278,8 +290,10 @@ def prepare_attempt(
     probes: ProbeLookup | None = None,
     attempts: Sequence[Attempt] = (),
     snapshot: Snapshot | None = None,
+    image: CachedImage | None = None,
 ) -> PreparedAttempt:
-    """Resolve, render, build the submit body and run the preflight checks.
+    """Resolve, render, build the submit body and run the preflight checks. `image` is the
+    image-cache entry a spec.framework.image runs (the cache's record, made ready before).
 
     Raises SpecError (the spec does not fit the site or its tenant's limits; TenantUnknown,
     a SpecError, when the namespace belongs to no tenant), RenderError or PreflightError; a
@@ -292,12 +306,15 @@ def prepare_attempt(
     spec = resolution.applied_to(spec)
     keys, plan = _probe(spec, site, resolution, namespace, api_version, probes)
     segment = _segment(spec, site, resolution, namespace, attempts, snapshot, attempt)
+    artifact = image if image is not None else resolution.runtime
+    if artifact is None:
+        raise SpecError(["spec.framework.image: the image cache has no entry for it yet"])
     ctx = RenderContext(
         namespace=namespace,
         name=name,
         uid=uid,
         attempt=attempt,
-        artifact=resolution.runtime,
+        artifact=artifact,
         gpu_series=resolution.series,
         exclusive=resolution.exclusive,
         partition=resolution.partition,
@@ -310,14 +327,17 @@ def prepare_attempt(
     rendered = render_attempt(spec, ctx)
     body = dialect_for(api_version).submit_body(rendered.launch)
     check_rendered(rendered, secret_values, json.dumps(body))
-    return PreparedAttempt(rendered, resolution, body, api_version, keys, plan, segment)
+    return PreparedAttempt(rendered, resolution, body, api_version, keys, plan, segment, artifact)
 
 
 def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
-    """The runtime artifact's magic and sha256 (ArtifactError when wrong: never submitted).
-    Blocking: it may hash gigabytes."""
-    runtime = prepared.resolution.runtime
-    verify_artifact(artifact_path(settings, runtime), runtime)
+    """The runtime artifact's magic and sha256, or an image-cache entry against its import's
+    record (ArtifactError when wrong: never submitted). Blocking: it may hash gigabytes."""
+    artifact = prepared.artifact
+    if isinstance(artifact, CachedImage):
+        verify_cached(artifact)
+    elif artifact is not None:
+        verify_artifact(artifact_path(settings, artifact), artifact)
 
 
 def stage(prepared: PreparedAttempt, settings: Settings) -> None:

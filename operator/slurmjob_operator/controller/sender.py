@@ -47,9 +47,10 @@ from slurmjob_operator.core.limits import LimitExceeded, PartitionUnavailable, P
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import not_submitted, record_attempt
+from slurmjob_operator.imagecache.gate import ImageNotReady, ImagePullFailed
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.site.artifacts import ArtifactError
+from slurmjob_operator.site.artifacts import ArtifactError, CachedImage
 from slurmjob_operator.site.preflight import PreflightError
 from slurmjob_operator.site.render import RenderError
 from slurmjob_operator.site.tenants import TenantUnknown
@@ -78,6 +79,8 @@ PREPARE_ERRORS = (
     LimitExceeded,
     PartitionUnavailable,
     StagingNotWritable,
+    ImageNotReady,
+    ImagePullFailed,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
 #: SlurmJobs whose run of site failures is remembered (each entry is a few dozen bytes).
@@ -105,6 +108,10 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.LIMIT_EXCEEDED
         if isinstance(exc, PartitionUnavailable):
             return Failure.PARTITION_UNAVAILABLE
+        if isinstance(exc, ImageNotReady):
+            return Failure.IMAGE_PULLING
+        if isinstance(exc, ImagePullFailed):
+            return Failure.IMAGE_PULL_FAILED
         if isinstance(exc, StagingNotWritable):
             return Failure.STAGING_NOT_WRITABLE
         if isinstance(exc, SlurmAuthError):
@@ -321,6 +328,9 @@ class Sender:
                 dependencies=upstream,
                 probe=probe,
                 segment=prepared.segment.record() if prepared.segment is not None else None,
+                image=(
+                    prepared.artifact.id if isinstance(prepared.artifact, CachedImage) else None
+                ),
             ),
         )
         current = view.status.current_attempt

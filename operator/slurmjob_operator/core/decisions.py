@@ -24,6 +24,8 @@ from slurmjob_operator.core.reconcile import (
     DECLARE_LOST_ANNOTATION,
     FAILED,
     SUSPENDED,
+    image_failed,
+    image_pulling,
     invalid_spec,
     not_submitted,
     rejected,
@@ -51,6 +53,8 @@ class Failure(StrEnum):
     STAGING_NOT_WRITABLE = "StagingNotWritable"  # the site's staging tree refuses the attempt
     ATTEMPTS_SPENT = "AttemptsSpent"  # every attempt the spec's budgets allow was made
     CHAIN_SPENT = "ChainSpent"  # a walltime chain's verified segments or time are spent
+    IMAGE_PULLING = "ImagePulling"  # the image cache imports the spec's image: wait
+    IMAGE_PULL_FAILED = "ImagePullFailed"  # its import failed for good
     # After the attempt is recorded.
     REJECTED = "Rejected"  # Slurm refused the job description
     AMBIGUOUS = "Ambiguous"  # the POST may have created a job
@@ -90,6 +94,10 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.LIMIT_EXCEEDED: FailurePlan(Reason.LIMIT_EXCEEDED, Retry.NEVER, metric="rejected"),
     Failure.PROBE_EXHAUSTED: FailurePlan(Reason.PROBE_FAILED, Retry.NEVER, metric="rejected"),
     Failure.PARTITION_UNAVAILABLE: FailurePlan(Reason.PARTITION_UNAVAILABLE, Retry.POLL),
+    Failure.IMAGE_PULLING: FailurePlan(Reason.IMAGE_PULLING, Retry.POLL),
+    Failure.IMAGE_PULL_FAILED: FailurePlan(
+        Reason.IMAGE_PULL_FAILED, Retry.NEVER, metric="rejected"
+    ),
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
     Failure.STAGING_NOT_WRITABLE: FailurePlan(Reason.STAGING_NOT_WRITABLE, Retry.GROWING),
@@ -146,6 +154,10 @@ def failed_step(
         Failure.CHAIN_SPENT,
     ):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
+    if failure is Failure.IMAGE_PULLING:
+        return image_pulling(status, message, generation, now), plan
+    if failure is Failure.IMAGE_PULL_FAILED:
+        return image_failed(status, message, generation, now), plan
     if failure is Failure.REJECTED:
         return rejected(status, message, generation, now), plan
     if failure is Failure.AMBIGUOUS:

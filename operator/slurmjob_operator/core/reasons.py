@@ -24,6 +24,7 @@ class ConditionType(StrEnum):
     EVICTED = "Evicted"
     FINISHED = "Finished"
     PROBE_PASSED = "ProbePassed"
+    IMAGE_READY = "ImageReady"
 
 
 CONDITION_MEANINGS: dict[ConditionType, str] = {
@@ -68,6 +69,11 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
         "(Succeeded, Failed, Cancelled, or Unknown when Slurm lost the job); False on a refusal "
         "an edit decides again (InvalidSpec, LimitExceeded, DependencyFailed) and on a job that "
         "was final and is not any more (NotFinished). `kubectl wait --for=condition=Finished`."
+    ),
+    ConditionType.IMAGE_READY: (
+        "A spec.framework.image only: True once the image cache has the image's entry (the "
+        "reference and its digest in the message), False while it is imported (ImagePulling, "
+        "the import job's id in the message) or when the import failed (ImagePullFailed)."
     ),
     ConditionType.PROBE_PASSED: (
         "The collective probe before the command (GPU jobs on several nodes or GPUs, with a "
@@ -119,10 +125,22 @@ class Reason(StrEnum):
     WALLTIME_EXHAUSTED = "WalltimeExhausted"
     NO_PROGRESS = "NoProgress"
     ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    IMAGE_PULLING = "ImagePulling"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    IMAGE_CACHED = "ImageCached"
 
 
 #: What each reason tells a user.
 REASON_MEANINGS: dict[Reason, str] = {
+    Reason.IMAGE_PULLING: (
+        "The image cache imports the image (an import job on the site's CPU partition, its id "
+        "in the message); nothing of the SlurmJob is submitted until the entry exists."
+    ),
+    Reason.IMAGE_PULL_FAILED: (
+        "The import failed for good (unknown manifest, access denied, not an image, or "
+        "transient failures past the site's retries); nothing of the SlurmJob was submitted."
+    ),
+    Reason.IMAGE_CACHED: "The image cache has the image: the reference and digest it runs.",
     Reason.PROBE_PASSED: "The collective probe passed on the rung the message names.",
     Reason.PROBE_CACHED: (
         "The probe was skipped: a fresh cache entry for the tenant, cluster, partition, "
@@ -303,6 +321,19 @@ WRITTEN: frozenset[Written] = frozenset(
                 (C.READY, _F),
             )
         ),
+        (C.SUBMITTED, _F, R.IMAGE_PULLING),
+        (C.READY, _F, R.IMAGE_PULLING),
+        (C.IMAGE_READY, _F, R.IMAGE_PULLING),
+        *(
+            (cond, status, R.IMAGE_PULL_FAILED)
+            for cond, status in (
+                (C.READY, _F),
+                (C.SUBMITTED, _F),
+                (C.FAILED, _T),
+                (C.IMAGE_READY, _F),
+            )
+        ),
+        (C.IMAGE_READY, _T, R.IMAGE_CACHED),
         (C.READY, _F, R.JOB_LOST),
         (C.RUNNING, _F, R.JOB_LOST),
         (C.READY, _F, R.RETRY_SCHEDULED),

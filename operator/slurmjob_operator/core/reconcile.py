@@ -19,6 +19,7 @@ from slurmjob_operator.api.status import (
     ArrayStatus,
     Attempt,
     AttemptDependency,
+    ConditionStatus,
     Phase,
     SlurmJobStatus,
 )
@@ -41,6 +42,7 @@ RUNNING = ConditionType.RUNNING
 SUCCEEDED = ConditionType.SUCCEEDED
 FAILED = ConditionType.FAILED
 READY = ConditionType.READY
+IMAGE_READY = ConditionType.IMAGE_READY
 SUSPENDED = ConditionType.SUSPENDED
 SLURM_REACHABLE = ConditionType.SLURM_REACHABLE
 DECLARE_LOST_ANNOTATION = "slurmjob.io/declare-lost"
@@ -103,8 +105,40 @@ def invalid_spec(
     return Transition(new, events)
 
 
+def image_pulling(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """Nothing submitted yet: the image cache imports the spec's image (a Normal event, once
+    per message: the import job's id changes it)."""
+    waited = waiting(status, Reason.IMAGE_PULLING, message, generation, now, event_type=NORMAL)
+    new = with_conditions(
+        waited.status, [(IMAGE_READY, "False", Reason.IMAGE_PULLING, message)], generation, now
+    )
+    return Transition(new, waited.events)
+
+
+def image_failed(
+    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+) -> Transition:
+    """The import failed for good: the SlurmJob fails with nothing of it submitted."""
+    failed = invalid_spec(status, [message], generation, now, Reason.IMAGE_PULL_FAILED)
+    new = with_conditions(
+        failed.status,
+        [(IMAGE_READY, "False", Reason.IMAGE_PULL_FAILED, message)],
+        generation,
+        now,
+    )
+    return Transition(new, failed.events)
+
+
 def waiting(
-    status: SlurmJobStatus, reason: str, message: str, generation: int | None, now: datetime
+    status: SlurmJobStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+    *,
+    event_type: str = WARNING,
 ) -> Transition:
     """Nothing submitted yet, and something outside the spec blocks it (a missing Secret,
     slurmrestd unreachable, refused credentials); the handler tries again later."""
@@ -114,7 +148,7 @@ def waiting(
         generation,
         now,
     ).model_copy(update={"phase": Phase.PENDING, "message": message})
-    events = () if status.message == message else (Event(WARNING, reason, message),)
+    events = () if status.message == message else (Event(event_type, reason, message),)
     return Transition(new, events)
 
 
@@ -137,10 +171,12 @@ def record_attempt(
     dependencies: Sequence[AttemptDependency] = (),
     probe: AttemptProbe | None = None,
     segment: AttemptSegment | None = None,
+    image: str | None = None,
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
     the cluster it went to, where the adoption must look, and the upstream jobs it waits on).
-    `array_indices`: the tasks of a job array the attempt submits."""
+    `array_indices`: the tasks of a job array the attempt submits; `image`: the reference and
+    digest of the image-cache entry it runs (`ImageReady`=True)."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
@@ -161,12 +197,12 @@ def record_attempt(
         waiting = len(set(array_indices or ()))
         array = ArrayStatus(total=total, pending=waiting, succeeded=max(0, total - waiting))
     message = f"submitting attempt {number} as Slurm job name {job_name}"
-    new = with_conditions(
-        status,
-        [(SUBMITTED, "Unknown", Reason.SUBMITTING, message)],
-        generation,
-        now,
-    ).model_copy(
+    written: list[tuple[str, ConditionStatus, str, str]] = [
+        (SUBMITTED, "Unknown", Reason.SUBMITTING, message)
+    ]
+    if image is not None:
+        written.append((IMAGE_READY, "True", Reason.IMAGE_CACHED, f"runs {image}"))
+    new = with_conditions(status, written, generation, now).model_copy(
         update={
             "phase": Phase.SUBMITTING,
             "attempts": attempts,

@@ -11,6 +11,9 @@ Past capacity, eviction starts with the owner furthest over its share, its oldes
 first, and stops as soon as the total fits. An owner at or under its share loses nothing while
 another is over its own, so one tenant flooding the place evicts only its own entries.
 
+A pinned entry (one in use: the image cache's) goes only while its owner is over its share,
+after that owner's unpinned entries: an owner cannot pin the place past its share.
+
 Pure: the callers measure sizes and ages and act on the keys returned.
 """
 
@@ -33,13 +36,14 @@ def share_owner(namespace: str, tenant: str | None) -> str:
 
 @dataclass(frozen=True)
 class Held:
-    """One entry: its key, its owner, its size in the place's unit, and its age as an order
-    (smaller is older: a timestamp, a sequence number)."""
+    """One entry: its key, its owner, its size in the place's unit, its age as an order
+    (smaller is older: a timestamp, a sequence number), and whether it is pinned."""
 
     key: Hashable
     owner: str
     size: int
     order: float
+    pinned: bool = False
 
 
 def share(capacity: int, floor: int, owners: int) -> float:
@@ -82,22 +86,24 @@ def _victim(
     by_owner: dict[str, list[Held]], used: dict[str, int], allowed: float, keep: Hashable | None
 ) -> Held | None:
     """The next entry to go: the oldest evictable entry of the owner furthest over its share
-    (a share is never less than the owner's newest entry: one entry each is the last floor);
-    when nobody is over, the oldest evictable entry of the largest owner."""
+    (a share is never less than the owner's newest entry: one entry each is the last floor),
+    its unpinned entries before its pinned ones; when nobody is over, the oldest unpinned
+    entry of the largest owner."""
 
-    def evictable(owner: str) -> list[Held]:
-        return [e for e in by_owner[owner] if e.key != keep]
+    def evictable(owner: str, pinned: bool) -> list[Held]:
+        return [e for e in by_owner[owner] if e.key != keep and e.pinned == pinned]
 
     def over(owner: str) -> float:
         held = by_owner[owner]
         return used[owner] - max(allowed, held[-1].size if held else 0)
 
-    candidates = [o for o in by_owner if evictable(o)]
+    overs = [o for o in by_owner if over(o) > 0 and (evictable(o, False) or evictable(o, True))]
+    if overs:
+        furthest = max(overs, key=lambda o: (over(o), used[o], o))
+        return (evictable(furthest, False) or evictable(furthest, True))[0]
+    # Everyone within its share yet the place is over: more owners than entries fit.
+    candidates = [o for o in by_owner if evictable(o, False)]
     if not candidates:
         return None
-    furthest = max(candidates, key=lambda o: (over(o), used[o], o))
-    if over(furthest) > 0:
-        return evictable(furthest)[0]
-    # Everyone within its share yet the place is over: more owners than entries fit.
     largest = max(candidates, key=lambda o: (used[o], o))
-    return evictable(largest)[0]
+    return evictable(largest, False)[0]

@@ -78,14 +78,14 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
     ),
     Framework: (
         Rule(
-            "!has(self.image)",
-            "framework.image is not supported: the image comes from the runtime registry by "
-            "runtimeId (no implicit OCI image materialization)",
-            ".image",
-            _FORBIDDEN,
+            "has(self.runtimeId) != has(self.image)",
+            "set exactly one of runtimeId and image",
+            None,
+            _INVALID,
         ),
         Rule(
-            f"self.kind != '{CUSTOM}' || self.runtimeId.startsWith('{CUSTOM_RUNTIME_PREFIX}')",
+            f"self.kind != '{CUSTOM}' || !has(self.runtimeId) || "
+            f"self.runtimeId.startsWith('{CUSTOM_RUNTIME_PREFIX}')",
             f"custom runtimes must have a runtimeId starting with '{CUSTOM_RUNTIME_PREFIX}'",
             ".runtimeId",
             _INVALID,

@@ -13,11 +13,12 @@ import os
 import stat
 import struct
 import threading
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.site.catalogs import ArtifactFormat, RuntimeArtifact
+from slurmjob_operator.site.catalogs import PROFILE_FORMAT, ArtifactFormat, RuntimeArtifact
 
 CHUNK = 1024 * 1024
 
@@ -30,6 +31,38 @@ _SQSH_BYTES_USED = struct.Struct("<Q")
 # SIF: a 32-byte launch-script field, then "SIF_MAGIC".
 SIF_MAGIC = b"SIF_MAGIC"
 SIF_MAGIC_OFFSET = 32
+
+
+@dataclass(frozen=True)
+class CachedImage:
+    """An image-cache entry as the batch script checks it (docs/images.md): the import job
+    hashed it in full on a CPU node and recorded what the job's node now compares, which costs
+    the same for any size. Built by the image cache from its own record, never from a status.
+    """
+
+    id: str
+    """The reference and digest it was imported from, for messages."""
+    format: ArtifactFormat
+    node_path: PurePosixPath
+    """The entry as the compute nodes see it."""
+    operator_path: Path
+    """The entry as the operator sees it (its read-only mount of the cache)."""
+    sha256: str
+    size: int
+    inode: int
+    ctime: str
+    """As `stat -c %.9Z` prints it on the node that recorded it (seconds.nanoseconds)."""
+    owner_uid: int
+    mode: int = 0o444
+    """0444, or 0440 for a tenant's private image (0400 and an ACL for the tenant's uid)."""
+    probe: None = None
+    """Cached images carry no collective probe (the runtime registry's entries may)."""
+
+    @property
+    def recorded(self) -> str:
+        """What `stat -c '%F %u %a %s %i %.9Z'` prints for the entry on a job's node: a
+        read-only regular file of the cache user, its size, inode and ctime unchanged."""
+        return f"regular file {self.owner_uid} {self.mode:o} {self.size} {self.inode} {self.ctime}"
 
 
 class ArtifactError(Exception):
@@ -51,6 +84,42 @@ def clear_cache() -> None:
     """Forget every verified artifact (for tests, or after the registry changes)."""
     with _lock:
         _verified.clear()
+
+
+#: Where each format's magic is, as the batch script checks it (offset, text).
+ARTIFACT_MAGIC: dict[ArtifactFormat, tuple[int, str]] = {
+    ArtifactFormat.SQSH: (0, SQSH_MAGIC.decode()),
+    ArtifactFormat.SIF: (SIF_MAGIC_OFFSET, SIF_MAGIC.decode()),
+}
+
+
+def node_path(settings: Settings, artifact: RuntimeArtifact | CachedImage) -> PurePosixPath:
+    """The artifact as the compute nodes see it."""
+    if isinstance(artifact, CachedImage):
+        return artifact.node_path
+    return PurePosixPath(settings.to_cluster_path(settings.storage_root / artifact.path))
+
+
+def artifact_values(
+    settings: Settings, artifact: RuntimeArtifact | CachedImage
+) -> dict[str, object]:
+    """What the batch script's artifact check reads (templates/job.sh.j2); ArtifactError when
+    the artifact's format is not the one the cluster's runtime profile runs."""
+    profile = settings.slurm_runtime_profile
+    if PROFILE_FORMAT[profile] is not artifact.format:
+        raise ArtifactError(
+            f"runtime {artifact.id} is a {artifact.format.value} artifact; the "
+            f"{profile.value} profile runs {PROFILE_FORMAT[profile].value} artifacts"
+        )
+    offset, magic = ARTIFACT_MAGIC[artifact.format]
+    return {
+        "artifact_path": node_path(settings, artifact),
+        "artifact_format": artifact.format.value,
+        "artifact_sha256": artifact.sha256,
+        "artifact_recorded": artifact.recorded if isinstance(artifact, CachedImage) else "",
+        "artifact_magic": magic,
+        "artifact_magic_offset": offset,
+    }
 
 
 def artifact_path(settings: Settings, artifact: RuntimeArtifact) -> Path:
@@ -146,3 +215,50 @@ def verify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
     if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
         with _lock:
             _verified.add(key)
+
+
+def _ctime_ns(text: str) -> int | None:
+    seconds, _, fraction = text.partition(".")
+    if not seconds.isdigit() or len(fraction) != 9 or not fraction.isdigit():
+        return None
+    return int(seconds) * 1_000_000_000 + int(fraction)
+
+
+def verify_cached(image: CachedImage) -> None:
+    """Raise `ArtifactError` unless the operator sees the image-cache entry its import
+    recorded: a read-only regular file (never a link) of the cache user, with the recorded
+    mode, size, inode and ctime, and its format's magic (not read for a tenant's private
+    image, which only that tenant's jobs may read). Costs the same for any size."""
+    path = image.operator_path
+    name = f"image {image.id}: {path}"
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise ArtifactError(f"{name} is missing from the image cache") from None
+    except OSError as exc:
+        raise ArtifactError(f"{name}: cannot read it: {exc.strerror}") from exc
+    seen = (
+        stat.S_ISREG(info.st_mode),
+        info.st_uid,
+        stat.S_IMODE(info.st_mode),
+        info.st_size,
+        info.st_ino,
+        info.st_ctime_ns,
+    )
+    wanted = (True, image.owner_uid, image.mode, image.size, image.inode, _ctime_ns(image.ctime))
+    if seen != wanted:
+        raise ArtifactError(
+            f"{name} is not the file its import recorded (regular file, owner, mode, size, "
+            f"inode, ctime): {seen}, expected {wanted}"
+        )
+    if image.mode != 0o444:
+        return  # a tenant's private image: not the operator's to read (its node checks it)
+    fmt = image.format
+    magic, offset = (SQSH_MAGIC, 0) if fmt is ArtifactFormat.SQSH else (SIF_MAGIC, SIF_MAGIC_OFFSET)
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(offset + len(magic))
+    except OSError as exc:
+        raise ArtifactError(f"{name}: cannot read it: {exc.strerror}") from exc
+    if head[offset:] != magic:
+        raise ArtifactError(f"{name} has no {magic.decode()!r} magic at offset {offset}")

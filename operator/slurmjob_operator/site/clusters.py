@@ -44,6 +44,12 @@ PER_CLUSTER: dict[str, str] = {
     "runtime_registry_file": "runtime_registry_file",
     "gpu_series_file": "gpu_series_file",
     "templates_dir": "templates_dir",
+    "image_cache_root": "image_cache_root",
+    "slurm_image_cache_root": "slurm_image_cache_root",
+    "image_cache_user": "image_cache_user",
+    "image_cache_uid": "image_cache_uid",
+    "image_import_partition": "image_import_partition",
+    "image_import_account": "image_import_account",
 }
 # One way to authenticate: a cluster that names one does not inherit the other.
 _CREDENTIALS = ("jwt_file", "jwt_key_file")
@@ -77,6 +83,12 @@ class ClusterEntry(BaseModel):
     runtime_registry_file: Path | None = None
     gpu_series_file: Path | None = None
     templates_dir: Path | None = None
+    image_cache_root: Path | None = None
+    slurm_image_cache_root: str | None = None
+    image_cache_user: str | None = None
+    image_cache_uid: int | None = None
+    image_import_partition: str | None = None
+    image_import_account: str | None = None
 
 
 class ClustersFile(BaseModel):

@@ -46,9 +46,8 @@ from slurmjob_operator.core.naming import (
 )
 from slurmjob_operator.core.probe import ProbePlan
 from slurmjob_operator.core.segments import SegmentPlan
+from slurmjob_operator.site.artifacts import ArtifactError, CachedImage, artifact_values
 from slurmjob_operator.site.catalogs import (
-    PROFILE_FORMAT,
-    ArtifactFormat,
     GpuSeries,
     RuntimeArtifact,
 )
@@ -67,11 +66,6 @@ ENV_MODE = 0o444
 SECRETS_MODE = 0o600
 
 # (offset, magic) checked on the compute node before anything starts.
-ARTIFACT_MAGIC: dict[ArtifactFormat, tuple[int, str]] = {
-    ArtifactFormat.SQSH: (0, "hsqs"),
-    ArtifactFormat.SIF: (32, "SIF_MAGIC"),
-}
-
 # Exit codes of the batch script itself (documented in the script's header too).
 EXIT_STAGING = 94
 EXIT_RENDEZVOUS = 95
@@ -95,7 +89,7 @@ class RenderContext:
     name: str
     uid: str
     attempt: int
-    artifact: RuntimeArtifact
+    artifact: RuntimeArtifact | CachedImage
     gpu_series: Mapping[str, GpuSeries | None]
     exclusive: Mapping[str, bool]
     partition: str | None
@@ -212,12 +206,10 @@ def _template_values(
     settings = ctx.settings
     profile = settings.slurm_runtime_profile
     artifact = ctx.artifact
-    if PROFILE_FORMAT[profile] is not artifact.format:
-        raise RenderError(
-            f"runtime {artifact.id} is a {artifact.format.value} artifact; the "
-            f"{profile.value} profile runs {PROFILE_FORMAT[profile].value} artifacts"
-        )
-    offset, magic = ARTIFACT_MAGIC[artifact.format]
+    try:
+        checked = artifact_values(settings, artifact)
+    except ArtifactError as exc:
+        raise RenderError(str(exc)) from None
     mounts = [_mount_spec(_cluster(settings, m.source), m.target, m.read_only) for m in spec.mounts]
     if str(cluster_dir) in {m.target for m in spec.mounts}:
         raise RenderError(f"mount target {cluster_dir} is the attempt's staging directory")
@@ -265,11 +257,7 @@ def _template_values(
         "runtime_template": f"runtime/{profile.value}.sh.j2",
         "shape_template": SHAPE_TEMPLATES[shape],
         "staging_dir": cluster_dir,
-        "artifact_path": _cluster(settings, artifact.path),
-        "artifact_format": artifact.format.value,
-        "artifact_sha256": artifact.sha256,
-        "artifact_magic": magic,
-        "artifact_magic_offset": offset,
+        **checked,
         "job_path": settings.slurm_job_path,
         "has_secrets": bool(spec.secret_env),
         "env_names": [e.name for e in spec.env] + own_names,

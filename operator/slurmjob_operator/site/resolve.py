@@ -31,7 +31,9 @@ _MAX_LISTED = 10
 class SiteResolution:
     """What the site makes of a valid spec; the renderer takes it from here."""
 
-    runtime: RuntimeArtifact
+    runtime: RuntimeArtifact | None
+    """The runtime registry's artifact, or None for `spec.framework.image`: the image cache
+    checks and makes ready what such a spec names (imagecache/), never the site's registry."""
     series: dict[str, GpuSeries | None]
     """Per pool: its catalog entry, or None when the pool names no gpuSeries (CPU-only)."""
     partition: str | None
@@ -76,6 +78,8 @@ def _runtime(
 ) -> RuntimeArtifact | None:
     field = "spec.framework.runtimeId"
     runtime_id = spec.framework.runtime_id
+    if runtime_id is None:  # spec.framework.image: the image cache's to check
+        return None
     runtime = registry.get(runtime_id)
     if runtime is None:
         errors.append(
@@ -207,7 +211,7 @@ def resolve_site(
     if mpi and mpi not in settings.allowed_mpi_plugins:
         allowed = ", ".join(settings.allowed_mpi_plugins) or "none (SLURMJOB_MPI_PLUGINS)"
         errors.append(f"spec.launch.mpi: MPI plugin {mpi!r} is not one the site allows: {allowed}")
-    if errors or runtime is None:
+    if errors or (runtime is None and spec.framework.image is None):
         raise SpecError(errors)
     return SiteResolution(
         runtime=runtime,

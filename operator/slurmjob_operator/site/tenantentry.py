@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from slurmjob_operator.api.spec import DNS_LABEL_RE, parse_time_limit
+from slurmjob_operator.config.images import REGISTRY_ENTRY_RE
 from slurmjob_operator.site.storagepaths import Parts, path_parts, shown
 
 #: The name of a cluster (the clusters file's names, `spec.cluster`, `defaultCluster`).
@@ -26,6 +27,10 @@ _CLUSTER_NAME = re.compile(CLUSTER_NAME_RE)
 # Slurm account, partition and QOS names: one name each (a ',' would make a list in Slurm).
 SlurmName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")]
 Namespace = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_RE)]
+RegistryEntry = Annotated[str, Field(max_length=255, pattern=REGISTRY_ENTRY_RE)]
+SecretName = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
 ClusterName = Annotated[str, Field(pattern=CLUSTER_NAME_RE)]
 _UNIX_USER_RE = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 _ROOT_USERS = frozenset({"root"})
@@ -225,6 +230,22 @@ class Tenant(TenantLimits):
             "own limits and user there. Unset: every cluster, with the tenant's own."
         ),
     )
+    image_registries: list[RegistryEntry] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Registries (host[:port], optionally /path prefix) spec.framework.image may name, "
+            "where the site enables images (docs/images.md). Unset: no images."
+        ),
+    )
+    image_credentials_secret: SecretName | None = Field(
+        default=None,
+        description=(
+            "Secret in the operator's namespace (type kubernetes.io/dockerconfigjson) whose "
+            "credentials the tenant's imports use; its images are the tenant's own cache "
+            "entries, readable by its uid only (needs uid)."
+        ),
+    )
 
     @field_validator("clusters")
     @classmethod
@@ -245,6 +266,11 @@ class Tenant(TenantLimits):
             raise ValueError("slurmUser: a tenant's jobs never run as root")
         if self.uid is not None and self.slurm_user is None:
             raise ValueError("uid: is the uid of slurmUser, which is not set")
+        if self.image_credentials_secret is not None and self.uid is None:
+            raise KeyRefused(
+                "imageCredentialsSecret",
+                "a tenant's private images are readable by its uid only: set slurmUser and uid",
+            )
         if self.clusters is None:
             return self
         if self.default_cluster is not None and self.default_cluster not in self.clusters:

@@ -15,7 +15,8 @@
 #   95  rendezvous failed: the first node is unknown, no free port could be picked on it, or
 #       the Ray head never became healthy
 #   96  secrets.env is expected but gone (an earlier run of this attempt consumed it)
-#   97  the runtime artifact failed verification (missing, wrong magic or wrong sha256)
+#   97  the runtime artifact failed verification (missing, wrong magic, wrong sha256, or an
+#       image-cache entry that is not the file its import recorded)
 # A collective probe that failed on every rung ends the script with 1: the operator tells it
 # apart by probe.record (which this script writes), never by that code.
 set -euo pipefail
@@ -27,7 +28,9 @@ artifact=/lustre/slurmjob/runtimes/custom-test.sqsh
 artifact_sha256=daa027346509e02364cb663d34b172fdadcf366c63c354adf3e827ccce7c03d1
 artifact_magic=hsqs
 artifact_magic_offset=0
+artifact_recorded=''
 readonly staging_dir artifact artifact_sha256 artifact_magic artifact_magic_offset
+readonly artifact_recorded
 
 # The user's command, one word per line, exactly as in spec.command.
 # shellcheck disable=SC2054 # a word of the command may itself contain a comma
@@ -111,7 +114,9 @@ cd -- "$staging_dir" || fail 94 "cannot enter the staging directory $staging_dir
 [[ -r secrets.env ]] || fail 96 "$staging_dir/secrets.env is gone: this attempt already ran once"
 
 # Verify the runtime artifact on this node before anything starts: it exists, carries the
-# format's magic bytes, and has the registry's sha256.
+# format's magic bytes, and has the registry's sha256 or, for an image-cache entry, is still
+# the file its import job hashed (type, owner, mode, size, inode, ctime: the same cost for any
+# size, so no GPU time goes to hashing the image).
 verify_artifact() {
   local magic actual
   [[ -f $artifact && -r $artifact ]] ||
@@ -120,6 +125,13 @@ verify_artifact() {
     2>/dev/null | tr -d '\000') || fail 97 "cannot read runtime artifact $artifact"
   [[ $magic == "$artifact_magic" ]] ||
     fail 97 "runtime artifact $artifact has no $artifact_magic magic at byte $artifact_magic_offset"
+  if [[ -n $artifact_recorded ]]; then
+    actual=$(stat -c '%F %u %a %s %i %.9Z' -- "$artifact") ||
+      fail 97 "cannot stat image $artifact"
+    [[ $actual == "$artifact_recorded" ]] ||
+      fail 97 "image $artifact is not the file its import recorded: $actual, expected $artifact_recorded"
+    return 0
+  fi
   actual=$(sha256sum <"$artifact") || fail 97 "cannot hash runtime artifact $artifact"
   actual=${actual%% *}
   [[ $actual == "$artifact_sha256" ]] ||

@@ -1,0 +1,126 @@
+"""Which cache files go when the image cache is over its size cap, and whether a scope may
+start another import.
+
+The owners of the share rule (`core.shares`) are the scopes: each tenant (`tenant-<name>`)
+and the shared entries (`shared`) together as one owner. Files go by the last use the
+operator recorded (never file times, which a job's reads or a backup can change), the owner
+furthest over its share first. A file a non-final SlurmJob uses is pinned: it goes only while
+its owner is over its share, so a tenant cannot pin the cache past its share.
+
+A file may be the entry of several records (two tags of one digest in one scope) and a
+retired entry of a record whose tag moved on: it is counted once, pinned if any record's
+users use it, used when any record last used it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from slurmjob_operator.core.shares import Held, evictions, share
+from slurmjob_operator.imagecache.record import Entry, ImageRecord, RecordState
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    """One file of the cache, as the records describe it."""
+
+    path: str
+    scope: str
+    size: int
+    last_use: datetime
+    pinned: bool
+    records: tuple[str, ...]
+
+
+def _uses(record: ImageRecord) -> Iterable[tuple[Entry, datetime]]:
+    if record.entry is not None:
+        yield record.entry, record.last_use or record.entry.published_at
+    for old in record.retired:
+        yield old, old.retired_at or old.published_at
+
+
+def cached_files(records: Iterable[ImageRecord]) -> list[CachedFile]:
+    """The files the records name, each once, ordered by path."""
+    files: dict[str, CachedFile] = {}
+    for record in records:
+        pins = record.pinned_digests()
+        for entry, used in _uses(record):
+            seen = files.get(entry.path)
+            pinned = entry.digest in pins
+            if seen is None:
+                files[entry.path] = CachedFile(
+                    entry.path, record.scope, entry.size, used, pinned, (record.key,)
+                )
+                continue
+            files[entry.path] = CachedFile(
+                entry.path,
+                seen.scope,
+                max(seen.size, entry.size),
+                max(seen.last_use, used),
+                seen.pinned or pinned,
+                (*seen.records, record.key) if record.key not in seen.records else seen.records,
+            )
+    return [files[path] for path in sorted(files)]
+
+
+def to_evict(
+    files: Iterable[CachedFile], capacity: int, floor: int, *, keep: str | None = None
+) -> list[str]:
+    """The paths to delete, in order, so that what stays fits `capacity` bytes where it
+    can; `floor` is each scope's least share (`core.shares.share`), `keep` a file being
+    published now."""
+    held = [Held(f.path, f.scope, f.size, f.last_use.timestamp(), f.pinned) for f in files]
+    gone: list[Hashable] = evictions(held, capacity, floor, keep=keep)
+    return [str(path) for path in gone]
+
+
+def without_entry(record: ImageRecord, path: str) -> ImageRecord | None:
+    """The record once the file at `path` is deleted; None: delete the record (its current
+    entry went and nothing is in flight: the next use imports again, under a new epoch)."""
+    retired = [e for e in record.retired if e.path != path]
+    if record.entry is None or record.entry.path != path:
+        return record.model_copy(update={"retired": retired})
+    if record.in_flight or record.state is RecordState.FAILED:
+        # An import in flight keeps its write-ahead; a failure keeps answering.
+        return record.model_copy(update={"entry": None, "retired": retired})
+    return None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Whether a scope may start an import now, and why not."""
+
+    allowed: bool
+    reason: str = ""
+
+
+def may_start_import(
+    scope: str,
+    in_flight: Mapping[str, int],
+    waiting: Collection[str],
+    per_scope_limit: int,
+    total_limit: int,
+) -> Slot:
+    """Whether `scope` may start one more import, given the imports in flight per scope and
+    the scopes with imports waiting to start: below its own limit and the total, and, once
+    at its even share of the total (`core.shares.share`), only while the free slots
+    outnumber the other waiting scopes still below theirs."""
+    mine = in_flight.get(scope, 0)
+    if mine >= per_scope_limit:
+        return Slot(False, f"{scope} has {mine} imports running, its limit is {per_scope_limit}")
+    total = sum(in_flight.values())
+    if total >= total_limit:
+        return Slot(False, f"{total} imports running, the cache's limit is {total_limit}")
+    active = {s for s, n in in_flight.items() if n > 0} | set(waiting) | {scope}
+    even = share(total_limit, 1, len(active))
+    if mine >= even:
+        below = [s for s in set(waiting) if s != scope and in_flight.get(s, 0) < even]
+        if len(below) >= total_limit - total:
+            return Slot(
+                False,
+                f"{scope} has its share of imports ({mine}); {len(below)} other scope(s) below "
+                "theirs are waiting",
+            )
+    return Slot(True)
