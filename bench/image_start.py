@@ -49,7 +49,7 @@ from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.connect import connect, open_transport
 
 MB = 1024 * 1024
-SIZES = {"100MB": 100 * MB, "2GB": 2048 * MB}
+SIZES = {"100MB": 100 * MB, "2GB": 2048 * MB, "1MB": MB, "8MB": 8 * MB}  # the last two: smoke
 MODES = ("full", "recorded")
 CACHE_USER = "slurmimg"
 BENCH_DIR = "bench-images"
@@ -86,6 +86,7 @@ def _build(tb: testbed_slurm.SlurmTestbed, name: str, size: int) -> BenchImage:
                 ["mksquashfs", str(tree), str(tmp), "-noI", "-noD", "-noF", "-noX", "-quiet"],
                 check=True,
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         digest = hashlib.sha256()
         with tmp.open("rb") as handle:
@@ -242,7 +243,7 @@ def measure(tb: testbed_slurm.SlurmTestbed, sizes: dict[str, int], rounds: int) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--sizes", default="100MB,2GB", help="of " + ",".join(SIZES))
+    parser.add_argument("--sizes", default="100MB,2GB", help="two of " + ",".join(SIZES))
     args = parser.parse_args(argv)
     tb = testbed_slurm.start_cluster("22.05", reuse=True)
     sizes = {name: SIZES[name] for name in args.sizes.split(",")}

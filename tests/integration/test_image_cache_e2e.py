@@ -170,6 +170,11 @@ def test_two_slurmjobs_naming_one_tag_share_one_import_and_run_in_it(
     assert (info.st_mode & 0o777, info.st_uid) == (0o444, pwd.getpwnam(CACHE_USER).pw_uid)
     assert entry.read_bytes()[:4] == b"hsqs"
     assert list((cache_root / "tmp").iterdir()) == []
+    # What the job ran names the entry, and no registry: nothing is pulled in its allocation.
+    for obj in done.values():
+        script = (Path(obj["status"]["attempts"][0]["stagingDir"]) / "job.sh").read_text()
+        assert str(entry) in script
+        assert image.host not in script
 
 
 @pytest.mark.slurm2205
@@ -302,3 +307,16 @@ def _wait_in(op: Operator, namespace: str, name: str) -> dict[str, Any]:
     raise AssertionError(
         f"{namespace}/{name} did not end: {json.dumps(obj.get('status'))}\n{op.log_tail()}"
     )
+
+
+@pytest.mark.slurm2205
+def test_image_start_bench_smoke(slurm_2205: SlurmTestbed) -> None:
+    """One round of bench/image_start.py with two small images: the figures are measured
+    (a job started and its command's first line came after), for both ways of checking."""
+    from bench.image_start import MODES, measure
+
+    figures = measure(slurm_2205, {"1MB": 1024**2, "8MB": 8 * 1024**2}, rounds=1)
+    for mode in MODES:
+        for size in ("1MB", "8MB"):
+            assert 0 < figures[mode][size]["mean_s"] < 60, figures
+        assert figures[mode]["ratio"] is not None, figures
