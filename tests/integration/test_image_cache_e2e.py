@@ -320,3 +320,31 @@ def test_image_start_bench_smoke(slurm_2205: SlurmTestbed) -> None:
         for size in ("1MB", "8MB"):
             assert 0 < figures[mode][size]["mean_s"] < 60, figures
         assert figures[mode]["ratio"] is not None, figures
+
+
+@pytest.mark.slurm2205
+def test_an_operator_killed_during_an_import_finds_it_again(
+    op: Operator, registry: Registries, cache_root: Path
+) -> None:
+    """The operator dies while its import is recorded (write-ahead or submitted): the next
+    one adopts that import, never sends another, and no partial file is left."""
+    image = registry.image("base")
+    by_digest = image.digest_ref  # a record of its own: a new import
+    op.apply("img-killed", _image_spec(by_digest, ["true"]))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _records(op, by_digest):
+        time.sleep(0.2)
+    (record,) = _records(op, by_digest)
+    assert record["attempt"]["number"] == 1
+    op.kill()
+    time.sleep(1.0)
+    op.start()
+    obj = op.wait_phase("img-killed", "Succeeded", "Failed", within=IMPORT_WITHIN)
+    assert obj["status"]["phase"] == "Succeeded", json.dumps(obj["status"], indent=1)
+    (record,) = _records(op, by_digest)
+    assert record["attempt"]["number"] == 1, record  # one import, adopted or waited for
+    name = record["attempt"]["jobName"]
+    jobs = op.slurm_jobs_named(name)
+    assert [j.job_id for j in jobs] == [record["attempt"]["jobId"]], jobs
+    assert list((cache_root / "tmp").iterdir()) == []
+    assert not [p for p in (cache_root / "entries").rglob("*") if p.name.startswith(".")]
