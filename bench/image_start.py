@@ -107,9 +107,6 @@ def _cache_entry(image: BenchImage, cache: Path) -> CachedImage:
         os.chown(entry, user.pw_uid, user.pw_gid)
         entry.chmod(0o444)
     info = entry.lstat()
-    ctime = subprocess.run(
-        ["stat", "-c", "%.9Z", "--", str(entry)], capture_output=True, text=True, check=True
-    ).stdout.strip()
     return CachedImage(
         id=f"bench/{image.name}",
         format=ArtifactFormat.SQSH,
@@ -118,7 +115,7 @@ def _cache_entry(image: BenchImage, cache: Path) -> CachedImage:
         sha256=image.sha256,
         size=info.st_size,
         inode=info.st_ino,
-        ctime=ctime,
+        ctime_ns=info.st_ctime_ns,
         owner_uid=user.pw_uid,
     )
 

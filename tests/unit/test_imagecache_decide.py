@@ -123,7 +123,7 @@ def test_first_use_submits_attempt_one_written_ahead() -> None:
     assert action.attempt.job_id is None
     assert action.attempt.job_name == import_job_name(TAG.key, int(NOW.timestamp()), 1)
     assert record.state is RecordState.RESOLVING
-    assert record.scope == "shared"
+    assert record.scope == "public"
     pinned = decide(PINNED, None, NOW, POLICY, LAYOUT)
     assert pinned.record.state is RecordState.IMPORTING
     assert image_condition(action).reason == REASON_PULLING
@@ -169,7 +169,7 @@ def test_a_completed_import_publishes_its_entry() -> None:
     )
     assert isinstance(action, Ready)
     entry = action.entry
-    assert entry.path == f"/cache/entries/shared/sha256-{HEX}.sqsh"
+    assert entry.path == f"/cache/entries/public/sha256-{HEX}.sqsh"
     assert entry.ctime == "1796652383.889095757"
     assert (entry.size, entry.inode) == (40 << 20, 1234)
     done = action.record

@@ -87,14 +87,14 @@ def test_files_are_counted_once_whatever_records_name_them() -> None:
     b = ready("r.io/x:b", 1).model_copy(update={"last_use": NOW + timedelta(seconds=9)})
     c = ready("r.io/x:c", 2, tenant="t1")
     files = cached_files([a, b, c])
-    assert [(x.scope, x.pinned) for x in files] == [("shared", True), ("tenant-t1", False)]
+    assert [(x.scope, x.pinned) for x in files] == [("public", True), ("tenant-t1", False)]
     assert files[0].last_use == NOW + timedelta(seconds=9)
     assert set(files[0].records) == {a.key, b.key}
     # A retired entry counts from when it was retired, pinned only by its own users.
     retired = a.entry.model_copy(
         update={
             "digest": digest(3),
-            "path": "/cache/entries/shared/"  # type: ignore[union-attr]
+            "path": "/cache/entries/public/"  # type: ignore[union-attr]
             f"sha256-{3:064x}.sqsh",
             "retired_at": NOW,
         }
@@ -144,7 +144,7 @@ def test_what_a_deleted_file_leaves_of_a_record() -> None:
     record = ready("r.io/x:a", 1)
     assert record.entry is not None
     assert without_entry(record, record.entry.path) is None  # the next use imports again
-    assert without_entry(record, "/cache/entries/shared/other.sqsh") == record
+    assert without_entry(record, "/cache/entries/public/other.sqsh") == record
     stale = decide(
         image_request(
             "r.io/x:a",
@@ -190,7 +190,7 @@ def test_import_slots(
 
 _files = st.lists(
     st.tuples(
-        st.sampled_from(["shared", "tenant-a", "tenant-b", "tenant-c"]),
+        st.sampled_from(["public", "tenant-a", "tenant-b", "tenant-c"]),
         st.integers(min_value=1, max_value=60),
         st.booleans(),
     ),

@@ -104,7 +104,7 @@ class FakeImporter:
     def clean(self, attempt: ImportAttempt) -> None:
         self.cleaned.append(attempt.job_name)
 
-    def finish(self, name: str, digest: str = DIGEST, code: int = 0, scope: str = "shared") -> None:
+    def finish(self, name: str, digest: str = DIGEST, code: int = 0, scope: str = "public") -> None:
         job = self.jobs[name]
         state = JobState.COMPLETED if code == 0 else JobState.FAILED
         self.jobs[name] = ImportJob(name, state, job.job_id, code)
@@ -218,9 +218,9 @@ def test_two_slurmjobs_share_one_import_and_run_its_digest(tmp_path: Path) -> No
     first = _run(gate.entry_for(_spec(), None, "uid-1"))
     second = _run(gate.entry_for(_spec(), None, "uid-2"))
     layout = layout_for(settings)
-    assert str(first.node_path) == str(layout.entry_path("shared", DIGEST, ArtifactFormat.SQSH))
+    assert str(first.node_path) == str(layout.entry_path("public", DIGEST, ArtifactFormat.SQSH))
     assert first == second
-    assert (first.size, first.inode, first.ctime, first.owner_uid) == (
+    assert (first.size, first.inode, first.recorded.split()[-1], first.owner_uid) == (
         4096,
         77,
         "1796000000.123456789",

@@ -26,35 +26,35 @@ from slurmjob_operator.site.catalogs import ArtifactFormat
 
 HEX = "0123456789abcdef" * 4
 DIGEST = f"sha256:{HEX}"
-LAYOUT = CacheLayout(PurePosixPath("/shared/image-cache"))
+LAYOUT = CacheLayout(PurePosixPath("/gpfs/image-cache"))
 SQSH, SIF = ArtifactFormat.SQSH, ArtifactFormat.SIF
 
 
 def test_paths() -> None:
-    assert str(LAYOUT.entry_path("shared", DIGEST, SQSH)) == (
-        f"/shared/image-cache/entries/shared/sha256-{HEX}.sqsh"
+    assert str(LAYOUT.entry_path("public", DIGEST, SQSH)) == (
+        f"/gpfs/image-cache/entries/public/sha256-{HEX}.sqsh"
     )
     assert str(LAYOUT.entry_path("tenant-a", DIGEST, SIF)) == (
-        f"/shared/image-cache/entries/tenant-a/sha256-{HEX}.sif"
+        f"/gpfs/image-cache/entries/tenant-a/sha256-{HEX}.sif"
     )
     assert str(LAYOUT.lock_path("tenant-a", DIGEST, SIF)) == (
-        f"/shared/image-cache/locks/tenant-a/sha256-{HEX}.sif.lock"
+        f"/gpfs/image-cache/locks/tenant-a/sha256-{HEX}.sif.lock"
     )
     job = "slurmjob-import-0123456789ab-1"
-    assert str(LAYOUT.temp_dir(job)) == f"/shared/image-cache/tmp/{job}"
-    assert str(LAYOUT.result_path(job)) == f"/shared/image-cache/results/{job}.result"
-    assert str(LAYOUT.log_path(job)) == f"/shared/image-cache/logs/{job}.log"
+    assert str(LAYOUT.temp_dir(job)) == f"/gpfs/image-cache/tmp/{job}"
+    assert str(LAYOUT.result_path(job)) == f"/gpfs/image-cache/results/{job}.result"
+    assert str(LAYOUT.log_path(job)) == f"/gpfs/image-cache/logs/{job}.log"
     assert LAYOUT.is_entry_path(str(LAYOUT.entry_path("tenant-a", DIGEST, SIF)))
 
 
 @pytest.mark.parametrize(
     "path",
     [
-        f"/shared/image-cache/entries/shared/sha256-{HEX}.tar",
-        f"/shared/image-cache/entries/other/sha256-{HEX}.sqsh",
-        f"/shared/image-cache/locks/shared/sha256-{HEX}.sqsh",
-        f"/shared/image-cache/entries/shared/../shared/sha256-{HEX}.sqsh",
-        f"/shared/image-cache/entries/shared/sha256-{HEX[:-1]}.sqsh",
+        f"/gpfs/image-cache/entries/public/sha256-{HEX}.tar",
+        f"/gpfs/image-cache/entries/other/sha256-{HEX}.sqsh",
+        f"/gpfs/image-cache/locks/public/sha256-{HEX}.sqsh",
+        f"/gpfs/image-cache/entries/tenant-a/../tenant-b/sha256-{HEX}.sqsh",
+        f"/gpfs/image-cache/entries/public/sha256-{HEX[:-1]}.sqsh",
         "/etc/passwd",
     ],
 )
@@ -69,10 +69,10 @@ def test_unsafe_roots_are_refused(root: str) -> None:
 
 
 def test_scopes() -> None:
-    assert scope_word(None) == "shared"
+    assert scope_word(None) == "public"
     assert scope_word("team-a") == "tenant-team-a"
     assert scope_tenant("tenant-team-a") == "team-a"
-    assert scope_tenant("shared") is None
+    assert scope_tenant("public") is None
     for bad in ("tenant-", "tenant-A", "namespace-a", "", "tenant-a/b", "tenant--a"):
         with pytest.raises(ValueError, match="scope"):
             scope_tenant(bad)
@@ -84,11 +84,11 @@ def test_scopes() -> None:
 
 def test_record_key_and_job_name() -> None:
     ref = parse_reference("nvcr.io/nvidia/pytorch:24.01-py3")
-    key = record_key("shared", ref)
+    key = record_key("public", ref)
     assert key.startswith("image-pytorch-")
     assert len(key) == len("image-pytorch-") + 16
     assert record_key("tenant-a", ref) != key  # scopes never share a record
-    assert record_key("shared", parse_reference("nvcr.io/nvidia/pytorch:24.02-py3")) != key
+    assert record_key("public", parse_reference("nvcr.io/nvidia/pytorch:24.02-py3")) != key
     name = import_job_name(key, 1_700_000_000, 3)
     assert name.startswith("slurmjob-import-")
     assert name.endswith("-3")
@@ -99,7 +99,7 @@ def test_record_key_and_job_name() -> None:
     with pytest.raises(ValueError, match="not a DNS label"):
         import_job_name("Not A Key", 1, 1)
     long_name = parse_reference("r.io/" + "a_b." * 50 + "c:t")
-    assert is_dns_label(record_key("shared", long_name))
+    assert is_dns_label(record_key("public", long_name))
 
 
 def test_digest_words_and_uris() -> None:

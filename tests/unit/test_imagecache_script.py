@@ -85,7 +85,7 @@ def _settings(tmp_path: Path) -> Settings:
 
 
 def _script(settings: Settings, image: str, attempt_number: int = 1) -> str:
-    request = ImageRequest("shared", parse_reference(image), ArtifactFormat.SQSH)
+    request = ImageRequest("public", parse_reference(image), ArtifactFormat.SQSH)
     record = new_record(request, NOW)
     attempt = ImportAttempt(
         number=attempt_number,
@@ -131,7 +131,7 @@ def test_an_import_publishes_a_read_only_entry_and_its_result(tmp_path: Path) ->
     run = _run(tmp_path, settings, _script(settings, "127.0.0.1:5000/slurmjob/base:1"))
     assert run.returncode == 0, run.stderr
     layout = layout_for(settings)
-    entry = Path(str(layout.entry_path("shared", DIGEST, ArtifactFormat.SQSH)))
+    entry = Path(str(layout.entry_path("public", DIGEST, ArtifactFormat.SQSH)))
     assert entry.read_bytes() == b"hsqs-image-bytes"
     info = entry.lstat()
     assert info.st_mode & 0o777 == 0o444
@@ -150,7 +150,7 @@ def test_an_import_publishes_a_read_only_entry_and_its_result(tmp_path: Path) ->
     # Nothing of the import is left but the entry, its lock and its result.
     assert list((settings.image_cache_root / "tmp").iterdir()) == []  # type: ignore[operator]
     assert list((tmp_path / "nodetmp").iterdir()) == []
-    assert Path(str(layout.lock_path("shared", DIGEST, ArtifactFormat.SQSH))).exists()
+    assert Path(str(layout.lock_path("public", DIGEST, ArtifactFormat.SQSH))).exists()
 
 
 def test_a_published_digest_is_not_pulled_again(tmp_path: Path) -> None:

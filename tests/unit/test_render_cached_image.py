@@ -5,7 +5,6 @@ image, so the check costs the same for any size; anything that touched the file 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -26,7 +25,7 @@ WRONG_SHA256 = "0" * 64
 
 def _entry(tmp_path: Path) -> tuple[Path, CachedImage]:
     """A published entry as the import job leaves it: read-only, recorded as `stat` sees it."""
-    path = tmp_path / "cache" / "entries" / "shared" / "sha256-ab.sqsh"
+    path = tmp_path / "cache" / "entries" / "tenant-a" / "sha256-ab.sqsh"
     path.parent.mkdir(parents=True)
     path.write_bytes(artifact_bytes(ArtifactFormat.SQSH, b"image" * 1000))
     path.chmod(0o444)
@@ -35,9 +34,6 @@ def _entry(tmp_path: Path) -> tuple[Path, CachedImage]:
 
 def _recorded(path: Path) -> CachedImage:
     info = path.lstat()
-    ctime = subprocess.run(
-        ["stat", "-c", "%.9Z", "--", str(path)], capture_output=True, text=True, check=True
-    ).stdout.strip()
     return CachedImage(
         id="127.0.0.1:5000/slurmjob/base@sha256:" + "ab" * 32,
         format=ArtifactFormat.SQSH,
@@ -47,7 +43,7 @@ def _recorded(path: Path) -> CachedImage:
         sha256=WRONG_SHA256,
         size=info.st_size,
         inode=info.st_ino,
-        ctime=ctime,
+        ctime_ns=info.st_ctime_ns,
         owner_uid=info.st_uid,
     )
 

@@ -2,7 +2,7 @@
 start another import.
 
 The owners of the share rule (`core.shares`) are the scopes: each tenant (`tenant-<name>`)
-and the shared entries (`shared`) together as one owner. Files go by the last use the
+and the shared entries (`public`) together as one owner. Files go by the last use the
 operator recorded (never file times, which a job's reads or a backup can change), the owner
 furthest over its share first. A file a non-final SlurmJob uses is pinned: it goes only while
 its owner is over its share, so a tenant cannot pin the cache past its share.

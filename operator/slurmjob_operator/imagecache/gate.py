@@ -290,7 +290,7 @@ class ImageGate:
             sha256=entry.sha256,
             size=entry.size,
             inode=entry.inode,
-            ctime=entry.ctime,
+            ctime_ns=entry.ctime_ns,
             owner_uid=settings.image_cache_uid,
             mode=0o444 if record.tenant is None else 0o440,
         )

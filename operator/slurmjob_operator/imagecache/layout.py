@@ -3,7 +3,7 @@
 Under the site's cache root (all on one filesystem, so the import's rename is atomic):
 
 - `entries/<scope>/sha256-<hex>.<sqsh|sif>`: the published images, one per (scope, digest,
-  format); `<scope>` is `shared` or `tenant-<tenant>`;
+  format); `<scope>` is `public` or `tenant-<tenant>`;
 - `locks/<scope>/sha256-<hex>.<sqsh|sif>.lock`: the import's lock per entry (flock), never
   unlinked: unlinking a lock file another process holds open lets a third lock a new one;
 - `tmp/<job name>/`: one import attempt's work directory;
@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 from slurmjob_operator.imagecache.reference import DIGEST_ALGORITHM, ImageReference
 from slurmjob_operator.site.catalogs import ArtifactFormat
 
-SHARED_SCOPE = "shared"
+PUBLIC_SCOPE = "public"
 TENANT_SCOPE_PREFIX = "tenant-"
 ENTRIES_DIR = "entries"
 LOCKS_DIR = "locks"
@@ -75,9 +75,9 @@ def is_dns_label(text: str) -> bool:
 
 
 def scope_word(tenant: str | None) -> str:
-    """The scope of a tenant's own entries (`tenant-<name>`), or `shared` for None."""
+    """The scope of a tenant's own entries (`tenant-<name>`), or `public` for None."""
     if tenant is None:
-        return SHARED_SCOPE
+        return PUBLIC_SCOPE
     if not is_dns_label(tenant):
         raise ValueError(f"tenant {tenant!r} is not a DNS label")
     return TENANT_SCOPE_PREFIX + tenant
@@ -85,11 +85,11 @@ def scope_word(tenant: str | None) -> str:
 
 def scope_tenant(scope: str) -> str | None:
     """The tenant a scope belongs to (None: shared), or a ValueError for a malformed scope."""
-    if scope == SHARED_SCOPE:
+    if scope == PUBLIC_SCOPE:
         return None
     tenant = scope.removeprefix(TENANT_SCOPE_PREFIX)
     if tenant == scope or not is_dns_label(tenant):
-        raise ValueError(f"scope {scope!r} is neither {SHARED_SCOPE!r} nor tenant-<DNS label>")
+        raise ValueError(f"scope {scope!r} is neither {PUBLIC_SCOPE!r} nor tenant-<DNS label>")
     return tenant
 
 

@@ -151,7 +151,7 @@ class Entry(Model):
 
     @property
     def ctime(self) -> str:
-        """The ctime as `stat -c %.9Z` prints it (`site.artifacts.CachedImage.ctime`)."""
+        """The ctime as `stat -c %.9Z` prints it (as `CachedImage.recorded` shows it)."""
         return ctime_text(self.ctime_ns)
 
 

@@ -50,8 +50,8 @@ class CachedImage:
     sha256: str
     size: int
     inode: int
-    ctime: str
-    """As `stat -c %.9Z` prints it on the node that recorded it (seconds.nanoseconds)."""
+    ctime_ns: int
+    """The ctime the import's node saw, in nanoseconds."""
     owner_uid: int
     mode: int = 0o444
     """0444, or 0440 for a tenant's private image (0400 and an ACL for the tenant's uid)."""
@@ -62,7 +62,9 @@ class CachedImage:
     def recorded(self) -> str:
         """What `stat -c '%F %u %a %s %i %.9Z'` prints for the entry on a job's node: a
         read-only regular file of the cache user, its size, inode and ctime unchanged."""
-        return f"regular file {self.owner_uid} {self.mode:o} {self.size} {self.inode} {self.ctime}"
+        seconds, ns = divmod(self.ctime_ns, 1_000_000_000)
+        ctime = f"{seconds}.{ns:09d}"  # as `stat -c %.9Z` prints it
+        return f"regular file {self.owner_uid} {self.mode:o} {self.size} {self.inode} {ctime}"
 
 
 class ArtifactError(Exception):
@@ -217,13 +219,6 @@ def verify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
             _verified.add(key)
 
 
-def _ctime_ns(text: str) -> int | None:
-    seconds, _, fraction = text.partition(".")
-    if not seconds.isdigit() or len(fraction) != 9 or not fraction.isdigit():
-        return None
-    return int(seconds) * 1_000_000_000 + int(fraction)
-
-
 def verify_cached(image: CachedImage) -> None:
     """Raise `ArtifactError` unless the operator sees the image-cache entry its import
     recorded: a read-only regular file (never a link) of the cache user, with the recorded
@@ -245,7 +240,7 @@ def verify_cached(image: CachedImage) -> None:
         info.st_ino,
         info.st_ctime_ns,
     )
-    wanted = (True, image.owner_uid, image.mode, image.size, image.inode, _ctime_ns(image.ctime))
+    wanted = (True, image.owner_uid, image.mode, image.size, image.inode, image.ctime_ns)
     if seen != wanted:
         raise ArtifactError(
             f"{name} is not the file its import recorded (regular file, owner, mode, size, "
