@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slurmjob_operator.api.status import Phase
 from slurmjob_operator.core.decisions import SubmissionResult
+from slurmjob_operator.imagemetrics import ImageCacheMetrics
 
 __all__ = [
     "PREFIX",
@@ -92,6 +93,8 @@ class Metrics:
     each other's figures.
     * `waiting_submissions`: submissions waiting for a slot (`SLURMJOB_SUBMIT_CONCURRENCY`
       bounds those in progress; set by the controller's `FairLimiter`).
+    * `catalogs`: the re-read site catalogs' (`CatalogMetrics`).
+    * `images`: the image cache's, by scope (`imagemetrics.ImageCacheMetrics`).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -216,6 +219,8 @@ class Metrics:
             "1 in the replica that holds the Lease and runs the operator, 0 in a standby.",
             registry=reg,
         )
+        self.images = ImageCacheMetrics(reg, PREFIX)
+        self.catalogs = CatalogMetrics(reg)
         for result in SUBMISSION_RESULTS:
             self.submissions_total.labels(result=result)
         for phase in Phase:
@@ -303,3 +308,51 @@ class Metrics:
         """One sample's current value (full name, e.g. `slurmjob_operator_jobs`), for tests
         and the CLI."""
         return self.registry.get_sample_value(name, dict(labels or {}))
+
+
+# -- the site catalogs re-read while the operator runs (controller.catalogreload) -----------
+
+
+class CatalogMetrics:
+    """The runtime registry's and the GPU series catalog's, by `cluster` and `catalog`
+    (`runtime-registry`, `gpu-series`): a handful of series, one per file.
+
+    * `catalog_reload_errors_total`: edits of the file refused (each refused content once);
+      the last good copy stayed in use.
+    * `catalog_stale`: 1 while the file holds a refused edit (the copy in use is older than
+      the file), 0 when the copy in use is the file's.
+    * `catalog_loaded_timestamp_seconds`: when the copy in use was read (Unix time).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["cluster", "catalog"]
+        self.reload_errors_total = Counter(
+            f"{PREFIX}_catalog_reload_errors",
+            "Edits of a site catalog file (runtime registry, GPU series) refused because they "
+            "do not read, parse or validate; the last good copy stays in use.",
+            labels,
+            registry=registry,
+        )
+        self.stale = Gauge(
+            f"{PREFIX}_catalog_stale",
+            "1 while a site catalog's file holds a refused edit and the last good copy is in "
+            "use, 0 when the copy in use is the file's.",
+            labels,
+            registry=registry,
+        )
+        self.loaded_timestamp_seconds = Gauge(
+            f"{PREFIX}_catalog_loaded_timestamp_seconds",
+            "When the copy in use of a site catalog was read from its file (Unix time).",
+            labels,
+            registry=registry,
+        )
+
+    def observe(
+        self, cluster: str, catalog: str, *, loaded_at: float, stale: bool, refused: bool = False
+    ) -> None:
+        """The state of one file after a look at it; `refused`: this look refused an edit."""
+        errors = self.reload_errors_total.labels(cluster=cluster, catalog=catalog)  # 0 at first
+        if refused:
+            errors.inc()
+        self.stale.labels(cluster=cluster, catalog=catalog).set(1 if stale else 0)
+        self.loaded_timestamp_seconds.labels(cluster=cluster, catalog=catalog).set(loaded_at)

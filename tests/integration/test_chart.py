@@ -768,6 +768,44 @@ def test_signing_key_pvc_catalogs_and_templates_from_values(kube: KubeTestbed) -
     )
 
 
+def checksums(docs: list[dict[str, Any]]) -> dict[str, str]:
+    annotations = deployment(docs)["spec"]["template"]["metadata"]["annotations"]
+    return {k: v for k, v in annotations.items() if k.startswith("checksum/")}
+
+
+def test_only_what_is_read_at_start_restarts_the_pod(kube: KubeTestbed, tmp_path: Path) -> None:
+    """The runtime registries and GPU series catalogs are re-read while the operator runs
+    (issue 44): changing them leaves the pod template alone. The tenants file, the clusters
+    file and the templates are read at start: changing them rolls the pod."""
+
+    def values(name: str, data: dict[str, Any]) -> list[str]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return ["-f", str(path)]
+
+    base = [
+        "-f",
+        str(CHART / "ci/signing-key-pvc-values.yaml"),
+        *values("west", {"clusters": [WEST]}),
+    ]
+    before = checksums(render(kube, *base))
+    assert before.keys() == {"checksum/tenants", "checksum/clusters", "checksum/templates"}
+    a100, west = [{"name": "a100", "gpusPerNode": 4}], WEST["catalogs"]
+    re_read = [
+        values("series", {"catalogs": {"gpuSeries": a100}}),
+        values("runtimes", {"catalogs": {"runtimes": []}}),
+        values("west-series", {"clusters": [{**WEST, "catalogs": {**west, "gpuSeries": a100}}]}),
+    ]
+    for change in re_read:
+        assert checksums(render(kube, *base, *change)) == before, change
+    read_at_start = {
+        "checksum/tenants": values("tenants", {"catalogs": {"tenants": []}}),
+        "checksum/clusters": values("west-url", {"clusters": [{**WEST, "restUrl": "https://o:1"}]}),
+    }
+    for key, change in read_at_start.items():
+        assert checksums(render(kube, *base, *change))[key] != before[key], key
+
+
 def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) -> None:
     docs = render(kube, "-f", str(CHART / "ci/monitoring-values.yaml"))
     (monitor,) = of_kind(docs, "ServiceMonitor")
@@ -792,6 +830,7 @@ def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) ->
         metrics.set_token_expiry(None, cluster="hpc")
         metrics.set_reachable("hpc", True)
     metrics.count_adoption("name")
+    metrics.catalogs.observe("hpc", "gpu-series", loaded_at=0.0, stale=False)
     known: dict[str, set[str]] = {}
     for family in metrics.registry.collect():
         for sample in family.samples:

@@ -348,3 +348,73 @@ def test_an_operator_killed_during_an_import_finds_it_again(
     assert [j.job_id for j in jobs] == [record["attempt"]["jobId"]], jobs
     assert list((cache_root / "tmp").iterdir()) == []
     assert not [p for p in (cache_root / "entries").rglob("*") if p.name.startswith(".")]
+
+
+def _sweep_state(op: Operator) -> dict[str, Any]:
+    proc = op.kube.kubectl(
+        "get",
+        "configmap",
+        "-n",
+        "default",
+        "slurmjob-imagecache-sweep",
+        "-o",
+        "json",
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {}
+    return dict(json.loads(json.loads(proc.stdout)["data"]["state"]))
+
+
+@pytest.mark.slurm2205
+def test_eviction_under_the_cap_keeps_the_entry_a_running_slurmjob_uses(
+    op: Operator, registry: Registries, cache_root: Path
+) -> None:
+    """Over the cap, the sweep evicts the entry no non-final SlurmJob uses (though it was used
+    last) and keeps the one a running SlurmJob runs in; the file goes by a job of the cache
+    user, the record with it."""
+    base, spare = registry.image("base"), registry.image("corruptible")
+    saved = dict(op.env)
+    try:
+        op.stop()
+        op.env["SLURMJOB_IMAGE_CACHE_SWEEP_SECONDS"] = "2"
+        op.start()
+        op.apply("evict-keep", _image_spec(base.ref, ["sh", "-c", f"cat {MARKER}; sleep 600"]))
+        op.wait_phase("evict-keep", "Running", "Failed", "Succeeded", within=IMPORT_WITHIN)
+        op.apply("evict-spare", _image_spec(spare.digest_ref, ["true"]))
+        done = op.wait_phase("evict-spare", "Succeeded", "Failed", within=IMPORT_WITHIN)
+        assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
+        (kept_record,) = _records(op, base.ref)
+        (spare_record,) = _records(op, spare.digest_ref)
+        kept = Path(kept_record["entry"]["path"])
+        evicted = Path(spare_record["entry"]["path"])
+        assert kept.is_file()
+        assert evicted.is_file()
+        # A cap the two entries do not fit: one must go, and it is not the one in use.
+        op.stop()
+        op.env["SLURMJOB_IMAGE_CACHE_MAX_BYTES"] = str(max(kept.stat().st_size, 1024**2))
+        op.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and evicted.exists():
+            time.sleep(0.5)
+        assert not evicted.exists(), op.log_tail()
+        assert kept.is_file()
+        assert _records(op, spare.digest_ref) == []
+        keep = op.get("evict-keep")
+        assert keep is not None
+        assert keep["status"]["phase"] == "Running", json.dumps(keep["status"], indent=1)
+        state = _sweep_state(op)
+        name = state.get("jobName") or (state.get("report") or {}).get("job")
+        assert name, state
+        (job,) = op.slurm_jobs_named(name)
+        assert job.user == CACHE_USER
+        # Its job still runs from the kept file (the node's check passed at its start).
+        assert keep["status"]["attempts"][-1].get("jobId"), keep["status"]
+    finally:
+        op.kube.kubectl(
+            "delete", "slurmjob", "evict-keep", "-n", op.namespace, "--wait=false", check=False
+        )
+        op.stop()
+        op.env.clear()
+        op.env.update(saved)
+        op.start()

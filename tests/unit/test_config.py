@@ -121,6 +121,8 @@ VALUES: list[tuple[str, str, str, Any]] = [
     ("SLURMJOB_IMAGE_IMPORT_RETRIES", "1", "image_import_retries", 1),
     ("SLURMJOB_IMAGE_CACHE_MAX_BYTES", str(2 * 1024**4), "image_cache_max_bytes", 2 * 1024**4),
     ("SLURMJOB_IMAGE_CACHE_FLOOR_BYTES", str(1024**3), "image_cache_floor_bytes", 1024**3),
+    ("SLURMJOB_IMAGE_CACHE_SWEEP_SECONDS", "2", "image_cache_sweep_seconds", 2.0),
+    ("SLURMJOB_IMAGE_CACHE_CHECK_SECONDS", "3600", "image_cache_check_seconds", 3600.0),
     ("SLURMJOB_IMAGE_IMPORTS_PER_TENANT", "3", "image_imports_per_tenant", 3),
     ("SLURMJOB_IMAGE_IMPORTS_MAX", "12", "image_imports_max", 12),
 ]
@@ -163,6 +165,22 @@ def test_images_need_the_cache_its_user_and_partition() -> None:
     assert Settings.from_env({"SLURMJOB_IMAGES_ENABLED": "off"}).images_enabled is False
 
 
+def test_verified_artifacts_need_the_cache_and_minted_tokens(tmp_path: Path) -> None:
+    """The verification jobs run as the cache user (a token minted for it: with one token
+    file every job is one user, who could forge a result) and record into the cache; images
+    themselves may stay off."""
+    key = tmp_path / "jwt.key"
+    key.write_bytes(b"k" * 32)
+    needed = {**_IMAGE_CACHE, "SLURMJOB_SLURM_JWT_KEY_FILE": str(key)}
+    settings = Settings.from_env({"SLURMJOB_ARTIFACT_VERIFY_JOBS": "1", **needed})
+    assert (settings.artifact_verify_jobs, settings.images_enabled) == (True, False)
+    for left_out in needed:
+        given = {k: v for k, v in needed.items() if k != left_out}
+        with pytest.raises(ConfigError, match=f"SLURMJOB_ARTIFACT_VERIFY_JOBS needs {left_out}"):
+            Settings.from_env({"SLURMJOB_ARTIFACT_VERIFY_JOBS": "on", **given})
+    assert Settings.from_env({}).artifact_verify_jobs is False
+
+
 def test_a_registry_list_is_host_port_and_path_prefixes() -> None:
     settings = Settings.from_env({"SLURMJOB_IMAGE_REGISTRIES": "nvcr.io/nvidia,reg:5000"})
     assert settings.allowed_image_registries == ("nvcr.io/nvidia", "reg:5000")
@@ -174,6 +192,7 @@ def test_a_registry_list_is_host_port_and_path_prefixes() -> None:
 def test_the_value_table_covers_every_setting() -> None:
     names = {name for name, *_ in VALUES} | {"SLURMJOB_SLURM_TLS_VERIFY"}
     names |= {"SLURMJOB_IMAGES_ENABLED"}  # with the cache settings, above
+    names |= {"SLURMJOB_ARTIFACT_VERIFY_JOBS"}  # with the cache settings, above
     names |= {"SLURMJOB_LOGS_TLS_CERT_FILE", "SLURMJOB_LOGS_TLS_KEY_FILE"}  # together, above
     assert names == {Settings.env_name(f) for f in Settings.model_fields}
 

@@ -58,6 +58,16 @@ class ConfigMaps:
                 current[key] = value
 
 
+class ListedConfigMaps(ConfigMaps):
+    """The apiserver's client also lists and deletes (the sweep, a forgotten entry)."""
+
+    async def list_configmaps(self, namespace: str, prefix: str) -> dict[str, dict[str, str]]:
+        return {k: dict(v) for k, v in self.maps.items() if k.startswith(prefix)}
+
+    async def delete_configmap(self, namespace: str, name: str) -> None:
+        self.maps.pop(name, None)
+
+
 class FakeImporter:
     """Submits into a dict of jobs; a test ends a job with `finish`."""
 
@@ -142,7 +152,7 @@ def _settings(tmp_path: Path, **extra: Any) -> Settings:
 
 def _gate(settings: Settings) -> tuple[ImageGate, FakeImporter, Clock, ConfigMaps]:
     clock = Clock()
-    maps = ConfigMaps()
+    maps = ListedConfigMaps()
     importer = FakeImporter(settings)
     secrets: dict[str, dict[str, bytes]] = {
         "team-a-registry": {
@@ -339,3 +349,17 @@ def test_a_missing_registry_secret_waits_without_an_import_in_flight(tmp_path: P
         _run(gate.entry_for(_spec("127.0.0.1:5001/private/base:1"), scope, "uid-1"))
     assert importer.submitted == []
     assert maps.maps == {}  # no write-ahead: nothing to adopt or clean later
+
+
+def test_an_entry_gone_from_the_cache_is_forgotten_and_imported_again(tmp_path: Path) -> None:
+    gate, importer, _, maps = _gate(_settings(tmp_path))
+    with pytest.raises(ImageNotReady):
+        _run(gate.entry_for(_spec(), None, "uid-1"))
+    importer.finish(importer.submitted[0][0])
+    entry = _run(gate.entry_for(_spec(), None, "uid-1"))
+    assert len(maps.maps) == 1
+    _run(gate.forget(_spec(), None, "uid-1", str(entry.node_path), "evicted"))
+    assert maps.maps == {}  # the record went with its only entry
+    with pytest.raises(ImageNotReady):
+        _run(gate.entry_for(_spec(), None, "uid-1"))
+    assert len(importer.submitted) == 2  # imported again, not failed

@@ -218,6 +218,14 @@ def test_every_metric_is_prefixed(metrics: Metrics) -> None:
         "slurmjob_operator_slurmrestd_reachable",
         "slurmjob_operator_waiting_submissions",
         "slurmjob_operator_leader",
+        "slurmjob_operator_catalog_reload_errors",
+        "slurmjob_operator_catalog_stale",
+        "slurmjob_operator_catalog_loaded_timestamp_seconds",
+        "slurmjob_operator_image_cache_hits",
+        "slurmjob_operator_image_cache_misses",
+        "slurmjob_operator_image_import_seconds",
+        "slurmjob_operator_image_cache_bytes",
+        "slurmjob_operator_image_cache_entries",
     }
 
 

@@ -69,6 +69,20 @@ def _statuses() -> list[tuple[SlurmJobStatus, bool]]:
             ).status,
             False,
         ),
+        (
+            # A registry artifact verified once by a job of the cache user (imagecache).
+            reconcile.record_attempt(
+                FRESH,
+                number=1,
+                job_name="sj-a",
+                staging_dir="/s/attempt-1",
+                generation=1,
+                now=NOW,
+                image="runtime pytorch-sqsh, sha256 ab verified by slurmjob-verify-0-1",
+                image_reason=Reason.ARTIFACT_VERIFIED,
+            ).status,
+            False,
+        ),
         (QUEUED, False),
         (reconcile.submitted(RECORDED, 7, 1, NOW, adopted=True).status, False),
         (reconcile.declared_lost(UNSENT, 1, NOW).status, False),

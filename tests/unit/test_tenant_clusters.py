@@ -21,10 +21,10 @@ from slurmjob_operator.config import Settings
 from slurmjob_operator.controller.pipeline import Site
 from slurmjob_operator.site.catalogs import (
     CatalogError,
-    GpuSeriesCatalog,
     RuntimeArtifact,
     RuntimeRegistry,
 )
+from slurmjob_operator.site.catalogwatch import CatalogWatch
 from slurmjob_operator.site.mounts import mount_problems
 from slurmjob_operator.site.resolve import resolve_site
 from slurmjob_operator.site.tenantentry import ClusterLimits, Tenant
@@ -100,12 +100,7 @@ def tenant_of(tenants: Tenants, namespace: str = "team-a") -> Tenant:
 
 def site_with(tenants: Tenants) -> Site:
     """A Site as the operator's part for one cluster would hold it: the view as its tenants."""
-    return Site(
-        settings=Settings(),
-        registry=RuntimeRegistry(),
-        gpu_series=GpuSeriesCatalog(),
-        tenants=tenants,
-    )
+    return Site(settings=Settings(), catalogs=CatalogWatch(), tenants=tenants)
 
 
 def refused(tmp_path: Path, data: Any, clusters: list[str] | None = None) -> str:
@@ -659,16 +654,16 @@ def test_resolution_uses_the_clusters_limits_and_defaults(tmp_path: Path) -> Non
     west = resolve_site(
         spec,
         site.settings,
-        site.registry,
-        site.gpu_series,
+        site.catalogs.current.registry,
+        site.catalogs.current.gpu_series,
         base.for_cluster("west").scope("team-a"),
     )
     assert (west.account, west.partition, west.time_limit_minutes) == ("acct", "w1", 180)
     east = resolve_site(
         spec,
         site.settings,
-        site.registry,
-        site.gpu_series,
+        site.catalogs.current.registry,
+        site.catalogs.current.gpu_series,
         base.for_cluster("east").scope("team-a"),
     )
     assert (east.partition, east.time_limit_minutes) == ("p1", 60)
@@ -676,8 +671,8 @@ def test_resolution_uses_the_clusters_limits_and_defaults(tmp_path: Path) -> Non
         resolve_site(
             parse_spec(cpu_spec(partition="p1", timeLimit="2h")),
             site.settings,
-            site.registry,
-            site.gpu_series,
+            site.catalogs.current.registry,
+            site.catalogs.current.gpu_series,
             base.for_cluster("west").scope("team-a"),
         )
     assert caught.value.messages == [

@@ -59,6 +59,21 @@ true
 {{- end -}}
 {{- end }}
 
+{{/* A ConfigMap of this chart (dict "root" . "file" "/configmap-<x>.yaml") without the
+catalogs the operator re-reads (runtime-registry.yaml and gpu-series.yaml, a cluster's
+<name>.runtime-registry.yaml and <name>.gpu-series.yaml): the part read once at start, which
+the pod template's checksums cover. */}}
+{{- define "slurmjob-operator.readAtStart" -}}
+{{- $rendered := include (print .root.Template.BasePath .file) .root | fromYaml }}
+{{- $kept := dict }}
+{{- range $key, $value := ($rendered.data | default dict) }}
+{{- if not (regexMatch "^([a-z0-9-]+[.])?(runtime-registry|gpu-series)[.]yaml$" $key) }}
+{{- $_ := set $kept $key $value }}
+{{- end }}
+{{- end }}
+{{- toJson $kept }}
+{{- end }}
+
 {{/* The catalogs ConfigMap: the user's, or the one this chart renders. */}}
 {{- define "slurmjob-operator.catalogsConfigMap" -}}
 {{- default (printf "%s-catalogs" (include "slurmjob-operator.fullname" .)) .Values.catalogs.existingConfigMap }}
@@ -378,9 +393,15 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
 {{- end }}
 {{- end }}
 {{- with .Values.images }}
+{{- if or .enabled .verifyArtifacts }}
 {{- if .enabled }}
 - name: SLURMJOB_IMAGES_ENABLED
   value: "true"
+{{- end }}
+{{- if .verifyArtifacts }}
+- name: SLURMJOB_ARTIFACT_VERIFY_JOBS
+  value: "true"
+{{- end }}
 - name: SLURMJOB_IMAGE_CACHE_ROOT
   value: {{ .cache.root | quote }}
 {{- with .cache.slurmRoot }}
@@ -419,6 +440,10 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   value: {{ .tagReuseSeconds | int | quote }}
 - name: SLURMJOB_IMAGE_CACHE_MAX_BYTES
   value: {{ .cache.maxBytes | int64 | quote }}
+- name: SLURMJOB_IMAGE_CACHE_SWEEP_SECONDS
+  value: {{ .cache.sweepSeconds | int | quote }}
+- name: SLURMJOB_IMAGE_CACHE_CHECK_SECONDS
+  value: {{ .cache.checkSeconds | int | quote }}
 {{- with .cache.floorBytes }}
 - name: SLURMJOB_IMAGE_CACHE_FLOOR_BYTES
   value: {{ . | int64 | quote }}
@@ -528,7 +553,7 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   subPath: {{ . }}
   {{- end }}
 {{- end }}
-{{- if .Values.images.enabled }}
+{{- if or .Values.images.enabled .Values.images.verifyArtifacts }}
 - name: image-cache
   mountPath: {{ .Values.images.cache.root }}
   readOnly: true
@@ -590,7 +615,7 @@ ClusterRole of their own with watchNamespaces (a Role cannot grant them).
   persistentVolumeClaim:
     claimName: {{ required "archive.existingClaim: the PersistentVolumeClaim of the log archive (a volume no compute node mounts)" .Values.archive.existingClaim }}
 {{- end }}
-{{- if .Values.images.enabled }}
+{{- if or .Values.images.enabled .Values.images.verifyArtifacts }}
 # Read-only: the operator reads what the import jobs recorded; only the cache user writes.
 - name: image-cache
   {{- if .Values.images.cache.existingClaim }}

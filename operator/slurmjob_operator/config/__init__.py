@@ -159,6 +159,31 @@ class Settings(
             raise ValueError(f"SLURMJOB_IMAGES_ENABLED needs {', '.join(missing)}")
         return self
 
+    @model_validator(mode="after")
+    def _artifact_verification(self) -> Settings:
+        if not self.artifact_verify_jobs:
+            return self
+        # Its jobs run as the cache user (a minted token: with a token file every job is one
+        # user, who could then forge a result) and write under the cache.
+        missing = [
+            self.env_name(name)
+            for name in (
+                "image_cache_root",
+                "image_cache_user",
+                "image_cache_uid",
+                "image_import_partition",
+                "slurm_jwt_key_file",
+            )
+            if getattr(self, name) is None
+        ]
+        if missing:
+            raise ValueError(
+                f"SLURMJOB_ARTIFACT_VERIFY_JOBS needs {', '.join(missing)}: the verification "
+                "jobs run as the cache user, with a token minted for it, on the import "
+                "partition, and record their results in the cache"
+            )
+        return self
+
     @classmethod
     def env_name(cls, field: str) -> str:
         return ENV_PREFIX + field.upper()

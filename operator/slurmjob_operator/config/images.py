@@ -120,7 +120,7 @@ class ImageSettings(BaseSettings):
     )
     image_cache_max_bytes: int = Field(
         default=500 * 1024**3,
-        ge=1024**3,
+        ge=1024**2,
         description=(
             "The cache's size cap in bytes, shared by its owners (tenants for private images, "
             "the shared owner for anonymous pulls): past it the least recently used entries "
@@ -135,11 +135,41 @@ class ImageSettings(BaseSettings):
             "SlurmJobs use are kept within it). Unset: image_cache_max_bytes / 16."
         ),
     )
+    image_cache_sweep_seconds: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=86400.0,
+        description=(
+            "How often the leader sweeps the image cache: releases the entries of final or "
+            "deleted SlurmJobs, evicts what is over the cap (a job of the cache user deletes "
+            "the files) and updates the cache's metrics."
+        ),
+    )
+    image_cache_check_seconds: float = Field(
+        default=21600.0,
+        ge=60.0,
+        le=7 * 86400.0,
+        description=(
+            "How often a housekeeping job of the cache user checks the cache when nothing is "
+            "evicted: every recorded entry still there, bytes and files, dead imports' "
+            "directories removed."
+        ),
+    )
     image_imports_per_tenant: int = Field(
         default=2, ge=1, le=64, description="Import jobs one tenant may have at once."
     )
     image_imports_max: int = Field(
         default=8, ge=1, le=256, description="Import jobs the operator has at once, all tenants."
+    )
+    artifact_verify_jobs: bool = Field(
+        default=False,
+        description=(
+            "Verify each runtime-registry artifact (runtimeId) once, by a job of the cache user "
+            "on the import partition that hashes it in full and checks that only root and its "
+            "owner can change it, then check jobs on their nodes by a recorded stat line "
+            "instead of hashing the artifact again (docs/images.md). Off: every job's node "
+            "hashes it in full. Needs the cache settings and minted tokens."
+        ),
     )
 
     @property

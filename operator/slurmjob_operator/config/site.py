@@ -40,11 +40,18 @@ class SiteSettings(BaseSettings):
         ),
     )
     runtime_registry_file: Path | None = Field(
-        default=None, description="YAML runtime registry: runtimes: [{id, format, path, sha256}]."
+        default=None,
+        description=(
+            "YAML runtime registry: runtimes: [{id, format, path, sha256}]. Re-read when it "
+            "changes; an edit that does not validate is refused and the last good copy kept."
+        ),
     )
     gpu_series_file: Path | None = Field(
         default=None,
-        description="YAML GPU series catalog: series: [{name, slurmConstraint, gpusPerNode}].",
+        description=(
+            "YAML GPU series catalog: series: [{name, slurmConstraint, gpusPerNode}]. Re-read "
+            "when it changes, as the runtime registry."
+        ),
     )
     clusters_file: Path | None = Field(
         default=None,

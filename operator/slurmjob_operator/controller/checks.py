@@ -7,7 +7,9 @@ sender classifies (`core.decisions.FAILURES` says what it becomes) and writes on
 3. the cluster: a spec.cluster the tenant may not use, or this cluster is not;
 4. Kueue's placement: where Kueue counted the quota is where the job runs;
 5. the image, for a spec.framework.image: refused where the site or the tenant does not
-   allow it, waited for while the image cache imports it (imagecache/gate.py);
+   allow it, waited for while the image cache imports it (imagecache/gate.py); for a
+   runtimeId where the site verifies registry artifacts, waited for while a job of the cache
+   user verifies it (imagecache/verifygate.py);
 6. the Secret values the environment names (read in the resource's own namespace only);
 7. render and the script checks (`site.render`, `site.preflight`);
 8. the cluster's limits (judged again on a fresh read before anything is refused);
@@ -40,8 +42,15 @@ from slurmjob_operator.controller.resource import ResourceEdge
 from slurmjob_operator.core.kueue import Verdict as Admitted
 from slurmjob_operator.core.limits import check, enforce
 from slurmjob_operator.core.placement import Clusters
-from slurmjob_operator.imagecache.gate import FIELD, ImageGate, requested_image
-from slurmjob_operator.site.artifacts import CachedImage
+from slurmjob_operator.imagecache.gate import FIELD, ImageGate, ImageNotReady, requested_image
+from slurmjob_operator.imagecache.verifygate import ArtifactGate, ArtifactNotVerified
+from slurmjob_operator.site.artifacts import (
+    ArtifactChanged,
+    ArtifactError,
+    CachedImage,
+    VerifiedArtifact,
+)
+from slurmjob_operator.site.resolve import resolve_site
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.storage.stagingtree import check_tree
 
@@ -59,6 +68,7 @@ class Preparing:
     client: SlurmClient | None = None
     prepared: PreparedAttempt | None = None
     image: CachedImage | None = None
+    verified: VerifiedArtifact | None = None
 
 
 class Checks:
@@ -82,6 +92,8 @@ class Checks:
         self.probes: ProbeBook | None = None
         #: The image cache's gate (None: images are not enabled here; an image is refused).
         self.images: ImageGate | None = None
+        #: The registry artifacts' verification (None: every job's node hashes in full).
+        self.artifacts: ArtifactGate | None = None
 
     def order(self) -> tuple[Callable[[Preparing], Awaitable[None]], ...]:
         return (
@@ -90,6 +102,7 @@ class Checks:
             self.the_cluster,
             self.placement,
             self.image,
+            self.verified_artifact,
             self.secret_values,
             self.render,
             self.cluster_limits,
@@ -139,6 +152,20 @@ class Checks:
             raise SpecError([f"{FIELD}: the image cache is not running here"])
         p.image = await self.images.entry_for(p.spec, scope, p.view.ref.uid)
 
+    async def verified_artifact(self, p: Preparing) -> None:
+        assert p.spec is not None
+        if self.artifacts is None or p.spec.framework.runtime_id is None:
+            return
+        # The registry's artifact as render resolves it (the tenant's runtimes included): a
+        # spec refused there is refused here, before a verification job is spent on it.
+        catalogs = self.site.catalogs.current
+        scope = self.site.scope(p.view.ref.namespace)
+        resolution = resolve_site(
+            p.spec, self.settings, catalogs.registry, catalogs.gpu_series, scope
+        )
+        if resolution.runtime is not None:
+            p.verified = await self.artifacts.verified(resolution.runtime)
+
     async def secret_values(self, p: Preparing) -> None:
         p.secrets = await self.edge.secret_values(p.view)
 
@@ -167,8 +194,12 @@ class Checks:
             probes=self.probes,
             attempts=p.view.status.attempts,
             snapshot=snapshot,
-            image=p.image,
+            image=p.image if p.image is not None else p.verified,
         )
+        verified = p.verified
+        if verified is not None and p.prepared.resolution.runtime != verified.runtime:
+            # The registry was re-read since the verification: the next pass verifies anew.
+            raise ArtifactNotVerified(f"runtime {verified.id} changed in the runtime registry")
 
     async def cluster_limits(self, p: Preparing) -> None:
         # A request that cannot fit the cluster is refused with nothing staged or to adopt.
@@ -189,7 +220,21 @@ class Checks:
 
     async def runtime(self, p: Preparing) -> None:
         assert p.prepared is not None
-        await asyncio.to_thread(verify_runtime, p.prepared, self.settings)
+        try:
+            await asyncio.to_thread(verify_runtime, p.prepared, self.settings)
+        except ArtifactError as exc:
+            artifact = p.prepared.artifact
+            if isinstance(artifact, VerifiedArtifact) and isinstance(exc, ArtifactChanged):
+                # Changed since its verification: the next pass sees it and verifies it anew.
+                raise ArtifactNotVerified(f"runtime {artifact.id}: {exc}; verified again") from exc
+            if not isinstance(artifact, CachedImage) or self.images is None:
+                raise
+            # A cache entry gone or changed (evicted, deleted by hand): imported again.
+            assert p.spec is not None
+            scope = self.site.scope(p.view.ref.namespace)
+            where = str(artifact.node_path)
+            await self.images.forget(p.spec, scope, p.view.ref.uid, where, str(exc))
+            raise ImageNotReady(f"{artifact.id}: {exc}; imported again") from exc
 
     async def staging_tree(self, p: Preparing) -> None:
         assert p.prepared is not None

@@ -34,7 +34,9 @@ from slurmjob_operator.core.expiry import TtlPolicy
 from slurmjob_operator.core.jobview import SlurmJobView
 from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
-from slurmjob_operator.imagecache.wiring import image_gate
+from slurmjob_operator.imagecache.meter import CacheMeter
+from slurmjob_operator.imagecache.verifygate import artifact_gate
+from slurmjob_operator.imagecache.wiring import cache_sweeper, image_gate
 from slurmjob_operator.kube import ResourceStore, WorkloadStore
 from slurmjob_operator.kube.ports import (
     KeepsDeleted,
@@ -174,7 +176,13 @@ class Controller:
         self._following.probing.probes = self.probes
         self._submission.sender.checks.probes = self.probes
         # The image cache, where images are enabled and the store holds ConfigMaps.
-        self._submission.sender.checks.images = image_gate(settings, kube, self.slurm_as)
+        gate = image_gate(settings, kube, self.slurm_as, metrics)
+        self._submission.sender.checks.images = gate
+        # Registry artifacts verified once by a job of the cache user, where the site says so.
+        self._submission.sender.checks.artifacts = artifact_gate(settings, kube, self.slurm_as)
+        #: The leader's sweep of the image cache (started by the startup handler).
+        sizes = CacheMeter(metrics).sizes
+        self.image_sweeper = cache_sweeper(gate, kube, sizes) if gate is not None else None
 
     def depended_on(self, namespace: str, name: str) -> bool:
         """Whether a SlurmJob of this cluster still to finish names this one in dependsOn."""

@@ -32,18 +32,14 @@ from slurmjob_operator.core.segments import (
     segment_minutes,
 )
 from slurmjob_operator.site.artifacts import (
+    Artifact,
     CachedImage,
+    VerifiedArtifact,
     artifact_path,
     verify_artifact,
-    verify_cached,
+    verify_recorded,
 )
-from slurmjob_operator.site.catalogs import (
-    GpuSeriesCatalog,
-    RuntimeArtifact,
-    RuntimeRegistry,
-    load_gpu_series,
-    load_runtime_registry,
-)
+from slurmjob_operator.site.catalogwatch import CatalogWatch
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.site.preflight import check_rendered
 from slurmjob_operator.site.probe import probe_runs
@@ -67,11 +63,11 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 @dataclass(frozen=True)
 class Site:
-    """The site's settings and catalogs, loaded once."""
+    """The site's settings, its tenants (read once) and its catalogs (re-read while the
+    operator runs: `catalogs.current` is the copy in use)."""
 
     settings: Settings
-    registry: RuntimeRegistry
-    gpu_series: GpuSeriesCatalog
+    catalogs: CatalogWatch
     tenants: Tenants | None = None
     """The tenants file; None: single-tenant (every namespace's jobs are taken)."""
 
@@ -80,7 +76,7 @@ class Site:
         """The site as the part for cluster `settings.cluster_name` sees it: the tenants'
         limits and users on that cluster. `clusters`: every cluster's name, which the
         tenants file may use (None: that one alone)."""
-        registry = load_runtime_registry(settings.runtime_registry_file)
+        catalogs = CatalogWatch.load(settings)
         try:
             parse_time_limit(settings.max_total_time)
         except ValueError as exc:
@@ -88,14 +84,11 @@ class Site:
         known = list(clusters) if clusters is not None else [settings.cluster_name]
         tenants = load_tenants(settings.tenants_file, clusters=known)
         if tenants is not None and settings.tenants_file is not None:
-            check_against_registry(tenants, registry, settings.tenants_file)
+            # Every registry, the one read now and each edit after it, against all tenants.
+            every, path = tenants, settings.tenants_file
+            catalogs.require(lambda registry: check_against_registry(every, registry, path))
             tenants = tenants.for_cluster(settings.cluster_name)
-        return cls(
-            settings=settings,
-            registry=registry,
-            gpu_series=load_gpu_series(settings.gpu_series_file),
-            tenants=tenants,
-        )
+        return cls(settings=settings, catalogs=catalogs, tenants=tenants)
 
     def scope(self, namespace: str) -> TenantScope | None:
         """The tenant of the namespace (None when single-tenant); `TenantUnknown` when tenancy
@@ -126,9 +119,10 @@ class Site:
 
     @property
     def slurm_users(self) -> frozenset[str]:
-        """Every tenant's `slurmUser`, and the image cache's user where images are enabled:
-        the only users the operator acts as besides its own."""
-        cache = self.settings.image_cache_user if self.settings.images_enabled else None
+        """Every tenant's `slurmUser`, and the image cache's user where images are enabled
+        or artifacts verified: the only users the operator acts as besides its own."""
+        uses_cache = self.settings.images_enabled or self.settings.artifact_verify_jobs
+        cache = self.settings.image_cache_user if uses_cache else None
         extra = frozenset({cache}) if cache is not None else frozenset()
         if self.tenants is None:
             return extra
@@ -173,8 +167,8 @@ class PreparedAttempt:
     probe_plan: ProbePlan | None = None
     segment: SegmentPlan | None = None
     """The walltime segment this attempt runs (None: no spec.walltime)."""
-    artifact: RuntimeArtifact | CachedImage | None = None
-    """What the job runs: the registry's artifact or the image cache's entry."""
+    artifact: Artifact | None = None
+    """What the job runs: the registry's artifact (hashed, or verified once) or a cache entry."""
 
 
 def _probe_keys(
@@ -231,9 +225,10 @@ def probe_keys_of(
     gets no probe: then nothing is remembered."""
     if placed is not None and spec.partition is None:
         spec = spec.model_copy(update={"partition": placed})
+    catalogs = site.catalogs.current
     try:
         resolution = resolve_site(
-            spec, site.settings, site.registry, site.gpu_series, site.scope(namespace)
+            spec, site.settings, catalogs.registry, catalogs.gpu_series, site.scope(namespace)
         )
     except SpecError:  # TenantUnknown too
         return None
@@ -290,17 +285,20 @@ def prepare_attempt(
     probes: ProbeLookup | None = None,
     attempts: Sequence[Attempt] = (),
     snapshot: Snapshot | None = None,
-    image: CachedImage | None = None,
+    image: CachedImage | VerifiedArtifact | None = None,
 ) -> PreparedAttempt:
     """Resolve, render, build the submit body and run the preflight checks. `image` is the
-    image-cache entry a spec.framework.image runs (the cache's record, made ready before).
+    image-cache entry a spec.framework.image runs (the cache's record, made ready before), or
+    the runtimeId's artifact as its verification job recorded it (SLURMJOB_ARTIFACT_VERIFY_JOBS).
 
     Raises SpecError (the spec does not fit the site or its tenant's limits; TenantUnknown,
     a SpecError, when the namespace belongs to no tenant), RenderError or PreflightError; a
     failure here means nothing may be submitted.
     """
+    # One copy of the catalogs for the whole attempt: a re-read swaps it, never half of it.
+    catalogs = site.catalogs.current
     resolution = resolve_site(
-        spec, site.settings, site.registry, site.gpu_series, site.scope(namespace)
+        spec, site.settings, catalogs.registry, catalogs.gpu_series, site.scope(namespace)
     )
     # The tenant's defaults (account, QOS, time limit) are rendered as if the spec said them.
     spec = resolution.applied_to(spec)
@@ -331,11 +329,11 @@ def prepare_attempt(
 
 
 def verify_runtime(prepared: PreparedAttempt, settings: Settings) -> None:
-    """The runtime artifact's magic and sha256, or an image-cache entry against its import's
-    record (ArtifactError when wrong: never submitted). Blocking: it may hash gigabytes."""
+    """The runtime artifact's magic and sha256, or a cache entry or verified artifact against
+    its job's record (ArtifactError when wrong: never submitted). Blocking: may hash GBs."""
     artifact = prepared.artifact
-    if isinstance(artifact, CachedImage):
-        verify_cached(artifact)
+    if isinstance(artifact, CachedImage | VerifiedArtifact):
+        verify_recorded(artifact)
     elif artifact is not None:
         verify_artifact(artifact_path(settings, artifact), artifact)
 

@@ -48,9 +48,10 @@ from slurmjob_operator.core.placement import Clusters
 from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import not_submitted, record_attempt
 from slurmjob_operator.imagecache.gate import ImageNotReady, ImagePullFailed
+from slurmjob_operator.imagecache.verifygate import ArtifactNotVerified, ArtifactVerifyFailed
 from slurmjob_operator.kube import SecretError
 from slurmjob_operator.metrics import Metrics
-from slurmjob_operator.site.artifacts import ArtifactError, CachedImage
+from slurmjob_operator.site.artifacts import ArtifactError, CachedImage, VerifiedArtifact
 from slurmjob_operator.site.preflight import PreflightError
 from slurmjob_operator.site.render import RenderError
 from slurmjob_operator.site.tenants import TenantUnknown
@@ -81,6 +82,8 @@ PREPARE_ERRORS = (
     StagingNotWritable,
     ImageNotReady,
     ImagePullFailed,
+    ArtifactNotVerified,
+    ArtifactVerifyFailed,
 )
 SEND_ERRORS = (SlurmError, TokenError, StagingError, OSError)
 #: SlurmJobs whose run of site failures is remembered (each entry is a few dozen bytes).
@@ -112,6 +115,10 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
             return Failure.IMAGE_PULLING
         if isinstance(exc, ImagePullFailed):
             return Failure.IMAGE_PULL_FAILED
+        if isinstance(exc, ArtifactNotVerified):
+            return Failure.ARTIFACT_VERIFYING
+        if isinstance(exc, ArtifactVerifyFailed):
+            return Failure.ARTIFACT_VERIFY_FAILED
         if isinstance(exc, StagingNotWritable):
             return Failure.STAGING_NOT_WRITABLE
         if isinstance(exc, SlurmAuthError):
@@ -126,6 +133,15 @@ def classify(exc: Exception, *, recorded: bool) -> Failure:
     if isinstance(exc, StagingNotWritable):
         return Failure.SEND_STAGING_NOT_WRITABLE
     return Failure.SEND_FAILED
+
+
+def _image_ready(artifact: object) -> tuple[str | None, Reason]:
+    """What `ImageReady`=True says of what the attempt runs: an image-cache entry, or a
+    registry artifact verified by a job of the cache user (nothing for one its node hashes)."""
+    if isinstance(artifact, VerifiedArtifact):
+        text = f"runtime {artifact.id}, sha256 {artifact.sha256} verified by {artifact.verified_by}"
+        return text, Reason.ARTIFACT_VERIFIED
+    return (artifact.id if isinstance(artifact, CachedImage) else None), Reason.IMAGE_CACHED
 
 
 def _messages(exc: Exception) -> list[str]:
@@ -312,6 +328,7 @@ class Sender:
                 raise RetryLater("an upstream's Slurm job is not proven its own yet", self._backoff)
             launch = launch.model_copy(update={"dependency": slurm_dependency(upstream)})
         staging = prepared.rendered.staging_dir
+        image, image_reason = _image_ready(prepared.artifact)
         view = await self.edge.apply(
             view,
             record_attempt(
@@ -328,9 +345,8 @@ class Sender:
                 dependencies=upstream,
                 probe=probe,
                 segment=prepared.segment.record() if prepared.segment is not None else None,
-                image=(
-                    prepared.artifact.id if isinstance(prepared.artifact, CachedImage) else None
-                ),
+                image=image,
+                image_reason=image_reason,
             ),
         )
         current = view.status.current_attempt

@@ -55,6 +55,8 @@ class Failure(StrEnum):
     CHAIN_SPENT = "ChainSpent"  # a walltime chain's verified segments or time are spent
     IMAGE_PULLING = "ImagePulling"  # the image cache imports the spec's image: wait
     IMAGE_PULL_FAILED = "ImagePullFailed"  # its import failed for good
+    ARTIFACT_VERIFYING = "ArtifactVerifying"  # a job verifies the registry artifact: wait
+    ARTIFACT_VERIFY_FAILED = "ArtifactVerifyFailed"  # its verification failed for good
     # After the attempt is recorded.
     REJECTED = "Rejected"  # Slurm refused the job description
     AMBIGUOUS = "Ambiguous"  # the POST may have created a job
@@ -97,6 +99,10 @@ FAILURES: Mapping[Failure, FailurePlan] = {
     Failure.IMAGE_PULLING: FailurePlan(Reason.IMAGE_PULLING, Retry.POLL),
     Failure.IMAGE_PULL_FAILED: FailurePlan(
         Reason.IMAGE_PULL_FAILED, Retry.NEVER, metric="rejected"
+    ),
+    Failure.ARTIFACT_VERIFYING: FailurePlan(Reason.ARTIFACT_VERIFYING, Retry.POLL),
+    Failure.ARTIFACT_VERIFY_FAILED: FailurePlan(
+        Reason.ARTIFACT_VERIFY_FAILED, Retry.NEVER, metric="rejected"
     ),
     Failure.SLURM_REFUSED_CREDENTIALS: FailurePlan(Reason.SLURM_AUTH_FAILED, Retry.BACKOFF),
     Failure.SLURM_UNREACHABLE: FailurePlan(Reason.SLURM_UNAVAILABLE, Retry.BACKOFF),
@@ -154,10 +160,10 @@ def failed_step(
         Failure.CHAIN_SPENT,
     ):
         return invalid_spec(status, messages, generation, now, plan.reason), plan
-    if failure is Failure.IMAGE_PULLING:
-        return image_pulling(status, message, generation, now), plan
-    if failure is Failure.IMAGE_PULL_FAILED:
-        return image_failed(status, message, generation, now), plan
+    if failure in (Failure.IMAGE_PULLING, Failure.ARTIFACT_VERIFYING):
+        return image_pulling(status, message, generation, now, plan.reason), plan
+    if failure in (Failure.IMAGE_PULL_FAILED, Failure.ARTIFACT_VERIFY_FAILED):
+        return image_failed(status, message, generation, now, plan.reason), plan
     if failure is Failure.REJECTED:
         return rejected(status, message, generation, now), plan
     if failure is Failure.AMBIGUOUS:

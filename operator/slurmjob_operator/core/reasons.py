@@ -73,7 +73,8 @@ CONDITION_MEANINGS: dict[ConditionType, str] = {
     ConditionType.IMAGE_READY: (
         "A spec.framework.image only: True once the image cache has the image's entry (the "
         "reference and its digest in the message), False while it is imported (ImagePulling, "
-        "the import job's id in the message) or when the import failed (ImagePullFailed)."
+        "the import job's id in the message) or when the import failed (ImagePullFailed). "
+        "A runtimeId the site verifies: ArtifactVerified, ArtifactVerifying, ArtifactVerifyFailed."
     ),
     ConditionType.PROBE_PASSED: (
         "The collective probe before the command (GPU jobs on several nodes or GPUs, with a "
@@ -128,6 +129,9 @@ class Reason(StrEnum):
     IMAGE_PULLING = "ImagePulling"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     IMAGE_CACHED = "ImageCached"
+    ARTIFACT_VERIFYING = "ArtifactVerifying"
+    ARTIFACT_VERIFY_FAILED = "ArtifactVerifyFailed"
+    ARTIFACT_VERIFIED = "ArtifactVerified"
 
 
 #: What each reason tells a user.
@@ -141,6 +145,13 @@ REASON_MEANINGS: dict[Reason, str] = {
         "transient failures past the site's retries); nothing of the SlurmJob was submitted."
     ),
     Reason.IMAGE_CACHED: "The image cache has the image: the reference and digest it runs.",
+    Reason.ARTIFACT_VERIFYING: (
+        "A job of the cache user verifies the runtime's file (its id in the message); waits."
+    ),
+    Reason.ARTIFACT_VERIFY_FAILED: (
+        "The runtime's file failed its verification (the cause and the job's log in the message)."
+    ),
+    Reason.ARTIFACT_VERIFIED: "Verified once by a job of the cache user: nodes compare its stat.",
     Reason.PROBE_PASSED: "The collective probe passed on the rung the message names.",
     Reason.PROBE_CACHED: (
         "The probe was skipped: a fresh cache entry for the tenant, cluster, partition, "
@@ -273,6 +284,8 @@ _T, _F, _U = "True", "False", "Unknown"
 C = ConditionType
 R = Reason
 
+_IMAGE_FAILED = ((C.READY, _F), (C.SUBMITTED, _F), (C.FAILED, _T), (C.IMAGE_READY, _F))
+
 #: Every (condition, status, reason) any transition writes.
 WRITTEN: frozenset[Written] = frozenset(
     [
@@ -321,19 +334,18 @@ WRITTEN: frozenset[Written] = frozenset(
                 (C.READY, _F),
             )
         ),
-        (C.SUBMITTED, _F, R.IMAGE_PULLING),
-        (C.READY, _F, R.IMAGE_PULLING),
-        (C.IMAGE_READY, _F, R.IMAGE_PULLING),
         *(
-            (cond, status, R.IMAGE_PULL_FAILED)
-            for cond, status in (
-                (C.READY, _F),
-                (C.SUBMITTED, _F),
-                (C.FAILED, _T),
-                (C.IMAGE_READY, _F),
-            )
+            (cond, _F, reason)
+            for reason in (R.IMAGE_PULLING, R.ARTIFACT_VERIFYING)
+            for cond in (C.SUBMITTED, C.READY, C.IMAGE_READY)
+        ),
+        *(
+            (cond, status, reason)
+            for reason in (R.IMAGE_PULL_FAILED, R.ARTIFACT_VERIFY_FAILED)
+            for cond, status in _IMAGE_FAILED
         ),
         (C.IMAGE_READY, _T, R.IMAGE_CACHED),
+        (C.IMAGE_READY, _T, R.ARTIFACT_VERIFIED),
         (C.READY, _F, R.JOB_LOST),
         (C.RUNNING, _F, R.JOB_LOST),
         (C.READY, _F, R.RETRY_SCHEDULED),

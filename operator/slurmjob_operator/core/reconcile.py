@@ -106,28 +106,31 @@ def invalid_spec(
 
 
 def image_pulling(
-    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+    status: SlurmJobStatus,
+    message: str,
+    generation: int | None,
+    now: datetime,
+    reason: Reason = Reason.IMAGE_PULLING,
 ) -> Transition:
-    """Nothing submitted yet: the image cache imports the spec's image (a Normal event, once
-    per message: the import job's id changes it)."""
-    waited = waiting(status, Reason.IMAGE_PULLING, message, generation, now, event_type=NORMAL)
-    new = with_conditions(
-        waited.status, [(IMAGE_READY, "False", Reason.IMAGE_PULLING, message)], generation, now
-    )
+    """Nothing submitted yet: the image cache imports the spec's image, or a job of the cache
+    user verifies its registry artifact (`ArtifactVerifying`): a Normal event, once per
+    message (the job's id changes it)."""
+    waited = waiting(status, reason, message, generation, now, event_type=NORMAL)
+    new = with_conditions(waited.status, [(IMAGE_READY, "False", reason, message)], generation, now)
     return Transition(new, waited.events)
 
 
 def image_failed(
-    status: SlurmJobStatus, message: str, generation: int | None, now: datetime
+    status: SlurmJobStatus,
+    message: str,
+    generation: int | None,
+    now: datetime,
+    reason: Reason = Reason.IMAGE_PULL_FAILED,
 ) -> Transition:
-    """The import failed for good: the SlurmJob fails with nothing of it submitted."""
-    failed = invalid_spec(status, [message], generation, now, Reason.IMAGE_PULL_FAILED)
-    new = with_conditions(
-        failed.status,
-        [(IMAGE_READY, "False", Reason.IMAGE_PULL_FAILED, message)],
-        generation,
-        now,
-    )
+    """The import (or the artifact's verification, `ArtifactVerifyFailed`) failed for good:
+    the SlurmJob fails with nothing of it submitted."""
+    failed = invalid_spec(status, [message], generation, now, reason)
+    new = with_conditions(failed.status, [(IMAGE_READY, "False", reason, message)], generation, now)
     return Transition(new, failed.events)
 
 
@@ -172,11 +175,13 @@ def record_attempt(
     probe: AttemptProbe | None = None,
     segment: AttemptSegment | None = None,
     image: str | None = None,
+    image_reason: Reason = Reason.IMAGE_CACHED,
 ) -> Transition:
     """Written before the POST, so a crash after it leaves a trace to adopt the job by (and
     the cluster it went to, where the adoption must look, and the upstream jobs it waits on).
     `array_indices`: the tasks of a job array the attempt submits; `image`: the reference and
-    digest of the image-cache entry it runs (`ImageReady`=True)."""
+    digest of the image-cache entry it runs, or the verified registry artifact it runs with
+    `image_reason` ArtifactVerified (`ImageReady`=True)."""
     previous = status.current_attempt
     attempt = Attempt(
         number=number,
@@ -201,7 +206,7 @@ def record_attempt(
         (SUBMITTED, "Unknown", Reason.SUBMITTING, message)
     ]
     if image is not None:
-        written.append((IMAGE_READY, "True", Reason.IMAGE_CACHED, f"runs {image}"))
+        written.append((IMAGE_READY, "True", image_reason, f"runs {image}"))
     new = with_conditions(status, written, generation, now).model_copy(
         update={
             "phase": Phase.SUBMITTING,

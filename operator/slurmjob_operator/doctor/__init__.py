@@ -11,18 +11,13 @@ from collections.abc import Sequence
 
 from slurmjob_operator.config import ConfigError, Settings
 from slurmjob_operator.doctor.archive import check_archive
+from slurmjob_operator.doctor.catalogs import check_catalogs
+from slurmjob_operator.doctor.imagecache import check_image_cache
 from slurmjob_operator.doctor.probe import check_staging_probe
 from slurmjob_operator.doctor.report import Check, Outcome, Report
 from slurmjob_operator.doctor.slurmrestd import check_slurm
 from slurmjob_operator.doctor.storage import check_runtimes, check_storage
 from slurmjob_operator.doctor.tenancy import check_tenancy
-from slurmjob_operator.site.catalogs import (
-    CatalogError,
-    GpuSeriesCatalog,
-    RuntimeRegistry,
-    load_gpu_series,
-    load_runtime_registry,
-)
 from slurmjob_operator.site.clusters import load_clusters
 
 
@@ -59,28 +54,11 @@ async def _check_cluster(
     settings: Settings, report: Report, clusters: Sequence[str], *, probe: bool = True
 ) -> None:
     report.add("settings", Outcome.OK, f"runtime profile {settings.slurm_runtime_profile.value}")
-    catalogs_ok = True
-    registry, series = RuntimeRegistry(), GpuSeriesCatalog()
-    try:
-        registry = load_runtime_registry(settings.runtime_registry_file)
-        series = load_gpu_series(settings.gpu_series_file)
-    except CatalogError as exc:
-        report.add(
-            "catalogs",
-            Outcome.FAIL,
-            f"{exc} (set SLURMJOB_RUNTIME_REGISTRY_FILE and SLURMJOB_GPU_SERIES_FILE, or fix "
-            "the files they name)",
-        )
-        catalogs_ok = False
-    else:
-        report.add(
-            "catalogs",
-            Outcome.OK,
-            f"{len(registry.runtimes)} runtime(s), {len(series.series)} GPU series",
-        )
+    registry, series, catalogs_ok = check_catalogs(settings, report)
     check_tenancy(settings, registry, report, clusters)
     await check_slurm(settings, series, report)
     check_storage(settings, report)
+    check_image_cache(settings, report)
     if catalogs_ok:
         await check_runtimes(settings, registry, report)
     slurm_ok = all(

@@ -14,6 +14,7 @@ from slurmjob_operator import FINALIZER, GROUP
 from slurmjob_operator.certkeeper import cert_keeper_from_settings
 from slurmjob_operator.config import Settings
 from slurmjob_operator.controller import Controller
+from slurmjob_operator.controller.catalogreload import CatalogReload
 from slurmjob_operator.controller.fairness import FairLimiter
 from slurmjob_operator.controller.fleet import Fleet
 from slurmjob_operator.controller.poller import Poller
@@ -135,12 +136,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         if members[0].archiver.enabled
         else None
     )
+    # The image cache's sweep, per cluster whose gate has one (docs/images.md, "Eviction").
+    memo.image_sweeps = [
+        asyncio.create_task(member.image_sweeper.run(), name=f"slurmjob-images-{member.name}")
+        for member in members
+        if member.image_sweeper is not None
+    ]
     # The one sweep that finishes the checkpoint removals finalizers leave, on every
     # cluster's storage root (`controller.removals`); after a restart it finds them there.
     sweep = RemovalSweep(site.settings.storage_root for site in sites)
     for member in members:
         member.sweep_removals_with(sweep)
     memo.removal_sweep = asyncio.create_task(sweep.run(), name="slurmjob-removals")
+    # Every cluster's runtime registry and GPU series catalog, re-read when their files change.
+    reload = CatalogReload([(m.name, m.site.catalogs) for m in members], metrics.catalogs)
+    memo.catalog_reload = asyncio.create_task(reload.run(), name="slurmjob-catalogs")
     memo.pollers = [
         asyncio.create_task(
             Poller(member, phase_counts=fleet.phase_counts, primary=index == 0).run(),
@@ -165,8 +175,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo.get("memory_trim"),
         memo.get("archive_sweep"),
         memo.get("removal_sweep"),
+        memo.get("catalog_reload"),
     ]
-    for task in [*(memo.get("pollers") or []), *tasks]:
+    for task in [*(memo.get("pollers") or []), *(memo.get("image_sweeps") or []), *tasks]:
         if task is None:
             continue
         task.cancel()

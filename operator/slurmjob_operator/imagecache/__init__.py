@@ -18,7 +18,11 @@ it):
 - `decide`: what to do next for a record (submit, adopt, wait, ready, fail, retry) and
   whether a SlurmJob may use a record;
 - `evict`: which cache files go when the cache is over its cap (the share rule of
-  `core.shares`, pins included) and whether a scope may start another import.
+  `core.shares`, pins included) and whether a scope may start another import;
+- `usage`: what the cache's metrics report (bytes and entries per scope, an import's end);
+- `verifyrecord`, `verifydecide`: registry artifacts verified once by a job of the cache user
+  where the site opts in (SLURMJOB_ARTIFACT_VERIFY_JOBS): the record, the result file and
+  what to do next (adapters: `verifyjob`, `verifystore`, `verifygate`).
 
 The adapters (script rendering, the record store, Slurm submission) build on these.
 """

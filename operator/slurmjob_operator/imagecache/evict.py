@@ -124,3 +124,55 @@ def may_start_import(
                 "theirs are waiting",
             )
     return Slot(True)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What one sweep of the cache changes: the records to write (users released, entries
+    gone), the records to delete (their entry gone, nothing in flight) and the files to
+    delete, in order."""
+
+    write: tuple[ImageRecord, ...]
+    delete: tuple[str, ...]
+    paths: tuple[str, ...]
+
+
+def released(record: ImageRecord, live: Collection[str]) -> ImageRecord:
+    """`record` without the users that are not among the `live` SlurmJobs (final or gone)."""
+    kept = [user for user in record.users if user.uid in live]
+    if len(kept) == len(record.users):
+        return record
+    return record.model_copy(update={"users": kept})
+
+
+def plan_sweep(
+    records: Iterable[ImageRecord],
+    live: Collection[str],
+    capacity: int,
+    floor: int,
+    missing: Collection[str] = (),
+) -> SweepPlan:
+    """One sweep: the users the `live` SlurmJobs no longer include are released, the
+    entries the last check found `missing` are forgotten (the next use imports again rather
+    than fail on the node), then the files over `capacity` go (`to_evict`)."""
+    before = {record.key: record for record in records}
+    after: dict[str, ImageRecord | None] = {}
+    for key, record in before.items():
+        current: ImageRecord | None = released(record, live)
+        for path in missing:
+            if current is not None:
+                current = without_entry(current, path)
+        after[key] = current
+    files = cached_files(r for r in after.values() if r is not None)
+    # A scope with an import in flight keeps its files this pass: that import may be about
+    # to publish (or find) one of them.
+    importing = {r.scope for r in after.values() if r is not None and r.in_flight}
+    scope_of = {f.path: f.scope for f in files}
+    paths = [p for p in to_evict(files, capacity, floor) if scope_of[p] not in importing]
+    for path in paths:
+        for key, kept in after.items():
+            if kept is not None:
+                after[key] = without_entry(kept, path)
+    write = tuple(r for k, r in after.items() if r is not None and r != before[k])
+    delete = tuple(k for k, r in after.items() if r is None)
+    return SweepPlan(write, delete, tuple(paths))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -36,13 +37,15 @@ from slurmjob_operator.imagecache.decide import (
     decide,
     submitted,
 )
-from slurmjob_operator.imagecache.evict import may_start_import
+from slurmjob_operator.imagecache.evict import may_start_import, without_entry
 from slurmjob_operator.imagecache.importer import CredentialsError, Importer, netrc_line
+from slurmjob_operator.imagecache.meter import CacheMeter
 from slurmjob_operator.imagecache.record import Entry, ImageRecord, ImportResult
 from slurmjob_operator.imagecache.reference import ImageReferenceError
 from slurmjob_operator.imagecache.request import ImageRefused, ImageRequest, image_request
 from slurmjob_operator.imagecache.script import layout_for, operator_path
 from slurmjob_operator.imagecache.store import RecordStore
+from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.artifacts import CachedImage
 from slurmjob_operator.site.catalogs import PROFILE_FORMAT
 from slurmjob_operator.site.tenants import TenantScope
@@ -117,15 +120,20 @@ class ImageGate:
         read_secret: SecretReader,
         secret_namespace: str,
         clock: Callable[[], datetime] = utc_now,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
-        self._store = store
-        self._importer = importer
+        self._meter = CacheMeter(metrics)
+        self.store = store
+        self.importer = importer
         self._read_secret = read_secret
         self._secret_namespace = secret_namespace
         self._clock = clock
         #: Scopes with an import refused a slot, until one of theirs starts (the share rule).
-        self._waiting: set[str] = set()
+        self._waiting: dict[str, float] = {}
+        #: A waiting scope asks again at every pass of its SlurmJobs; one not heard of for
+        #: this long (its SlurmJobs deleted or refused) no longer holds back the others.
+        self._waiting_seconds = max(60.0, settings.poll_interval * 4)
         self.policy = ImportPolicy(
             tag_reuse_seconds=float(settings.image_tag_reuse_seconds),
             max_retries=settings.image_import_retries,
@@ -137,13 +145,32 @@ class ImageGate:
     ) -> CachedImage:
         """The entry the SlurmJob `uid` runs; see the module docstring for what is raised."""
         request = requested_image(self.settings, spec, scope)
-        async with self._store.lock(request.key):
-            record = await self._store.read(request.key)
+        async with self.store.lock(request.key):
+            record = await self.store.read(request.key)
             bound = _bound_entry(record, uid)
             if bound is not None:
                 assert record is not None
+                self._meter.hit(record.scope)
                 return self._cached(record, bound)
             return await self._decide(request, record, uid, scope)
+
+    async def forget(
+        self, spec: SlurmJobSpec, scope: TenantScope | None, uid: str, path: str, why: str
+    ) -> None:
+        """The entry at `path` is not the file its import recorded (evicted, deleted or
+        changed by hand): the record forgets it and SlurmJob `uid`'s binding, so the next
+        pass imports it again instead of failing the SlurmJob."""
+        key = requested_image(self.settings, spec, scope).key
+        async with self.store.lock(key):
+            record = await self.store.read(key)
+            if record is None:
+                return
+            kept = without_entry(record.released_by(uid), path)
+            log.warning("image record %s forgets %s: %s", key, path, why)
+            if kept is None:
+                await self.store.delete(key)
+            else:
+                await self.store.write(kept)
 
     async def _decide(
         self,
@@ -155,33 +182,42 @@ class ImageGate:
         layout = layout_for(self.settings)
         job: ImportJob | None = None
         result: ImportResult | None = None
+        sent = False  # this pass sent an import: its entry, if it ends now, is no hit
         for _ in range(MAX_STEPS):
             now = self._clock()
             action = decide(request, record, now, self.policy, layout, job, result)
-            record = action.record
+            before, record = record, action.record
             if isinstance(action, SubmitImport):
                 record = submitted(record, await self._submit(request, record, action, scope))
-                await self._store.write(record)
-                job, result = None, None
+                await self.store.write(record)
+                job, result, sent = None, None, True
                 continue
             if isinstance(action, AdoptImport | WaitImport) and job is None:
                 attempt = record.attempt
                 assert attempt is not None
                 if isinstance(action, AdoptImport):
-                    job = await self._importer.find(attempt, now)
+                    job = await self.importer.find(attempt, now)
                 else:
-                    job = await self._importer.state(attempt)
+                    job = await self.importer.state(attempt)
                 if job.state not in (JobState.PENDING, JobState.RUNNING):
                     # Ended (or proven never sent): its staging, the credentials, goes.
-                    await asyncio.to_thread(self._importer.clean, attempt)
-                    result = await asyncio.to_thread(self._importer.result, attempt)
+                    await asyncio.to_thread(self.importer.clean, attempt)
+                    result = await asyncio.to_thread(self.importer.result, attempt)
                 if job.job_id is not None or job.state is not JobState.PENDING:
                     continue  # decide again with what was found
             if isinstance(action, AdoptImport | WaitImport):
-                await self._store.write(record)
+                await self.store.write(record)
                 shown = f"job {action.job_id}" if isinstance(action, WaitImport) else "its job"
                 raise ImageNotReady(f"{record.reference} is being imported by {shown}")
-            return await self._settle(action, record, uid, request, scope)
+            try:
+                cached = await self._settle(action, record, uid, request, scope)
+            except (ImageNotReady, ImagePullFailed):
+                self._meter.written(before, record)  # written, then raised (failed, retried)
+                raise
+            self._meter.written(before, record)
+            if not sent:
+                self._meter.hit(record.scope)
+            return cached
         raise ImageNotReady(f"{request.reference.canonical}: the import is on its way")
 
     async def _submit(
@@ -201,20 +237,23 @@ class ImageGate:
             reader = tenant.uid if tenant is not None else None
             if reader is None:
                 raise ImagePullFailed(f"{FIELD}: a private image needs the tenant's uid")
-        self._waiting.add(record.scope)
+        now = time.monotonic()
+        self._waiting = {s: t for s, t in self._waiting.items() if now - t < self._waiting_seconds}
+        self._waiting[record.scope] = now
         slot = may_start_import(
             record.scope,
-            self._store.in_flight(),
+            self.store.in_flight(),
             self._waiting,
             self.settings.image_imports_per_tenant,
             self.settings.image_imports_max,
         )
         if not slot.allowed:
             raise ImageNotReady(f"{record.reference} waits for an import: {slot.reason}")
-        self._waiting.discard(record.scope)
-        await self._store.write(record)  # the write-ahead, before the POST
+        self._waiting.pop(record.scope, None)
+        await self.store.write(record)  # the write-ahead, before the POST
+        self._meter.miss(record.scope)
         try:
-            return await self._importer.submit(record, action.attempt, credentials, reader)
+            return await self.importer.submit(record, action.attempt, credentials, reader)
         except SlurmError as exc:
             # Unconfirmed: the next pass looks the job up by its name.
             raise ImageNotReady(
@@ -232,24 +271,24 @@ class ImageGate:
         attempt = record.attempt
         if isinstance(action, Ready):
             record = record.used_by(uid, self._clock())
-            await self._store.write(record)
+            await self.store.write(record)
             return self._cached(record, action.entry)
         if isinstance(action, Fail):
-            await self._store.write(record)
+            await self.store.write(record)
             tail = ""
             if attempt is not None:
                 hidden = await self._secret_words(request, scope)
-                tail = await asyncio.to_thread(self._importer.log_tail, attempt, hidden)
+                tail = await asyncio.to_thread(self.importer.log_tail, attempt, hidden)
             shown = f"; the import's log ends: {tail}" if tail else ""
             raise ImagePullFailed(action.message + shown)
         if isinstance(action, RetryLater):
-            await self._store.write(record)
+            await self.store.write(record)
             failure = record.failure
             why = f" ({failure.reason}: {failure.message})" if failure is not None else ""
             raise ImageNotReady(
                 f"{record.reference}: the import is tried again at {action.at.isoformat()}{why}"
             )
-        await self._store.write(record)
+        await self.store.write(record)
         raise ImageNotReady(f"{record.reference} is being imported")
 
     async def _secret_words(self, request: ImageRequest, scope: TenantScope | None) -> list[str]:

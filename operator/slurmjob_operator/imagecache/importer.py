@@ -89,7 +89,7 @@ class Importer:
         self._slurm_as = slurm_as
         self._window = window
 
-    async def _client(self) -> SlurmClient:
+    async def client(self) -> SlurmClient:
         return await self._slurm_as(self.settings.image_cache_user)
 
     async def submit(
@@ -115,7 +115,7 @@ class Importer:
         await asyncio.to_thread(
             stage_attempt, settings, where, files, job_uid=settings.image_cache_uid
         )
-        client = await self._client()
+        client = await self.client()
         receipt = await client.submit(script.launch)
         return int(receipt.job_id)
 
@@ -123,7 +123,7 @@ class Importer:
         """The write-ahead attempt's job, by its unique name: adopted when found, ABSENT once
         the fencing window has passed without it (an import sent twice costs a CPU node's
         time, never a pull: the second finds the entry under its lock)."""
-        client = await self._client()
+        client = await self.client()
         found = await client.find_by_name(attempt.job_name)
         if found:
             return _job(attempt.job_name, found[0])
@@ -134,7 +134,7 @@ class Importer:
 
     async def state(self, attempt: ImportAttempt) -> ImportJob:
         assert attempt.job_id is not None
-        client = await self._client()
+        client = await self.client()
         try:
             views = await client.get_job(int(attempt.job_id))
         except SlurmNotFound:

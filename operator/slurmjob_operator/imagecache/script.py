@@ -117,3 +117,50 @@ def render_import(
         time_limit_minutes=settings.image_import_time_minutes,
     )
     return ImportScript(launch, credentials)
+
+
+SWEEP_TEMPLATE = "image/sweep.sh.j2"
+#: A housekeeping job's time limit: it deletes, lists and stats; it never reads an image.
+SWEEP_TIME_MINUTES = 15
+
+
+def render_sweep(
+    settings: Settings,
+    job_name: str,
+    delete_list: PurePosixPath,
+    keep_list: PurePosixPath,
+    decided_at: int,
+) -> LaunchRequest:
+    """The housekeeping job `job_name` (`templates/image/sweep.sh.j2`): it deletes the entries
+    of `delete_list` and checks those of `keep_list` (files staged for it, in the nodes'
+    paths); an import directory older than an import may run is a dead import's. An entry
+    published at or after `decided_at` (Unix seconds) is kept: an import since made it."""
+    layout = layout_for(settings)
+    grace = settings.image_import_time_minutes + SWEEP_TIME_MINUTES
+    script = (
+        environment(settings)
+        .get_template(SWEEP_TEMPLATE)
+        .render(
+            job_path=settings.slurm_job_path,
+            job_name=job_name,
+            cache_root=str(layout.root),
+            delete_list=str(delete_list),
+            keep_list=str(keep_list),
+            grace_minutes=str(grace),
+            decided_at=str(decided_at),
+        )
+    )
+    log = str(layout.log_path(job_name))
+    return LaunchRequest(
+        job_name=job_name,
+        comment=f"{COMMENT_PREFIX}sweep",
+        script=script,
+        working_directory=settings.image_import_tmp,
+        standard_output=log,
+        standard_error=log,
+        environment={"PATH": settings.slurm_job_path},
+        components=[JobComponent(pool="sweep", nodes=1, cpus_per_task=1, memory_mb=256)],
+        partition=settings.image_import_partition,
+        account=settings.image_import_account,
+        time_limit_minutes=SWEEP_TIME_MINUTES,
+    )

@@ -19,8 +19,9 @@ from contextlib import asynccontextmanager
 
 from pydantic import ValidationError
 
+from slurmjob_operator.imagecache.layout import RECORD_KEY_PREFIX
 from slurmjob_operator.imagecache.record import ImageRecord
-from slurmjob_operator.kube.ports import ConfigMapStore
+from slurmjob_operator.kube.ports import ConfigMapLister, ConfigMapStore, ConfigMapUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def configmap_name(key: str) -> str:
 class RecordStore:
     def __init__(self, configmaps: ConfigMapStore, namespace: str) -> None:
         self._configmaps = configmaps
+        #: Listing and deleting (the sweep, a forgotten entry): the apiserver's client has
+        #: them; a store without them keeps its records until they are imported again.
+        self._lister = configmaps if isinstance(configmaps, ConfigMapLister) else None
         self._namespace = namespace
         self._memory: dict[str, tuple[float, ImageRecord | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -63,6 +67,31 @@ class RecordStore:
             self._namespace, configmap_name(record.key), {RECORD_DATA_KEY: record.to_json()}
         )
         self._remember(record.key, record)
+
+    @property
+    def lister(self) -> ConfigMapLister:
+        if self._lister is None:
+            raise ConfigMapUnavailable("this store cannot list or delete its ConfigMaps")
+        return self._lister
+
+    async def read_all(self) -> list[ImageRecord]:
+        """Every record on the apiserver (the cache's sweep); one that does not parse is
+        left out, as `read` treats it. Not remembered: memory may be newer."""
+        found = await self.lister.list_configmaps(
+            self._namespace, configmap_name(RECORD_KEY_PREFIX)
+        )
+        records = []
+        for name, data in sorted(found.items()):
+            key = name.removeprefix(CONFIGMAP_PREFIX)
+            record = _parse(key, data.get(RECORD_DATA_KEY))
+            if record is not None:
+                records.append(record)
+        return records
+
+    async def delete(self, key: str) -> None:
+        """Delete the record `key` (its entry went and nothing is in flight)."""
+        await self.lister.delete_configmap(self._namespace, configmap_name(key))
+        self._remember(key, None)
 
     def in_flight(self) -> dict[str, int]:
         """Imports in flight per scope, among the records in memory (every record this

@@ -12,6 +12,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from slurmjob_operator.kube.base import COMPONENT, MERGE_PATCH, Edge
 from slurmjob_operator.kube.ports import ConfigMapUnavailable
 
+#: ConfigMaps read per list request.
+LIST_PAGE = 200
+
 
 class ConfigMaps(Edge):
     async def merge_configmap(
@@ -41,3 +44,44 @@ class ConfigMaps(Edge):
             raise ConfigMapUnavailable(f"{where}: HTTP {exc.status} {exc.reason}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ConfigMapUnavailable(f"{where}: {type(exc).__name__}") from None
+
+    async def list_configmaps(self, namespace: str, prefix: str) -> dict[str, dict[str, str]]:
+        """The data of the operator's ConfigMaps in `namespace` whose name starts with
+        `prefix` (those it created: its managed-by label), read a page at a time."""
+        found: dict[str, dict[str, str]] = {}
+        token: str | None = None
+        try:
+            while True:
+                page = await self._core.list_namespaced_config_map(
+                    namespace,
+                    label_selector=f"app.kubernetes.io/managed-by={COMPONENT}",
+                    limit=LIST_PAGE,
+                    _continue=token,
+                )
+                for item in page.items or []:
+                    name = item.metadata.name
+                    if name.startswith(prefix):
+                        found[name] = dict(item.data or {})
+                token = page.metadata._continue if page.metadata is not None else None
+                if not token:
+                    return found
+        except ApiException as exc:
+            where = f"ConfigMaps {namespace}/{prefix}*"
+            raise ConfigMapUnavailable(f"{where}: HTTP {exc.status} {exc.reason}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ConfigMapUnavailable(f"ConfigMaps {namespace}: {type(exc).__name__}") from None
+
+    async def delete_configmap(self, namespace: str, name: str) -> None:
+        """Delete ConfigMap `namespace/name` (already gone: nothing to do)."""
+        try:
+            await self._core.delete_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise ConfigMapUnavailable(
+                f"ConfigMap {namespace}/{name}: HTTP {exc.status} {exc.reason}"
+            ) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ConfigMapUnavailable(
+                f"ConfigMap {namespace}/{name}: {type(exc).__name__}"
+            ) from None

@@ -67,6 +67,15 @@ class ConfigMapStore(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class ConfigMapLister(Protocol):
+    """The operator's ConfigMaps of one kind (a name prefix): listed and deleted."""
+
+    async def list_configmaps(self, namespace: str, prefix: str) -> dict[str, dict[str, str]]: ...
+
+    async def delete_configmap(self, namespace: str, name: str) -> None: ...
+
+
 class AccessReviewer(Protocol):
     """Whether a user the apiserver named may read a SlurmJob's log."""
 

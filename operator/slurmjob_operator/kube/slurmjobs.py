@@ -35,6 +35,21 @@ class SlurmJobs(Edge):
         result: dict[str, Any] = obj
         return result
 
+    async def list_all(self, page: int = 500) -> list[dict[str, Any]]:
+        """Every SlurmJob of every namespace, read `page` at a time (the image cache's sweep:
+        which SlurmJobs still use an entry)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page}
+            if token:
+                kwargs["_continue"] = token
+            got = await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
+            items.extend(got.get("items") or [])
+            token = (got.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
     async def patch_status(
         self, ref: ObjectRef, patch: Mapping[str, Any], resource_version: str | None = None
     ) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from slurmjob_operator.api.status import Attempt, Condition, LogTail, SlurmJobStatus
 from slurmjob_operator.core.claims import action_of, claimed_cluster, segment_of, transition_time
 from slurmjob_operator.core.decisions import Hold, hold_action
+from slurmjob_operator.core.reasons import ConditionType, Reason
 from slurmjob_operator.times import parse_rfc3339
 
 #: Characters kept as they are by `printable`, besides those from space on (DEL aside).
@@ -106,6 +107,8 @@ class Job:
     status: SlurmJobStatus
     array: Mapping[str, Any] | None
     suspend: bool
+    #: `spec.framework.image`, when the job runs an OCI image of the cache.
+    image: str | None = None
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> Job:
@@ -113,6 +116,8 @@ class Job:
         raw_status = body.get("status") or {}
         array = raw_status.get("array") if isinstance(raw_status, Mapping) else None
         spec = body.get("spec") or {}
+        framework = spec.get("framework") if isinstance(spec, Mapping) else None
+        image = framework.get("image") if isinstance(framework, Mapping) else None
         return cls(
             name=str(meta.get("name", "")),
             namespace=str(meta.get("namespace", "")),
@@ -120,6 +125,7 @@ class Job:
             status=SlurmJobStatus.parse(raw_status if isinstance(raw_status, Mapping) else {}),
             array=array if isinstance(array, Mapping) else None,
             suspend=bool(spec.get("suspend", False)) if isinstance(spec, Mapping) else False,
+            image=image if isinstance(image, str) else None,
         )
 
 
@@ -154,6 +160,32 @@ def array_counts(array: Mapping[str, Any] | None) -> str | None:
     first = [k for k in _ARRAY_FIRST if k in counts]
     rest = sorted(k for k in counts if k not in _ARRAY_FIRST)
     return " ".join(f"{k}={counts[k]}" for k in [*first, *rest]) or None
+
+
+def image_digest(status: SlurmJobStatus) -> str | None:
+    """The digest the job runs, as the operator wrote it: `ImageReady=True` (`ImageCached`)
+    says `runs <reference>@<digest>`. Shown, never decided on."""
+    ready = condition(status, ConditionType.IMAGE_READY)
+    if ready is None or ready.status != "True" or ready.reason != Reason.IMAGE_CACHED:
+        return None
+    ran, at, digest = ready.message.removeprefix("runs ").rpartition("@")
+    return digest if ran and at and digest.startswith("sha256:") else None
+
+
+def image_lines(job: Job) -> list[str]:
+    """describe's image: the reference the spec names, the digest it runs, and the import's
+    state (the `ImageReady` condition's reason and message); nothing without an image."""
+    if job.image is None:
+        return []
+    ready = condition(job.status, ConditionType.IMAGE_READY)
+    state = None
+    if ready is not None:
+        state = f"{ready.reason} (ImageReady={ready.status}): {ready.message}"
+    return [
+        f"Image:         {cell(job.image)}",
+        f"Image digest:  {cell(image_digest(job.status))}",
+        f"Image import:  {cell(state or 'not looked at yet')}",
+    ]
 
 
 def get_table(jobs: Sequence[Job], now: datetime, *, namespaces: bool = False) -> str:
@@ -241,6 +273,7 @@ def describe(job: Job, now: datetime, *, tail_lines: int = TAIL_LINES) -> str:
         f"Reason:        {cell(reason(status))}",
         f"Message:       {cell(status.message)}",
         f"Suspend:       {'true' if job.suspend else 'false'}",
+        *image_lines(job),
     ]
     if attempt is not None:
         sluid = f", SLUID {cell(attempt.sluid)}" if attempt.sluid else ""

@@ -18,7 +18,12 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.site.catalogs import PROFILE_FORMAT, ArtifactFormat, RuntimeArtifact
+from slurmjob_operator.site.catalogs import (
+    PROFILE_FORMAT,
+    ArtifactFormat,
+    CollectiveProbe,
+    RuntimeArtifact,
+)
 
 CHUNK = 1024 * 1024
 
@@ -62,13 +67,68 @@ class CachedImage:
     def recorded(self) -> str:
         """What `stat -c '%F %u %a %s %i %.9Z'` prints for the entry on a job's node: a
         read-only regular file of the cache user, its size, inode and ctime unchanged."""
-        seconds, ns = divmod(self.ctime_ns, 1_000_000_000)
-        ctime = f"{seconds}.{ns:09d}"  # as `stat -c %.9Z` prints it
-        return f"regular file {self.owner_uid} {self.mode:o} {self.size} {self.inode} {ctime}"
+        return _stat_line(self.owner_uid, self.mode, self.size, self.inode, self.ctime_ns)
+
+
+@dataclass(frozen=True)
+class VerifiedArtifact:
+    """A runtime-registry artifact its site verifies once (SLURMJOB_ARTIFACT_VERIFY_JOBS,
+    docs/images.md): a job of the cache user hashed it in full on a CPU node and checked that
+    only root and its owner can change it or its directory; the batch script then compares
+    what `stat` prints, as for an image-cache entry. Built by the image cache from its own
+    record of that job, never from a status."""
+
+    runtime: RuntimeArtifact
+    node_path: PurePosixPath
+    operator_path: Path
+    size: int
+    inode: int
+    ctime_ns: int
+    owner_uid: int
+    mode: int
+    verified_by: str
+    """The verification job's name, for messages."""
+
+    @property
+    def id(self) -> str:
+        return self.runtime.id
+
+    @property
+    def format(self) -> ArtifactFormat:
+        return self.runtime.format
+
+    @property
+    def sha256(self) -> str:
+        return self.runtime.sha256
+
+    @property
+    def probe(self) -> CollectiveProbe | None:
+        runtime = self.runtime  # the registry's entry: its probe is the site's program
+        return runtime.probe
+
+    @property
+    def recorded(self) -> str:
+        """What `stat -c '%F %u %a %s %i %.9Z'` prints for the artifact on a job's node."""
+        return _stat_line(self.owner_uid, self.mode, self.size, self.inode, self.ctime_ns)
+
+
+#: Whatever a job runs: a registry artifact, hashed in full or verified once, or a cache entry.
+Artifact = RuntimeArtifact | CachedImage | VerifiedArtifact
+
+
+def _stat_line(uid: int, mode: int, size: int, inode: int, ctime_ns: int) -> str:
+    seconds, ns = divmod(ctime_ns, 1_000_000_000)
+    ctime = f"{seconds}.{ns:09d}"  # as `stat -c %.9Z` prints it
+    return f"regular file {uid} {mode:o} {size} {inode} {ctime}"
 
 
 class ArtifactError(Exception):
     """The runtime artifact cannot be used; fatal for the submission, never retried around."""
+
+
+class ArtifactChanged(ArtifactError):
+    """A recorded file (an image-cache entry, a verified artifact) is gone or is not the file
+    its job recorded: the caller may have it made ready again rather than fail."""
 
 
 class _Key(NamedTuple):
@@ -95,16 +155,14 @@ ARTIFACT_MAGIC: dict[ArtifactFormat, tuple[int, str]] = {
 }
 
 
-def node_path(settings: Settings, artifact: RuntimeArtifact | CachedImage) -> PurePosixPath:
+def node_path(settings: Settings, artifact: Artifact) -> PurePosixPath:
     """The artifact as the compute nodes see it."""
-    if isinstance(artifact, CachedImage):
+    if isinstance(artifact, CachedImage | VerifiedArtifact):
         return artifact.node_path
     return PurePosixPath(settings.to_cluster_path(settings.storage_root / artifact.path))
 
 
-def artifact_values(
-    settings: Settings, artifact: RuntimeArtifact | CachedImage
-) -> dict[str, object]:
+def artifact_values(settings: Settings, artifact: Artifact) -> dict[str, object]:
     """What the batch script's artifact check reads (templates/job.sh.j2); ArtifactError when
     the artifact's format is not the one the cluster's runtime profile runs."""
     profile = settings.slurm_runtime_profile
@@ -117,8 +175,14 @@ def artifact_values(
     return {
         "artifact_path": node_path(settings, artifact),
         "artifact_format": artifact.format.value,
-        "artifact_sha256": artifact.sha256,
-        "artifact_recorded": artifact.recorded if isinstance(artifact, CachedImage) else "",
+        # A verified artifact's script carries no hash to compare: its node cannot fall back
+        # to hashing it (an empty expected hash fails), the stat line is the check.
+        "artifact_sha256": "" if isinstance(artifact, VerifiedArtifact) else artifact.sha256,
+        # A recorded stat line instead of the full hash, where a job of the cache user
+        # hashed the file once; empty: the node hashes it.
+        "artifact_recorded": (
+            artifact.recorded if isinstance(artifact, CachedImage | VerifiedArtifact) else ""
+        ),
         "artifact_magic": magic,
         "artifact_magic_offset": offset,
     }
@@ -219,17 +283,64 @@ def verify_artifact(path: Path, artifact: RuntimeArtifact) -> None:
             _verified.add(key)
 
 
+def verify_recorded(artifact: CachedImage | VerifiedArtifact) -> None:
+    """`verify_cached` or `verify_verified`, whichever `artifact` is."""
+    if isinstance(artifact, CachedImage):
+        verify_cached(artifact)
+    else:
+        verify_verified(artifact)
+
+
 def verify_cached(image: CachedImage) -> None:
     """Raise `ArtifactError` unless the operator sees the image-cache entry its import
     recorded: a read-only regular file (never a link) of the cache user, with the recorded
     mode, size, inode and ctime, and its format's magic (not read for a tenant's private
     image, which only that tenant's jobs may read). Costs the same for any size."""
-    path = image.operator_path
-    name = f"image {image.id}: {path}"
+    wanted = (True, image.owner_uid, image.mode, image.size, image.inode, image.ctime_ns)
+    # A tenant's private image is not the operator's to read (its node checks the magic).
+    _check_recorded(
+        image.operator_path,
+        f"image {image.id}",
+        "its import",
+        wanted,
+        image.format,
+        magic=image.mode == 0o444,
+        missing="from the image cache",
+    )
+
+
+def verify_verified(artifact: VerifiedArtifact) -> None:
+    """Raise `ArtifactError` unless the operator sees the registry artifact its verification
+    job recorded (never a link; owner, mode, size, inode and ctime unchanged) with its
+    format's magic. Costs the same for any size."""
+    recorded = (artifact.owner_uid, artifact.mode, artifact.size, artifact.inode)
+    wanted = (True, *recorded, artifact.ctime_ns)
+    _check_recorded(
+        artifact.operator_path,
+        f"runtime {artifact.id}",
+        f"its verification job {artifact.verified_by}",
+        wanted,
+        artifact.format,
+        magic=True,
+        missing="from the storage",
+    )
+
+
+def _check_recorded(
+    path: Path,
+    what: str,
+    recorder: str,
+    wanted: tuple[bool, int, int, int, int, int],
+    fmt: ArtifactFormat,
+    *,
+    magic: bool,
+    missing: str,
+) -> None:
+    name = f"{what}: {path}"
     try:
         info = path.lstat()
     except FileNotFoundError:
-        raise ArtifactError(f"{name} is missing from the image cache") from None
+        raise ArtifactChanged(f"{name} is missing {missing}") from None
     except OSError as exc:
         raise ArtifactError(f"{name}: cannot read it: {exc.strerror}") from exc
     seen = (
@@ -240,20 +351,22 @@ def verify_cached(image: CachedImage) -> None:
         info.st_ino,
         info.st_ctime_ns,
     )
-    wanted = (True, image.owner_uid, image.mode, image.size, image.inode, image.ctime_ns)
     if seen != wanted:
-        raise ArtifactError(
-            f"{name} is not the file its import recorded (regular file, owner, mode, size, "
+        raise ArtifactChanged(
+            f"{name} is not the file {recorder} recorded (regular file, owner, mode, size, "
             f"inode, ctime): {seen}, expected {wanted}"
         )
-    if image.mode != 0o444:
-        return  # a tenant's private image: not the operator's to read (its node checks it)
-    fmt = image.format
-    magic, offset = (SQSH_MAGIC, 0) if fmt is ArtifactFormat.SQSH else (SIF_MAGIC, SIF_MAGIC_OFFSET)
+    if not magic:
+        return
+    head_magic, offset = (
+        (SQSH_MAGIC, 0) if fmt is ArtifactFormat.SQSH else (SIF_MAGIC, SIF_MAGIC_OFFSET)
+    )
     try:
-        with path.open("rb") as handle:
-            head = handle.read(offset + len(magic))
+        # O_NOFOLLOW: a link swapped in since the lstat is refused, not followed.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            head = handle.read(offset + len(head_magic))
     except OSError as exc:
         raise ArtifactError(f"{name}: cannot read it: {exc.strerror}") from exc
-    if head[offset:] != magic:
-        raise ArtifactError(f"{name} has no {magic.decode()!r} magic at offset {offset}")
+    if head[offset:] != head_magic:
+        raise ArtifactError(f"{name} has no {head_magic.decode()!r} magic at offset {offset}")

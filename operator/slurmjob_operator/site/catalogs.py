@@ -121,13 +121,14 @@ class GpuSeriesCatalog(_Entry):
         return next((s for s in self.series if s.name == name), None)
 
 
-def _load(path: Path | None, model: type[_M]) -> _M:
-    if path is None:
-        return model.model_validate({})
+def parse_catalog(path: Path, raw: bytes, model: type[_M]) -> _M:
+    """The bytes of the catalog file at `path` validated as `model` (CatalogError naming the
+    file and the entry). The one validation of a catalog, at start and on every re-read
+    (`site.catalogwatch`)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise CatalogError(f"{path}: cannot read: {exc.strerror}") from exc
+        data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{path}: not UTF-8 text: {exc.reason}") from exc
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
     try:
@@ -136,6 +137,20 @@ def _load(path: Path | None, model: type[_M]) -> _M:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise CatalogError(f"{path}: {where}: {first['msg']}") from exc
+
+
+def read_catalog(path: Path) -> bytes:
+    """The file's bytes (CatalogError when it cannot be read)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _load(path: Path | None, model: type[_M]) -> _M:
+    if path is None:
+        return model.model_validate({})
+    return parse_catalog(path, read_catalog(path), model)
 
 
 def load_runtime_registry(path: Path | None) -> RuntimeRegistry:

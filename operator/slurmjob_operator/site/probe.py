@@ -9,11 +9,11 @@ from typing import Any
 
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.core.probe import ProbePlan, wants_probe
-from slurmjob_operator.site.artifacts import CachedImage
-from slurmjob_operator.site.catalogs import GpuSeries, RuntimeArtifact
+from slurmjob_operator.site.artifacts import Artifact
+from slurmjob_operator.site.catalogs import GpuSeries
 
 
-def probe_runs(spec: SlurmJobSpec, runtime: RuntimeArtifact | CachedImage) -> bool:
+def probe_runs(spec: SlurmJobSpec, runtime: Artifact) -> bool:
     """Whether this job's script probes (or takes a cached rung): a probe is configured for
     its runtime and the job is one TAO probes (`core.probe.wants_probe`)."""
     return runtime.probe is not None and wants_probe(spec)
@@ -28,7 +28,7 @@ def least_bandwidth(series: Mapping[str, GpuSeries | None]) -> float | None:
 
 def probe_values(
     spec: SlurmJobSpec,
-    runtime: RuntimeArtifact | CachedImage,
+    runtime: Artifact,
     series: Mapping[str, GpuSeries | None],
     plan: ProbePlan | None,
 ) -> dict[str, Any]:

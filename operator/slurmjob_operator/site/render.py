@@ -46,11 +46,8 @@ from slurmjob_operator.core.naming import (
 )
 from slurmjob_operator.core.probe import ProbePlan
 from slurmjob_operator.core.segments import SegmentPlan
-from slurmjob_operator.site.artifacts import ArtifactError, CachedImage, artifact_values
-from slurmjob_operator.site.catalogs import (
-    GpuSeries,
-    RuntimeArtifact,
-)
+from slurmjob_operator.site.artifacts import Artifact, ArtifactError, artifact_values
+from slurmjob_operator.site.catalogs import GpuSeries
 from slurmjob_operator.site.probe import probe_values
 from slurmjob_operator.site.segments import (
     SegmentParts,
@@ -89,7 +86,7 @@ class RenderContext:
     name: str
     uid: str
     attempt: int
-    artifact: RuntimeArtifact | CachedImage
+    artifact: Artifact
     gpu_series: Mapping[str, GpuSeries | None]
     exclusive: Mapping[str, bool]
     partition: str | None
