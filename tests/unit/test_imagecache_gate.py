@@ -6,130 +6,32 @@ import slots. The real import jobs run in tests/integration/test_image_cache_e2e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.imagecache_fakes import (
+    DIGEST,
+    IMAGE,
+    Clock,
+    ConfigMaps,
+    FakeImporter,
+    ListedConfigMaps,
+)
 from tests.unit.test_spec import cpu_spec
 
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
-from slurmjob_operator.imagecache.decide import ImportJob, JobState
 from slurmjob_operator.imagecache.gate import ImageGate, ImageNotReady, ImagePullFailed
-from slurmjob_operator.imagecache.record import ImageRecord, ImportAttempt, ImportResult
 from slurmjob_operator.imagecache.script import layout_for
 from slurmjob_operator.imagecache.store import RecordStore
 from slurmjob_operator.site.catalogs import ArtifactFormat
 from slurmjob_operator.site.tenantentry import Tenant
 from slurmjob_operator.site.tenants import Tenants, TenantScope
-from slurmjob_operator.slurm.errors import SlurmAmbiguous
 
-DIGEST = "sha256:" + "cd" * 32
 OTHER = "sha256:" + "ef" * 32
-IMAGE = "127.0.0.1:5000/slurmjob/base:1"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-class ConfigMaps:
-    def __init__(self) -> None:
-        self.maps: dict[str, dict[str, str]] = {}
-
-    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-        return dict(self.maps[name]) if name in self.maps else None
-
-    async def merge_configmap(
-        self, namespace: str, name: str, data: Mapping[str, str | None]
-    ) -> None:
-        current = self.maps.setdefault(name, {})
-        for key, value in data.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-
-
-class ListedConfigMaps(ConfigMaps):
-    """The apiserver's client also lists and deletes (the sweep, a forgotten entry)."""
-
-    async def list_configmaps(self, namespace: str, prefix: str) -> dict[str, dict[str, str]]:
-        return {k: dict(v) for k, v in self.maps.items() if k.startswith(prefix)}
-
-    async def delete_configmap(self, namespace: str, name: str) -> None:
-        self.maps.pop(name, None)
-
-
-class FakeImporter:
-    """Submits into a dict of jobs; a test ends a job with `finish`."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.submitted: list[tuple[str, bytes | None]] = []
-        self.jobs: dict[str, ImportJob] = {}
-        self.results: dict[str, ImportResult] = {}
-        self.lose_answer = False
-        self.log = ""
-        self.cleaned: list[str] = []
-        self.readers: list[int | None] = []
-
-    async def submit(
-        self,
-        record: ImageRecord,
-        attempt: ImportAttempt,
-        credentials: bytes | None,
-        reader_uid: int | None = None,
-    ) -> int:
-        self.readers.append(reader_uid)
-        job_id = 100 + len(self.submitted)
-        self.submitted.append((attempt.job_name, credentials))
-        self.jobs[attempt.job_name] = ImportJob(attempt.job_name, JobState.PENDING, job_id)
-        if self.lose_answer:
-            raise SlurmAmbiguous("the answer was lost")
-        return job_id
-
-    async def find(self, attempt: ImportAttempt, now: datetime) -> ImportJob:
-        return self.jobs.get(attempt.job_name, ImportJob(attempt.job_name, JobState.ABSENT))
-
-    async def state(self, attempt: ImportAttempt) -> ImportJob:
-        return self.jobs[attempt.job_name]
-
-    def result(self, attempt: ImportAttempt) -> ImportResult | None:
-        return self.results.get(attempt.job_name)
-
-    def log_tail(self, attempt: ImportAttempt, hidden: Collection[str] = ()) -> str:
-        text = self.log
-        for word in hidden:
-            text = text.replace(word, "***")
-        return text
-
-    def clean(self, attempt: ImportAttempt) -> None:
-        self.cleaned.append(attempt.job_name)
-
-    def finish(self, name: str, digest: str = DIGEST, code: int = 0, scope: str = "public") -> None:
-        job = self.jobs[name]
-        state = JobState.COMPLETED if code == 0 else JobState.FAILED
-        self.jobs[name] = ImportJob(name, state, job.job_id, code)
-        if code == 0:
-            self.results[name] = ImportResult(
-                job=name,
-                reference=IMAGE,
-                format=ArtifactFormat.SQSH,
-                platform="linux/amd64",
-                digest=digest,
-                sha256="12" * 32,
-                size=4096,
-                inode=77,
-                ctime_ns=1_796_000_000_123_456_789,
-            )
 
 
 def _settings(tmp_path: Path, **extra: Any) -> Settings:

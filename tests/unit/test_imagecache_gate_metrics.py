@@ -1,7 +1,7 @@
 """What the image gate counts (issue 44, section 3): a hit is a SlurmJob's pass given an entry
 (bound or Ready) without sending an import, a miss an import sent (once, however many
 SlurmJobs wait on it), and an import's seconds are observed once, when its end is written.
-The stand-ins are test_imagecache_gate.py's."""
+The stand-ins are imagecache_fakes.py's, the spec and settings test_imagecache_gate.py's."""
 
 from __future__ import annotations
 
@@ -12,38 +12,14 @@ from pathlib import Path
 import pytest
 
 from slurmjob_operator.imagecache.gate import ImageGate, ImageNotReady, ImagePullFailed
-from slurmjob_operator.imagecache.record import ImageRecord, ImportAttempt
 from slurmjob_operator.imagecache.store import RecordStore
 from slurmjob_operator.metrics import Metrics
 from slurmjob_operator.site.tenants import TenantScope
 
-from .test_imagecache_gate import (
-    IMAGE,
-    Clock,
-    ConfigMaps,
-    FakeImporter,
-    _run,
-    _scope,
-    _settings,
-    _spec,
-)
+from .imagecache_fakes import IMAGE, Clock, ConfigMaps, FakeImporter, InstantImporter
+from .test_imagecache_gate import _run, _scope, _settings, _spec
 
 PRIVATE = "127.0.0.1:5001/private/base:1"
-
-
-class InstantImporter(FakeImporter):
-    """An import that has ended by the time its submit answers."""
-
-    async def submit(
-        self,
-        record: ImageRecord,
-        attempt: ImportAttempt,
-        credentials: bytes | None,
-        reader_uid: int | None = None,
-    ) -> int:
-        job_id = await super().submit(record, attempt, credentials, reader_uid)
-        self.finish(attempt.job_name)
-        return job_id
 
 
 class FlakyConfigMaps(ConfigMaps):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.imagecache_fakes import Clock, ConfigMaps, FakeJobs
+from tests.unit.test_render_cached_image import _chmod, _replace
 from tests.unit.test_render_support import (
     make_context,
     make_spec,
@@ -26,7 +27,6 @@ from tests.unit.test_render_support import (
 )
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.imagecache.decide import ImportJob, JobState
 from slurmjob_operator.imagecache.record import ImportAttempt
 from slurmjob_operator.imagecache.verifygate import (
     ArtifactGate,
@@ -45,38 +45,11 @@ from slurmjob_operator.site.artifacts import (
 )
 from slurmjob_operator.site.catalogs import ArtifactFormat
 from slurmjob_operator.site.render import render_attempt
-from slurmjob_operator.slurm.errors import SlurmAmbiguous
 
 CACHE_UID = 990
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-class ConfigMaps:
-    def __init__(self) -> None:
-        self.maps: dict[str, dict[str, str]] = {}
-        self.writes = 0
-
-    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
-        return dict(self.maps[name]) if name in self.maps else None
-
-    async def merge_configmap(
-        self, namespace: str, name: str, data: Mapping[str, str | None]
-    ) -> None:
-        self.writes += 1
-        current = self.maps.setdefault(name, {})
-        for key, value in data.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-
+class ArtifactMaps(ConfigMaps):
     def records(self) -> list[ArtifactRecord]:
         return [
             ArtifactRecord.from_json(m["record"])
@@ -85,44 +58,26 @@ class ConfigMaps:
         ]
 
 
-class FakeVerifier:
+class FakeVerifier(FakeJobs[VerifyResult]):
     """Submits into a dict of jobs; `finish` ends one as the real script would, with a result
     of what `lstat` sees of the file now."""
 
-    def __init__(self, maps: ConfigMaps) -> None:
+    def __init__(self, maps: ArtifactMaps) -> None:
+        super().__init__()
         self.maps = maps
         self.submitted: list[str] = []
         self.seen_at_submit: list[list[ArtifactRecord]] = []
-        self.jobs: dict[str, ImportJob] = {}
-        self.results: dict[str, VerifyResult] = {}
-        self.lose_answer = False
-        self.log = ""
 
     async def submit(self, record: ArtifactRecord, attempt: ImportAttempt) -> int:
         self.seen_at_submit.append(self.maps.records())
-        job_id = 100 + len(self.submitted)
         self.submitted.append(attempt.job_name)
-        self.jobs[attempt.job_name] = ImportJob(attempt.job_name, JobState.PENDING, job_id)
-        if self.lose_answer:
-            raise SlurmAmbiguous("the answer was lost")
-        return job_id
-
-    async def find(self, attempt: ImportAttempt, now: datetime) -> ImportJob:
-        return self.jobs.get(attempt.job_name, ImportJob(attempt.job_name, JobState.ABSENT))
-
-    async def state(self, attempt: ImportAttempt) -> ImportJob:
-        return self.jobs[attempt.job_name]
-
-    def result(self, attempt: ImportAttempt) -> VerifyResult | None:
-        return self.results.get(attempt.job_name)
+        return self.send(attempt.job_name)
 
     def log_tail(self, attempt: ImportAttempt) -> str:
         return self.log
 
     def finish(self, name: str, path: Path, sha256: str, code: int = 0) -> None:
-        job = self.jobs[name]
-        state = JobState.COMPLETED if code == 0 else JobState.FAILED
-        self.jobs[name] = ImportJob(name, state, job.job_id, code)
+        self.end(name, code)
         if code == 0:
             info = path.lstat()
             self.results[name] = VerifyResult(
@@ -162,16 +117,16 @@ def _runtime(settings: Settings) -> tuple[RuntimeArtifact, Path]:
     return runtime, path
 
 
-def _gate(settings: Settings) -> tuple[ArtifactGate, FakeVerifier, Clock, ConfigMaps]:
+def _gate(settings: Settings) -> tuple[ArtifactGate, FakeVerifier, Clock, ArtifactMaps]:
     clock = Clock()
-    maps = ConfigMaps()
+    maps = ArtifactMaps()
     verifier = FakeVerifier(maps)
     store = ArtifactRecordStore(maps, "ops")  # type: ignore[arg-type]
     gate = ArtifactGate(settings, store, verifier, clock=clock)  # type: ignore[arg-type]
     return gate, verifier, clock, maps
 
 
-def _verified(tmp_path: Path) -> tuple[ArtifactGate, FakeVerifier, Clock, ConfigMaps, Path]:
+def _verified(tmp_path: Path) -> tuple[ArtifactGate, FakeVerifier, Clock, ArtifactMaps, Path]:
     settings = _settings(tmp_path)
     runtime, path = _runtime(settings)
     gate, verifier, clock, maps = _gate(settings)
@@ -229,18 +184,6 @@ def _same_runtime(settings: Settings, path: Path) -> RuntimeArtifact:
         path=str(path.relative_to(settings.storage_root)),
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
     )
-
-
-def _chmod(path: Path) -> None:
-    path.chmod(0o644)
-    path.chmod(0o444)
-
-
-def _replace(path: Path) -> None:
-    data = path.read_bytes()
-    path.unlink()
-    path.write_bytes(data)
-    path.chmod(0o444)
 
 
 def _hard_link(path: Path) -> None:

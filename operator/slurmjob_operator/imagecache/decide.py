@@ -24,20 +24,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 
-from slurmjob_operator.imagecache.exits import EXIT_OK, classify_exit
+from slurmjob_operator.imagecache.attempts import (
+    Ended,
+    JobKind,
+    NeverSent,
+    RetryPolicy,
+    Running,
+    Unconfirmed,
+    fail_attempt,
+    failure_message,
+    follow,
+    next_attempt,
+    succeeded,
+)
+
+# Re-exported: the import's decision is where its callers and tests have found these.
+from slurmjob_operator.imagecache.attempts import ImportJob as ImportJob
+from slurmjob_operator.imagecache.attempts import JobState as JobState
+from slurmjob_operator.imagecache.attempts import submitted as submitted
+from slurmjob_operator.imagecache.exits import ExitClass, classify_exit
 from slurmjob_operator.imagecache.layout import (
     CacheLayout,
     import_job_name,
 )
 from slurmjob_operator.imagecache.record import (
-    MAX_MESSAGE,
     MAX_RETIRED,
     PLATFORM,
     Entry,
-    Failure,
-    FailureKind,
     ImageRecord,
     ImportAttempt,
     ImportResult,
@@ -51,40 +65,15 @@ CONDITION = "ImageReady"
 REASON_READY = "ImageCached"
 REASON_PULLING = "ImagePulling"
 REASON_FAILED = "ImagePullFailed"
+IMPORT_JOBS = JobKind("import job", "ImportLost", classify_exit)
 
 
 @dataclass(frozen=True)
-class ImportPolicy:
+class ImportPolicy(RetryPolicy):
     """The site's rules for imports (seconds; `config.images` holds the settings)."""
 
     tag_reuse_seconds: float = 600.0
-    max_retries: int = 3
-    backoff_seconds: float = 60.0
-    backoff_max_seconds: float = 3600.0
-    #: How long a failed record fails new SlurmJobs at once before a new import is tried.
-    failure_reuse_seconds: float = 600.0
     platform: str = PLATFORM
-
-    def backoff(self, retries: int) -> float:
-        return float(min(self.backoff_max_seconds, self.backoff_seconds * 2 ** min(retries, 30)))
-
-
-class JobState(StrEnum):
-    """An import job as the adapter normalised it."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"  # any other final state; exit_code None without the script's code
-    ABSENT = "absent"  # proven absent (write-ahead), or gone without a final state
-
-
-@dataclass(frozen=True)
-class ImportJob:
-    name: str
-    state: JobState
-    job_id: int | None = None
-    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,14 +136,6 @@ def new_record(request: ImageRequest, now: datetime) -> ImageRecord:
     )
 
 
-def submitted(record: ImageRecord, job_id: int) -> ImageRecord:
-    """The record once the submit (or the lookup by name) answered `job_id`."""
-    if record.attempt is None:
-        raise ValueError(f"record {record.key} has no attempt")
-    attempt = record.attempt.model_copy(update={"job_id": job_id, "write_ahead": False})
-    return record.model_copy(update={"attempt": attempt})
-
-
 def image_condition(action: Action) -> ImageCondition:
     if isinstance(action, Ready):
         return ImageCondition(True, REASON_READY, f"{action.record.reference} is cached")
@@ -189,7 +170,7 @@ def decide(
     failure = record.failure
     if record.state is RecordState.FAILED and failure is not None:
         if now < failure.at + timedelta(seconds=policy.failure_reuse_seconds):
-            return Fail(REASON_FAILED, _message(record, failure), record)
+            return Fail(REASON_FAILED, failure_message(record.reference, failure), record)
         fresh_start = record.model_copy(update={"failure": None, "retries": 0})
         return _submit(fresh_start, request, now, policy)
     if failure is not None and failure.retry_at is not None:
@@ -221,12 +202,7 @@ def _working_state(
 def _submit(
     record: ImageRecord, request: ImageRequest, now: datetime, policy: ImportPolicy
 ) -> SubmitImport:
-    number = record.attempt.number + 1 if record.attempt is not None else 1
-    attempt = ImportAttempt(
-        number=number,
-        job_name=import_job_name(record.key, record.epoch, number),
-        submitted_at=now,
-    )
+    attempt = next_attempt(record, now, import_job_name)
     state = _working_state(record, request, now, policy)
     return SubmitImport(attempt, record.model_copy(update={"attempt": attempt, "state": state}))
 
@@ -240,41 +216,16 @@ def _in_flight(
     job: ImportJob | None,
     result: ImportResult | None,
 ) -> Action:
-    attempt = record.attempt
-    assert attempt is not None
-    if job is not None and job.name != attempt.job_name:
-        raise ValueError(f"job {job.name} is not the record's attempt {attempt.job_name}")
-    if attempt.job_id is None:
-        if job is not None and job.job_id is not None:
-            record = submitted(record, job.job_id)  # found by its name: adopted
-        elif job is not None and job.state is JobState.ABSENT:
-            # Proven absent: this attempt never reached Slurm. The next has another name.
-            return _submit(record, request, now, policy)
-        else:
-            return AdoptImport(attempt.job_name, record)
-    assert record.attempt is not None
-    assert record.attempt.job_id is not None
-    job_id = record.attempt.job_id
-    if job is None or job.state in (JobState.PENDING, JobState.RUNNING):
-        return WaitImport(job_id, record)
-    if job.state is JobState.COMPLETED and job.exit_code in (None, EXIT_OK):
-        return _completed(record, request, now, policy, layout, result)
-    if job.state is JobState.ABSENT:
-        if result is not None:
-            return _completed(record, request, now, policy, layout, result)
-        return _failed(
-            record,
-            FailureKind.TRANSIENT,
-            "ImportLost",
-            f"import job {job_id} is gone without a final state or a result",
-            now,
-            policy,
-        )
-    cause = classify_exit(job.exit_code)
-    text = f"import job {job_id}: {cause.text}"
-    if job.exit_code is not None:
-        text += f" (exit code {job.exit_code})"
-    return _failed(record, cause.kind, cause.reason, text, now, policy)
+    step = follow(record, job, result is not None, IMPORT_JOBS)
+    if isinstance(step, Unconfirmed):
+        return AdoptImport(step.job_name, step.record)
+    if isinstance(step, NeverSent):
+        return _submit(step.record, request, now, policy)
+    if isinstance(step, Running):
+        return WaitImport(step.job_id, step.record)
+    if isinstance(step, Ended):
+        return _completed(step.record, request, now, policy, layout, result)
+    return _failed(step.record, step.cause, now, policy)
 
 
 def _completed(
@@ -287,53 +238,6 @@ def _completed(
 ) -> Action:
     attempt = record.attempt
     assert attempt is not None
-    if result is None:
-        return _failed(
-            record,
-            FailureKind.TRANSIENT,
-            "ResultMissing",
-            f"import job {attempt.job_name} ended without a result file",
-            now,
-            policy,
-        )
-    problem = _result_problem(record, request, attempt, policy, result)
-    if problem:
-        return _failed(record, FailureKind.PERMANENT, "ResultInvalid", problem, now, policy)
-    entry = Entry(
-        digest=result.digest,
-        sha256=result.sha256,
-        size=result.size,
-        inode=result.inode,
-        ctime_ns=result.ctime_ns,
-        path=str(layout.entry_path(record.scope, result.digest, record.format)),
-        published_at=now,
-    )
-    # A moved tag leaves its old entry to the jobs still using it and to eviction.
-    retired = [e for e in record.retired if e.path != entry.path]
-    old = record.entry
-    if old is not None and old.path != entry.path:
-        retired.append(old.model_copy(update={"retired_at": now}))
-    updated = record.model_copy(
-        update={
-            "state": RecordState.READY,
-            "entry": entry,
-            "retired": retired[-MAX_RETIRED:],
-            "resolved": Resolved(digest=result.digest, at=now),
-            "failure": None,
-            "retries": 0,
-            "attempt": attempt.model_copy(update={"ended_at": now}),
-        }
-    )
-    return Ready(entry, updated)
-
-
-def _result_problem(
-    record: ImageRecord,
-    request: ImageRequest,
-    attempt: ImportAttempt,
-    policy: ImportPolicy,
-    result: ImportResult,
-) -> str:
     expected = {
         "job": attempt.job_name,
         "reference": record.reference,
@@ -342,41 +246,36 @@ def _result_problem(
     }
     if request.reference.digest is not None:
         expected["digest"] = request.reference.digest
-    for field, want in expected.items():
-        got = str(getattr(result, field))
-        if got != want:
-            return f"the result file says {field} {got}, expected {want}"
-    return ""
+    checked = IMPORT_JOBS.usable(attempt.job_name, result, expected)
+    if isinstance(checked, ExitClass):
+        return _failed(record, checked, now, policy)
+    entry = Entry(
+        digest=checked.digest,
+        sha256=checked.sha256,
+        size=checked.size,
+        inode=checked.inode,
+        ctime_ns=checked.ctime_ns,
+        path=str(layout.entry_path(record.scope, checked.digest, record.format)),
+        published_at=now,
+    )
+    # A moved tag leaves its old entry to the jobs still using it and to eviction.
+    retired = [e for e in record.retired if e.path != entry.path]
+    old = record.entry
+    if old is not None and old.path != entry.path:
+        retired.append(old.model_copy(update={"retired_at": now}))
+    update = {
+        "state": RecordState.READY,
+        "entry": entry,
+        "retired": retired[-MAX_RETIRED:],
+        "resolved": Resolved(digest=checked.digest, at=now),
+    }
+    return Ready(entry, succeeded(record, now, update))
 
 
 def _failed(
-    record: ImageRecord,
-    kind: FailureKind,
-    reason: str,
-    message: str,
-    now: datetime,
-    policy: ImportPolicy,
+    record: ImageRecord, cause: ExitClass, now: datetime, policy: ImportPolicy
 ) -> Fail | RetryLater:
-    attempt = record.attempt
-    assert attempt is not None
-    ended = attempt.model_copy(update={"ended_at": now})
-    message = message[:MAX_MESSAGE]
-    if kind is FailureKind.TRANSIENT and record.retries < policy.max_retries:
-        retry_at = now + timedelta(seconds=policy.backoff(record.retries))
-        failure = Failure(kind=kind, reason=reason, message=message, at=now, retry_at=retry_at)
-        updated = record.model_copy(
-            update={"failure": failure, "retries": record.retries + 1, "attempt": ended}
-        )
-        return RetryLater(retry_at, updated)
-    if kind is FailureKind.TRANSIENT:
-        suffix = f" (gave up after {record.retries} retries)"
-        message = message[: MAX_MESSAGE - len(suffix)] + suffix
-    failure = Failure(kind=kind, reason=reason, message=message, at=now)
-    updated = record.model_copy(
-        update={"state": RecordState.FAILED, "failure": failure, "attempt": ended}
-    )
-    return Fail(REASON_FAILED, _message(updated, failure), updated)
-
-
-def _message(record: ImageRecord, failure: Failure) -> str:
-    return f"{record.reference}: {failure.reason}: {failure.message}"[:MAX_MESSAGE]
+    updated, failure = fail_attempt(record, cause, now, policy, RecordState.FAILED)
+    if failure.retry_at is not None:
+        return RetryLater(failure.retry_at, updated)
+    return Fail(REASON_FAILED, failure_message(updated.reference, failure), updated)

@@ -24,18 +24,16 @@ from pathlib import PurePosixPath
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.api.spec import SlurmJobSpec
 from slurmjob_operator.config import Settings
+from slurmjob_operator.imagecache.attempts import ImportJob, JobState, submitted
 from slurmjob_operator.imagecache.decide import (
     AdoptImport,
     Fail,
-    ImportJob,
     ImportPolicy,
-    JobState,
     Ready,
     RetryLater,
     SubmitImport,
     WaitImport,
     decide,
-    submitted,
 )
 from slurmjob_operator.imagecache.evict import may_start_import, without_entry
 from slurmjob_operator.imagecache.importer import CredentialsError, Importer, netrc_line

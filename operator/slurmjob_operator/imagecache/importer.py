@@ -17,20 +17,21 @@ import json
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import datetime
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.absence import Window
 from slurmjob_operator.core.jobview import ACTIVE_STATES, BaseState, SlurmJobView
 from slurmjob_operator.core.launch import StagedFile
-from slurmjob_operator.imagecache.decide import ImportJob, JobState
+from slurmjob_operator.imagecache.attempts import ImportJob, JobState
 from slurmjob_operator.imagecache.record import (
     MAX_RESULT_BYTES,
     ImageRecord,
     ImportAttempt,
     ImportResult,
-    ResultError,
     parse_result,
 )
+from slurmjob_operator.imagecache.resultfile import ResultFileError
 from slurmjob_operator.imagecache.script import layout_for, operator_path, render_import
 from slurmjob_operator.slurm.client import SlurmClient
 from slurmjob_operator.slurm.errors import SlurmError, SlurmNotFound
@@ -45,6 +46,8 @@ SCRIPT_FILE = "job.sh"
 LOG_TAIL_BYTES = 4096
 LOG_TAIL_LINES = 40
 DOCKER_CONFIG_KEY = ".dockerconfigjson"
+
+T = TypeVar("T")
 
 
 class CredentialsError(ValueError):
@@ -151,23 +154,8 @@ class Importer:
     def result(self, attempt: ImportAttempt) -> ImportResult | None:
         """The attempt's result file (blocking); None when it is missing or unusable (the
         decision then fails the attempt with the reason)."""
-        path = operator_path(self.settings, layout_for(self.settings).result_path(attempt.job_name))
-        try:
-            tail = read_tail(
-                path,
-                root=self._root(),
-                owner=self._owner(),
-                max_bytes=MAX_RESULT_BYTES + 1,
-                max_lines=64,
-            )
-        except (UnsafePath, OSError):
-            return None
-        if tail is None or tail.truncated:
-            return None
-        try:
-            return parse_result(tail.tail.encode())
-        except ResultError:
-            return None
+        node = layout_for(self.settings).result_path(attempt.job_name)
+        return read_result(self.settings, node, parse_result, MAX_RESULT_BYTES, 64)
 
     def log_tail(self, attempt: ImportAttempt, hidden: Collection[str] = ()) -> str:
         """The end of the import's log (blocking) with `hidden` redacted, or '' when it cannot
@@ -176,8 +164,8 @@ class Importer:
         try:
             tail = read_tail(
                 path,
-                root=self._root(),
-                owner=self._owner(),
+                root=_cache_root(self.settings),
+                owner=_cache_uid(self.settings),
                 max_bytes=LOG_TAIL_BYTES,
                 max_lines=LOG_TAIL_LINES,
                 redact=hidden,
@@ -190,13 +178,43 @@ class Importer:
         """Remove the attempt's staging directory (its credentials) once it ended (blocking)."""
         remove_attempt(self.settings, staging_dir(self.settings, attempt.job_name))
 
-    def _root(self) -> Path:
-        assert self.settings.image_cache_root is not None
-        return self.settings.image_cache_root
 
-    def _owner(self) -> int:
-        assert self.settings.image_cache_uid is not None
-        return self.settings.image_cache_uid
+def read_result(
+    settings: Settings,
+    node: PurePosixPath,
+    parse: Callable[[bytes], T],
+    max_bytes: int,
+    max_lines: int,
+) -> T | None:
+    """A job's result file in the cache (`node`, the nodes' path), parsed (blocking); None
+    when it is missing, not the cache user's plain file, longer than `max_bytes` or
+    unusable: the decision then fails the attempt with the reason."""
+    try:
+        tail = read_tail(
+            operator_path(settings, node),
+            root=_cache_root(settings),
+            owner=_cache_uid(settings),
+            max_bytes=max_bytes + 1,
+            max_lines=max_lines,
+        )
+    except (UnsafePath, OSError):
+        return None
+    if tail is None or tail.truncated:
+        return None
+    try:
+        return parse(tail.tail.encode())
+    except ResultFileError:
+        return None
+
+
+def _cache_root(settings: Settings) -> Path:
+    assert settings.image_cache_root is not None
+    return settings.image_cache_root
+
+
+def _cache_uid(settings: Settings) -> int:
+    assert settings.image_cache_uid is not None
+    return settings.image_cache_uid
 
 
 def _job(name: str, view: SlurmJobView) -> ImportJob:

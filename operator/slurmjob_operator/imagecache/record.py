@@ -24,7 +24,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -37,6 +36,7 @@ from slurmjob_operator.imagecache.reference import (
     ImageReferenceError,
     parse_reference,
 )
+from slurmjob_operator.imagecache.resultfile import ResultFileError, ResultFormat, ctime_text
 from slurmjob_operator.site.catalogs import ArtifactFormat
 
 SCHEMA_VERSION = 1
@@ -50,7 +50,6 @@ MAX_RESULT_BYTES = 4096
 MAX_MESSAGE = 1024
 #: The nodes' platform: the import resolves a manifest list to this.
 PLATFORM = "linux/amd64"
-_NS = 1_000_000_000
 
 DIGEST_RE = r"^sha256:[0-9a-f]{64}$"
 HEX64_RE = r"^[0-9a-f]{64}$"
@@ -62,12 +61,6 @@ Inode = Annotated[int, Field(strict=True, ge=1, le=2**64 - 1)]
 Nanoseconds = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 Uid = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
 Reason = Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]{0,62}$")]
-
-
-def ctime_text(ctime_ns: int) -> str:
-    """`seconds.nanoseconds`, as `stat -c %.9Z` prints a ctime."""
-    seconds, ns = divmod(ctime_ns, _NS)
-    return f"{seconds}.{ns:09d}"
 
 
 class RecordState(StrEnum):
@@ -252,19 +245,7 @@ class ImageRecord(Model):
     def from_json(cls, text: str | bytes) -> ImageRecord:
         """Parse a stored record, upgrading an older schema; a newer one is refused (an
         operator that does not know its fields must not rewrite it)."""
-        if len(text) > MAX_RECORD_BYTES:
-            raise ValueError(f"image record: more than {MAX_RECORD_BYTES} bytes")
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("image record: not a JSON object")
-        version = data.get("schemaVersion")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ValueError(f"image record: schemaVersion {version!r} is not a version")
-        if version > SCHEMA_VERSION:
-            raise ValueError(
-                f"image record: schemaVersion {version} is newer than this operator's "
-                f"{SCHEMA_VERSION}"
-            )
+        data, version = stored_json(text, "image record", MAX_RECORD_BYTES, SCHEMA_VERSION)
         while version < SCHEMA_VERSION:
             data = _UPGRADES[version](data)
             version = data["schemaVersion"]
@@ -275,11 +256,31 @@ class ImageRecord(Model):
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
+def stored_json(
+    text: str | bytes, what: str, max_bytes: int, schema_version: int
+) -> tuple[dict[str, Any], int]:
+    """A stored record's JSON object and its `schemaVersion`, which is refused when newer
+    than `schema_version`: an operator that does not know its fields must not rewrite it."""
+    if len(text) > max_bytes:
+        raise ValueError(f"{what}: more than {max_bytes} bytes")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: not a JSON object")
+    version = data.get("schemaVersion")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"{what}: schemaVersion {version!r} is not a version")
+    if version > schema_version:
+        raise ValueError(
+            f"{what}: schemaVersion {version} is newer than this operator's {schema_version}"
+        )
+    return data, version
+
+
 # ---------------------------------------------------------------------------------------------
 # The result file
 
 
-class ResultError(ValueError):
+class ResultError(ResultFileError):
     """The import's result file is unusable; the message says why."""
 
 
@@ -316,7 +317,7 @@ class ImportResult(BaseModel):
             **self.model_dump(mode="json", exclude={"ctime_ns"}),
             "ctime": ctime_text(self.ctime_ns),
         }
-        return "".join(f"{key}={values[key]}\n" for key in RESULT_KEYS)
+        return RESULT_FORMAT.render(values)
 
 
 RESULT_KEYS = (
@@ -330,61 +331,23 @@ RESULT_KEYS = (
     "inode",
     "ctime",
 )
-_RESULT_VALUE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:/@")
-_DIGITS = frozenset("0123456789")
-_MAX_DIGITS = 20
-
-
-def _number(key: str, value: str) -> int:
-    # int() takes '+1', ' 1', '1_0' and non-ASCII digits: only plain ASCII digits pass here.
-    if not value or len(value) > _MAX_DIGITS or not set(value) <= _DIGITS:
-        raise ResultError(f"result: {key} {value[:40]!r} is not a number")
-    return int(value)
-
-
-def _ctime_ns(value: str) -> int:
-    seconds, dot, fraction = value.partition(".")
-    if dot and (not fraction or len(fraction) > 9 or not set(fraction) <= _DIGITS):
-        raise ResultError(f"result: ctime {value[:40]!r} is not seconds.nanoseconds")
-    return _number("ctime", seconds) * _NS + (int(fraction.ljust(9, "0")) if dot else 0)
+RESULT_FORMAT = ResultFormat(
+    keys=RESULT_KEYS,
+    max_bytes=MAX_RESULT_BYTES,
+    alphabet=frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:/@"),
+    error=ResultError,
+    keys_suffix="=...",
+    odd="unexpected",
+    whole_seconds=True,
+)
 
 
 def parse_result(data: bytes) -> ImportResult:
     """The result file's content, or a `ResultError`: at most `MAX_RESULT_BYTES` of ASCII,
     each key of `RESULT_KEYS` exactly once, nothing else."""
-    if len(data) > MAX_RESULT_BYTES:
-        raise ResultError(f"result: more than {MAX_RESULT_BYTES} bytes")
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise ResultError("result: not ASCII") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    values: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        key, equals, value = line.partition("=")
-        if not equals or key not in RESULT_KEYS:
-            raise ResultError(f"result line {number}: not one of {', '.join(RESULT_KEYS)}=...")
-        if key in values:
-            raise ResultError(f"result line {number}: {key} given twice")
-        if not value or not set(value) <= _RESULT_VALUE:
-            raise ResultError(f"result line {number}: {key} has an empty or unexpected value")
-        values[key] = value
-    missing = [key for key in RESULT_KEYS if key not in values]
-    if missing:
-        raise ResultError(f"result: missing {', '.join(missing)}")
+    values = RESULT_FORMAT.values(data)
     fields: dict[str, object] = {k: v for k, v in values.items() if k != "ctime"}
-    fields["size"] = _number("size", values["size"])
-    fields["inode"] = _number("inode", values["inode"])
-    fields["ctime_ns"] = _ctime_ns(values["ctime"])
-    try:
-        return ImportResult.model_validate(fields)
-    except ValidationError as exc:
-        raise ResultError(f"result: {_errors(exc)}") from None
-
-
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
-    )
+    fields["size"] = RESULT_FORMAT.number("size", values["size"])
+    fields["inode"] = RESULT_FORMAT.number("inode", values["inode"])
+    fields["ctime_ns"] = RESULT_FORMAT.ctime_ns(values["ctime"])
+    return RESULT_FORMAT.model(ImportResult, fields)

@@ -10,6 +10,7 @@ checked word, and the template quotes each again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -47,6 +48,52 @@ def operator_path(settings: Settings, node_path: PurePosixPath | str) -> Path:
     return settings.image_cache_root / relative
 
 
+def cache_user_job(
+    settings: Settings,
+    template: str,
+    name: str,
+    comment: str,
+    pool: str,
+    values: Mapping[str, object],
+    *,
+    cpus: int | None = None,
+    memory_mb: int | None = None,
+    time_minutes: int | None = None,
+) -> LaunchRequest:
+    """A job the cache user runs (an import, a sweep, a verification) on the import
+    partition and account: `template` rendered with `values`, the job's name and PATH; one
+    node of `pool` with the imports' CPUs, memory and time limit unless given; started in the
+    node's temp directory, its output in the cache's `logs/<name>.log`."""
+    script = (
+        environment(settings)
+        .get_template(template)
+        .render(job_path=settings.slurm_job_path, job_name=name, **values)
+    )
+    log = str(layout_for(settings).log_path(name))
+    return LaunchRequest(
+        job_name=name,
+        comment=comment,
+        script=script,
+        working_directory=settings.image_import_tmp,
+        standard_output=log,
+        standard_error=log,
+        environment={"PATH": settings.slurm_job_path},
+        components=[
+            JobComponent(
+                pool=pool,
+                nodes=1,
+                cpus_per_task=settings.image_import_cpus if cpus is None else cpus,
+                memory_mb=settings.image_import_memory_mb if memory_mb is None else memory_mb,
+            )
+        ],
+        partition=settings.image_import_partition,
+        account=settings.image_import_account,
+        time_limit_minutes=(
+            settings.image_import_time_minutes if time_minutes is None else time_minutes
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class ImportScript:
     """One import attempt's job description and the credentials file it reads (None: an
@@ -72,50 +119,23 @@ def render_import(
             f"{profile.value} runs {PROFILE_FORMAT[profile].value}"
         )
     reference = record.parsed_reference
-    layout = layout_for(settings)
-    name = attempt.job_name
-    script = (
-        environment(settings)
-        .get_template(TEMPLATE)
-        .render(
-            job_path=settings.slurm_job_path,
-            job_name=name,
-            reference=reference.canonical,
-            registry=reference.registry,
-            repository=reference.repository,
-            tag=reference.tag or "",
-            digest=reference.digest or "",
-            format=record.format.value,
-            profile=profile.value,
-            scope=record.scope,
-            cache_root=str(layout.root),
-            node_tmp=settings.image_import_tmp,
-            credentials=str(credentials) if credentials is not None else "",
-            ca_file=settings.image_import_ca_file or "",
-            reader_uid=str(reader_uid) if reader_uid is not None else "",
-        )
-    )
-    log = str(layout.log_path(name))
-    launch = LaunchRequest(
-        job_name=name,
-        comment=f"{COMMENT_PREFIX}{record.key}",
-        script=script,
-        working_directory=settings.image_import_tmp,
-        standard_output=log,
-        standard_error=log,
-        environment={"PATH": settings.slurm_job_path},
-        components=[
-            JobComponent(
-                pool="import",
-                nodes=1,
-                cpus_per_task=settings.image_import_cpus,
-                memory_mb=settings.image_import_memory_mb,
-            )
-        ],
-        partition=settings.image_import_partition,
-        account=settings.image_import_account,
-        time_limit_minutes=settings.image_import_time_minutes,
-    )
+    values = {
+        "reference": reference.canonical,
+        "registry": reference.registry,
+        "repository": reference.repository,
+        "tag": reference.tag or "",
+        "digest": reference.digest or "",
+        "format": record.format.value,
+        "profile": profile.value,
+        "scope": record.scope,
+        "cache_root": str(layout_for(settings).root),
+        "node_tmp": settings.image_import_tmp,
+        "credentials": str(credentials) if credentials is not None else "",
+        "ca_file": settings.image_import_ca_file or "",
+        "reader_uid": str(reader_uid) if reader_uid is not None else "",
+    }
+    comment = f"{COMMENT_PREFIX}{record.key}"
+    launch = cache_user_job(settings, TEMPLATE, attempt.job_name, comment, "import", values)
     return ImportScript(launch, credentials)
 
 
@@ -135,32 +155,23 @@ def render_sweep(
     of `delete_list` and checks those of `keep_list` (files staged for it, in the nodes'
     paths); an import directory older than an import may run is a dead import's. An entry
     published at or after `decided_at` (Unix seconds) is kept: an import since made it."""
-    layout = layout_for(settings)
     grace = settings.image_import_time_minutes + SWEEP_TIME_MINUTES
-    script = (
-        environment(settings)
-        .get_template(SWEEP_TEMPLATE)
-        .render(
-            job_path=settings.slurm_job_path,
-            job_name=job_name,
-            cache_root=str(layout.root),
-            delete_list=str(delete_list),
-            keep_list=str(keep_list),
-            grace_minutes=str(grace),
-            decided_at=str(decided_at),
-        )
-    )
-    log = str(layout.log_path(job_name))
-    return LaunchRequest(
-        job_name=job_name,
-        comment=f"{COMMENT_PREFIX}sweep",
-        script=script,
-        working_directory=settings.image_import_tmp,
-        standard_output=log,
-        standard_error=log,
-        environment={"PATH": settings.slurm_job_path},
-        components=[JobComponent(pool="sweep", nodes=1, cpus_per_task=1, memory_mb=256)],
-        partition=settings.image_import_partition,
-        account=settings.image_import_account,
-        time_limit_minutes=SWEEP_TIME_MINUTES,
+    values = {
+        "cache_root": str(layout_for(settings).root),
+        "delete_list": str(delete_list),
+        "keep_list": str(keep_list),
+        "grace_minutes": str(grace),
+        "decided_at": str(decided_at),
+    }
+    comment = f"{COMMENT_PREFIX}sweep"
+    return cache_user_job(
+        settings,
+        SWEEP_TEMPLATE,
+        job_name,
+        comment,
+        "sweep",
+        values,
+        cpus=1,
+        memory_mb=256,
+        time_minutes=SWEEP_TIME_MINUTES,
     )

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.launch import StagedFile
-from slurmjob_operator.imagecache.decide import JobState
+from slurmjob_operator.imagecache.attempts import JobState
 from slurmjob_operator.imagecache.evict import SweepPlan, cached_files, plan_sweep
 from slurmjob_operator.imagecache.housekeeping import (
     MAX_MISSING,

@@ -6,7 +6,7 @@ found it and its parsed result file. Like `decide` for imports, it returns an ac
 the record to write *before* acting on it:
 
 - `SubmitVerify(attempt)`: write the record (the attempt named, write-ahead), submit the job,
-  then record the job id with `verify_submitted`;
+  then record the job id with `attempts.submitted`;
 - `AdoptVerify(job name)`: a submit whose answer was lost: look the job up by that name;
 - `WaitVerify(job id)`: the job runs; the SlurmJobs wait (`ArtifactVerifying`);
 - `Verified(file)`: the SlurmJobs run with the cheap check of `file`;
@@ -23,25 +23,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from slurmjob_operator.imagecache.decide import ImportJob, JobState
+from slurmjob_operator.imagecache.attempts import (
+    Ended,
+    ImportJob,
+    JobKind,
+    NeverSent,
+    RetryPolicy,
+    Running,
+    Unconfirmed,
+    fail_attempt,
+    failure_message,
+    follow,
+    next_attempt,
+    succeeded,
+)
 from slurmjob_operator.imagecache.exits import (
     EXIT_CANT_CREATE,
     EXIT_DATA,
     EXIT_DENIED,
     EXIT_IO,
     EXIT_NOT_FOUND,
-    EXIT_OK,
     EXIT_TEMPORARY,
     EXIT_USAGE,
     ExitClass,
 )
-from slurmjob_operator.imagecache.record import (
-    MAX_MESSAGE,
-    Failure,
-    FailureKind,
-    ImportAttempt,
-    ctime_text,
-)
+from slurmjob_operator.imagecache.record import FailureKind, ImportAttempt
+from slurmjob_operator.imagecache.resultfile import ctime_text
 from slurmjob_operator.imagecache.verifyrecord import (
     GROUP_OTHER_WRITE,
     ArtifactRecord,
@@ -116,17 +123,13 @@ class FileSeen:
     ctime_ns: int
 
 
-@dataclass(frozen=True)
-class VerifyPolicy:
-    cache_uid: int
-    max_retries: int = 3
-    backoff_seconds: float = 60.0
-    backoff_max_seconds: float = 3600.0
-    #: How long a failed record fails new SlurmJobs at once before it is verified again.
-    failure_reuse_seconds: float = 600.0
+VERIFY_JOBS = JobKind("verification job", "VerifyLost", classify_verify_exit)
 
-    def backoff(self, retries: int) -> float:
-        return float(min(self.backoff_max_seconds, self.backoff_seconds * 2 ** min(retries, 30)))
+
+# kw_only: the cache user's uid has no default, and comes after the retry rules' defaults.
+@dataclass(frozen=True, kw_only=True)
+class VerifyPolicy(RetryPolicy):
+    cache_uid: int
 
 
 @dataclass(frozen=True)
@@ -209,14 +212,6 @@ def new_artifact_record(request: VerifyRequest, now: datetime) -> ArtifactRecord
     )
 
 
-def verify_submitted(record: ArtifactRecord, job_id: int) -> ArtifactRecord:
-    """The record once the submit (or the lookup by name) answered `job_id`."""
-    if record.attempt is None:
-        raise ValueError(f"record {record.key} has no attempt")
-    attempt = record.attempt.model_copy(update={"job_id": job_id, "write_ahead": False})
-    return record.model_copy(update={"attempt": attempt})
-
-
 def decide_verify(
     request: VerifyRequest,
     record: ArtifactRecord | None,
@@ -239,7 +234,7 @@ def decide_verify(
     failure = record.failure
     if record.state is VerifyState.FAILED and failure is not None:
         if now < failure.at + timedelta(seconds=policy.failure_reuse_seconds):
-            return VerifyFailed(_message(record, failure), record)
+            return VerifyFailed(failure_message(f"runtime {record.runtime_id}", failure), record)
         return _submit(record.model_copy(update={"failure": None, "retries": 0}), now)
     if failure is not None and failure.retry_at is not None:
         if now < failure.retry_at:
@@ -256,12 +251,7 @@ def decide_verify(
 
 
 def _submit(record: ArtifactRecord, now: datetime, why: str = "") -> SubmitVerify:
-    number = record.attempt.number + 1 if record.attempt is not None else 1
-    attempt = ImportAttempt(
-        number=number,
-        job_name=verify_job_name(record.key, record.epoch, number),
-        submitted_at=now,
-    )
+    attempt = next_attempt(record, now, verify_job_name)
     updated = record.model_copy(update={"attempt": attempt, "state": VerifyState.VERIFYING})
     return SubmitVerify(attempt, updated, why)
 
@@ -274,35 +264,16 @@ def _in_flight(
     job: ImportJob | None,
     result: VerifyResult | None,
 ) -> VerifyAction:
-    attempt = record.attempt
-    assert attempt is not None
-    if job is not None and job.name != attempt.job_name:
-        raise ValueError(f"job {job.name} is not the record's attempt {attempt.job_name}")
-    if attempt.job_id is None:
-        if job is not None and job.job_id is not None:
-            record = verify_submitted(record, job.job_id)  # found by its name: adopted
-        elif job is not None and job.state is JobState.ABSENT:
-            # Proven absent: this attempt never reached Slurm. The next has another name.
-            return _submit(record, now)
-        else:
-            return AdoptVerify(attempt.job_name, record)
-    assert record.attempt is not None
-    assert record.attempt.job_id is not None
-    job_id = record.attempt.job_id
-    if job is None or job.state in (JobState.PENDING, JobState.RUNNING):
-        return WaitVerify(job_id, record)
-    if job.state is JobState.COMPLETED and job.exit_code in (None, EXIT_OK):
-        return _completed(record, now, policy, seen, result)
-    if job.state is JobState.ABSENT:
-        if result is not None:
-            return _completed(record, now, policy, seen, result)
-        text = f"verification job {job_id} is gone without a final state or a result"
-        return _failed(record, _T, "VerifyLost", text, now, policy)
-    cause = classify_verify_exit(job.exit_code)
-    text = f"verification job {job_id}: {cause.text}"
-    if job.exit_code is not None:
-        text += f" (exit code {job.exit_code})"
-    return _failed(record, cause.kind, cause.reason, text, now, policy)
+    step = follow(record, job, result is not None, VERIFY_JOBS)
+    if isinstance(step, Unconfirmed):
+        return AdoptVerify(step.job_name, step.record)
+    if isinstance(step, NeverSent):
+        return _submit(step.record, now)
+    if isinstance(step, Running):
+        return WaitVerify(step.job_id, step.record)
+    if isinstance(step, Ended):
+        return _completed(step.record, now, policy, seen, result)
+    return _failed(step.record, step.cause, now, policy)
 
 
 def _completed(
@@ -314,20 +285,22 @@ def _completed(
 ) -> VerifyAction:
     attempt = record.attempt
     assert attempt is not None
-    if result is None:
-        text = f"verification job {attempt.job_name} ended without a result file"
-        return _failed(record, _T, "ResultMissing", text, now, policy)
-    problem = _result_problem(record, attempt, policy, result)
-    if problem:
-        return _failed(record, _P, "ResultInvalid", problem, now, policy)
+    expected = {"job": attempt.job_name, "format": record.format.value, "sha256": record.sha256}
+    checked = VERIFY_JOBS.usable(attempt.job_name, result, expected)
+    if isinstance(checked, ExitClass):
+        return _failed(record, checked, now, policy)
+    why = unsafe(checked.uid, checked.mode, policy)
+    if why:
+        text = f"the result file says the artifact's {why}"
+        return _failed(record, ExitClass(_P, "ResultInvalid", text), now, policy)
     file = VerifiedFile(
         job_name=attempt.job_name,
-        sha256=result.sha256,
-        size=result.size,
-        inode=result.inode,
-        ctime_ns=result.ctime_ns,
-        owner_uid=result.uid,
-        mode=result.mode,
+        sha256=checked.sha256,
+        size=checked.size,
+        inode=checked.inode,
+        ctime_ns=checked.ctime_ns,
+        owner_uid=checked.uid,
+        mode=checked.mode,
         verified_at=now,
     )
     diff = changes(file, seen)
@@ -335,63 +308,15 @@ def _completed(
         # Changed since the job looked, or the operator's mount is not the nodes' filesystem:
         # tried again, and refused for good if it keeps differing.
         text = f"the operator does not see the file {attempt.job_name} verified: {diff}"
-        return _failed(record, _T, "ArtifactMoved", text, now, policy)
-    updated = record.model_copy(
-        update={
-            "state": VerifyState.VERIFIED,
-            "verified": file,
-            "failure": None,
-            "retries": 0,
-            "attempt": attempt.model_copy(update={"ended_at": now}),
-        }
-    )
+        return _failed(record, ExitClass(_T, "ArtifactMoved", text), now, policy)
+    updated = succeeded(record, now, {"state": VerifyState.VERIFIED, "verified": file})
     return Verified(file, updated)
 
 
-def _result_problem(
-    record: ArtifactRecord, attempt: ImportAttempt, policy: VerifyPolicy, result: VerifyResult
-) -> str:
-    expected = {
-        "job": attempt.job_name,
-        "format": record.format.value,
-        "sha256": record.sha256,
-    }
-    for field, want in expected.items():
-        got = str(getattr(result, field))
-        if got != want:
-            return f"the result file says {field} {got}, expected {want}"
-    why = unsafe(result.uid, result.mode, policy)
-    return f"the result file says the artifact's {why}" if why else ""
-
-
 def _failed(
-    record: ArtifactRecord,
-    kind: FailureKind,
-    reason: str,
-    message: str,
-    now: datetime,
-    policy: VerifyPolicy,
+    record: ArtifactRecord, cause: ExitClass, now: datetime, policy: VerifyPolicy
 ) -> VerifyFailed | VerifyLater:
-    attempt = record.attempt
-    assert attempt is not None
-    ended = attempt.model_copy(update={"ended_at": now})
-    message = message[:MAX_MESSAGE]
-    if kind is FailureKind.TRANSIENT and record.retries < policy.max_retries:
-        retry_at = now + timedelta(seconds=policy.backoff(record.retries))
-        failure = Failure(kind=kind, reason=reason, message=message, at=now, retry_at=retry_at)
-        updated = record.model_copy(
-            update={"failure": failure, "retries": record.retries + 1, "attempt": ended}
-        )
-        return VerifyLater(retry_at, updated)
-    if kind is FailureKind.TRANSIENT:
-        suffix = f" (gave up after {record.retries} retries)"
-        message = message[: MAX_MESSAGE - len(suffix)] + suffix
-    failure = Failure(kind=kind, reason=reason, message=message, at=now)
-    updated = record.model_copy(
-        update={"state": VerifyState.FAILED, "failure": failure, "attempt": ended}
-    )
-    return VerifyFailed(_message(updated, failure), updated)
-
-
-def _message(record: ArtifactRecord, failure: Failure) -> str:
-    return f"runtime {record.runtime_id}: {failure.reason}: {failure.message}"[:MAX_MESSAGE]
+    updated, failure = fail_attempt(record, cause, now, policy, VerifyState.FAILED)
+    if failure.retry_at is not None:
+        return VerifyLater(failure.retry_at, updated)
+    return VerifyFailed(failure_message(f"runtime {updated.runtime_id}", failure), updated)

@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 
 from slurmjob_operator.config import Settings
 from slurmjob_operator.core.absence import Window
-from slurmjob_operator.imagecache.decide import ImportJob, JobState
+from slurmjob_operator.imagecache.attempts import ImportJob, JobState, submitted
 from slurmjob_operator.imagecache.importer import Importer
 from slurmjob_operator.imagecache.verifydecide import (
     AdoptVerify,
@@ -33,7 +33,6 @@ from slurmjob_operator.imagecache.verifydecide import (
     VerifyPolicy,
     WaitVerify,
     decide_verify,
-    verify_submitted,
 )
 from slurmjob_operator.imagecache.verifyjob import (
     Verifier,
@@ -144,7 +143,7 @@ class ArtifactGate:
             raise ArtifactNotVerified(
                 f"runtime {record.runtime_id}: the verification job's submit is unconfirmed ({exc})"
             ) from exc
-        record = verify_submitted(record, job_id)
+        record = submitted(record, job_id)
         await self._store.write(record)
         return record
 
@@ -203,7 +202,7 @@ def artifact_gate(
     window = Window(
         settings.slurm_rest_timeout, settings.slurm_message_timeout, settings.absence_margin
     )
-    verifier = Verifier(settings, slurm_as, Importer(settings, slurm_as, window))
+    verifier = Verifier(settings, Importer(settings, slurm_as, window))
     return ArtifactGate(
         settings, ArtifactRecordStore(store, operator_namespace(settings)), verifier
     )

@@ -12,31 +12,25 @@ reads no credentials and the script travels in the job description.
 from __future__ import annotations
 
 import stat
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 
 from slurmjob_operator.config import Settings
-from slurmjob_operator.core.launch import JobComponent, LaunchRequest
-from slurmjob_operator.imagecache.decide import ImportJob
-from slurmjob_operator.imagecache.importer import LOG_TAIL_BYTES, LOG_TAIL_LINES, Importer
+from slurmjob_operator.core.launch import LaunchRequest
+from slurmjob_operator.imagecache.attempts import ImportJob
+from slurmjob_operator.imagecache.importer import Importer, read_result
 from slurmjob_operator.imagecache.record import ImportAttempt
-from slurmjob_operator.imagecache.script import layout_for, node_cache_root, operator_path
+from slurmjob_operator.imagecache.script import cache_user_job, node_cache_root
 from slurmjob_operator.imagecache.verifydecide import FileSeen, VerifyRequest
 from slurmjob_operator.imagecache.verifyrecord import (
     MAX_RESULT_BYTES,
     ArtifactRecord,
     VerifyResult,
-    VerifyResultError,
     parse_verify_result,
     verify_result_path,
 )
 from slurmjob_operator.site.artifacts import ARTIFACT_MAGIC, node_path
 from slurmjob_operator.site.catalogs import RuntimeArtifact
-from slurmjob_operator.site.templating import environment
-from slurmjob_operator.slurm.client import SlurmClient
-from slurmjob_operator.storage.logs import read_tail
-from slurmjob_operator.storage.nofollow import UnsafePath
 
 TEMPLATE = "image/verify.sh.j2"
 #: What a verification job's comment starts with: the record it serves (for people, doctor).
@@ -68,43 +62,18 @@ def render_verify(
     offset, magic = ARTIFACT_MAGIC[record.format]
     artifact = PurePosixPath(record.path)
     name = attempt.job_name
-    script = (
-        environment(settings)
-        .get_template(TEMPLATE)
-        .render(
-            job_path=settings.slurm_job_path,
-            job_name=name,
-            artifact=str(artifact),
-            artifact_dir=str(artifact.parent),
-            sha256=record.sha256,
-            format=record.format.value,
-            magic=magic,
-            magic_offset=offset,
-            cache_root=str(node_cache_root(settings)),
-            cache_uid=settings.image_cache_uid,
-        )
-    )
-    log = str(layout_for(settings).log_path(name))
-    return LaunchRequest(
-        job_name=name,
-        comment=f"{COMMENT_PREFIX}{record.key}",
-        script=script,
-        working_directory=settings.image_import_tmp,
-        standard_output=log,
-        standard_error=log,
-        environment={"PATH": settings.slurm_job_path},
-        components=[
-            JobComponent(
-                pool="verify",
-                nodes=1,
-                cpus_per_task=settings.image_import_cpus,
-                memory_mb=settings.image_import_memory_mb,
-            )
-        ],
-        partition=settings.image_import_partition,
-        account=settings.image_import_account,
-        time_limit_minutes=settings.image_import_time_minutes,
-    )
+    values = {
+        "artifact": str(artifact),
+        "artifact_dir": str(artifact.parent),
+        "sha256": record.sha256,
+        "format": record.format.value,
+        "magic": magic,
+        "magic_offset": offset,
+        "cache_root": str(node_cache_root(settings)),
+        "cache_uid": settings.image_cache_uid,
+    }
+    comment = f"{COMMENT_PREFIX}{record.key}"
+    return cache_user_job(settings, TEMPLATE, name, comment, "verify", values)
 
 
 def observe(path: Path) -> FileSeen | None:
@@ -125,24 +94,19 @@ def observe(path: Path) -> FileSeen | None:
 
 
 class Verifier:
-    """Submits and follows verification jobs as the cache user; `importer` lends its
-    lookups (the same user, fencing window and normalisation of a job's state)."""
+    """Submits and follows verification jobs as the cache user; `importer` lends its client
+    and lookups (the same user, fencing window and normalisation of a job's state) and its
+    reading of a log."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        slurm_as: Callable[[str | None], Awaitable[SlurmClient]],
-        importer: Importer,
-    ) -> None:
+    def __init__(self, settings: Settings, importer: Importer) -> None:
         self.settings = settings
-        self._slurm_as = slurm_as
         self._importer = importer
 
     async def submit(self, record: ArtifactRecord, attempt: ImportAttempt) -> int:
         """Submit the job; its id. SlurmError (ambiguous or not) propagates: the record keeps
         the attempt write-ahead and the job is looked up by its name."""
         launch = render_verify(self.settings, record, attempt)
-        client = await self._slurm_as(self.settings.image_cache_user)
+        client = await self._importer.client()
         receipt = await client.submit(launch)
         return int(receipt.job_id)
 
@@ -156,42 +120,8 @@ class Verifier:
         """The attempt's result file (blocking); None when it is missing or unusable (the
         decision then fails the attempt with the reason)."""
         node = verify_result_path(node_cache_root(self.settings), attempt.job_name)
-        try:
-            tail = read_tail(
-                operator_path(self.settings, node),
-                root=self._root(),
-                owner=self._owner(),
-                max_bytes=MAX_RESULT_BYTES + 1,
-                max_lines=32,
-            )
-        except (UnsafePath, OSError):
-            return None
-        if tail is None or tail.truncated:
-            return None
-        try:
-            return parse_verify_result(tail.tail.encode())
-        except VerifyResultError:
-            return None
+        return read_result(self.settings, node, parse_verify_result, MAX_RESULT_BYTES, 32)
 
     def log_tail(self, attempt: ImportAttempt) -> str:
         """The end of the job's log (blocking), or '' when it cannot be read."""
-        node = layout_for(self.settings).log_path(attempt.job_name)
-        try:
-            tail = read_tail(
-                operator_path(self.settings, node),
-                root=self._root(),
-                owner=self._owner(),
-                max_bytes=LOG_TAIL_BYTES,
-                max_lines=LOG_TAIL_LINES,
-            )
-        except (UnsafePath, OSError):
-            return ""
-        return tail.tail if tail is not None else ""
-
-    def _root(self) -> Path:
-        assert self.settings.image_cache_root is not None
-        return self.settings.image_cache_root
-
-    def _owner(self) -> int:
-        assert self.settings.image_cache_uid is not None
-        return self.settings.image_cache_uid
+        return self._importer.log_tail(attempt)

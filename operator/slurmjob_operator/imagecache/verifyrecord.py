@@ -17,7 +17,6 @@ alphabet) and nothing in it names a path. Pure: no I/O here.
 from __future__ import annotations
 
 import hashlib
-import json
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated
@@ -27,7 +26,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -41,8 +39,9 @@ from slurmjob_operator.imagecache.record import (
     Inode,
     Nanoseconds,
     Size,
-    ctime_text,
+    stored_json,
 )
+from slurmjob_operator.imagecache.resultfile import OCTAL, ResultFileError, ResultFormat, ctime_text
 from slurmjob_operator.site.catalogs import ArtifactFormat
 
 SCHEMA_VERSION = 1
@@ -183,19 +182,7 @@ class ArtifactRecord(Model):
     def from_json(cls, text: str | bytes) -> ArtifactRecord:
         """A stored record; a newer schema is refused (an operator that does not know its
         fields must not rewrite it)."""
-        if len(text) > MAX_RECORD_BYTES:
-            raise ValueError(f"artifact record: more than {MAX_RECORD_BYTES} bytes")
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("artifact record: not a JSON object")
-        version = data.get("schemaVersion")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ValueError(f"artifact record: schemaVersion {version!r} is not a version")
-        if version > SCHEMA_VERSION:
-            raise ValueError(
-                f"artifact record: schemaVersion {version} is newer than this operator's "
-                f"{SCHEMA_VERSION}"
-            )
+        data, _ = stored_json(text, "artifact record", MAX_RECORD_BYTES, SCHEMA_VERSION)
         return cls.model_validate(data)
 
 
@@ -203,7 +190,7 @@ class ArtifactRecord(Model):
 # The result file
 
 
-class VerifyResultError(ValueError):
+class VerifyResultError(ResultFileError):
     """A verification job's result file is unusable; the message says why."""
 
 
@@ -242,70 +229,30 @@ class VerifyResult(BaseModel):
             "uid": str(self.uid),
             "mode": f"{self.mode:o}",
         }
-        return "".join(f"{key}={values[key]}\n" for key in RESULT_KEYS)
+        return RESULT_FORMAT.render(values)
 
 
 RESULT_KEYS = ("job", "format", "sha256", "size", "inode", "ctime", "uid", "mode")
-_VALUE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-_DIGITS = frozenset("0123456789")
-_OCTAL = frozenset("01234567")
-_MAX_DIGITS = 20
-_NS = 1_000_000_000
-
-
-def _number(key: str, value: str, alphabet: frozenset[str] = _DIGITS, base: int = 10) -> int:
-    # int() takes '+1', ' 1', '1_0' and non-ASCII digits: only plain ASCII digits pass here.
-    if not value or len(value) > _MAX_DIGITS or not set(value) <= alphabet:
-        raise VerifyResultError(f"result: {key} {value[:40]!r} is not a number")
-    return int(value, base)
-
-
-def _ctime_ns(value: str) -> int:
-    seconds, dot, fraction = value.partition(".")
-    if not dot or not fraction or len(fraction) > 9 or not set(fraction) <= _DIGITS:
-        raise VerifyResultError(f"result: ctime {value[:40]!r} is not seconds.nanoseconds")
-    return _number("ctime", seconds) * _NS + int(fraction.ljust(9, "0"))
+RESULT_FORMAT = ResultFormat(
+    keys=RESULT_KEYS,
+    max_bytes=MAX_RESULT_BYTES,
+    alphabet=frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"),
+    error=VerifyResultError,
+)
 
 
 def parse_verify_result(data: bytes) -> VerifyResult:
     """The result file's content, or a `VerifyResultError`: at most `MAX_RESULT_BYTES` of
     ASCII, each key of `RESULT_KEYS` exactly once, nothing else."""
-    if len(data) > MAX_RESULT_BYTES:
-        raise VerifyResultError(f"result: more than {MAX_RESULT_BYTES} bytes")
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        raise VerifyResultError("result: not ASCII") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    values: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        key, equals, value = line.partition("=")
-        if not equals or key not in RESULT_KEYS:
-            raise VerifyResultError(f"result line {number}: not one of {', '.join(RESULT_KEYS)}")
-        if key in values:
-            raise VerifyResultError(f"result line {number}: {key} given twice")
-        if not value or not set(value) <= _VALUE:
-            raise VerifyResultError(f"result line {number}: {key} has an empty or odd value")
-        values[key] = value
-    missing = [key for key in RESULT_KEYS if key not in values]
-    if missing:
-        raise VerifyResultError(f"result: missing {', '.join(missing)}")
+    values = RESULT_FORMAT.values(data)
     fields: dict[str, object] = {
         "job": values["job"],
         "format": values["format"],
         "sha256": values["sha256"],
-        "size": _number("size", values["size"]),
-        "inode": _number("inode", values["inode"]),
-        "ctime_ns": _ctime_ns(values["ctime"]),
-        "uid": _number("uid", values["uid"]),
-        "mode": _number("mode", values["mode"], _OCTAL, 8),
+        "size": RESULT_FORMAT.number("size", values["size"]),
+        "inode": RESULT_FORMAT.number("inode", values["inode"]),
+        "ctime_ns": RESULT_FORMAT.ctime_ns(values["ctime"]),
+        "uid": RESULT_FORMAT.number("uid", values["uid"]),
+        "mode": RESULT_FORMAT.number("mode", values["mode"], OCTAL, 8),
     }
-    try:
-        return VerifyResult.model_validate(fields)
-    except ValidationError as exc:
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise VerifyResultError(f"result: {errors}") from None
+    return RESULT_FORMAT.model(VerifyResult, fields)
