@@ -200,7 +200,7 @@ def test_spec_cluster_cannot_change(fleet_op: Operator) -> None:
         "-p", json.dumps({"spec": {"cluster": FIRST}}), check=False,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "spec.cluster cannot change" in proc.stderr
+    assert "spec.cluster is immutable: create a new SlurmJob" in proc.stderr
 
 
 def test_doctor_checks_every_cluster(fleet_op: Operator) -> None:

@@ -457,7 +457,8 @@ def test_invalid_manifests_reach_nothing_in_slurm(op_2605: Operator) -> None:
     assert ready is not None
     assert ready["status"] == "False"
     assert "spec.pools[1].gpuSeries" in ready["message"]
-    # Decided again when the spec is edited: not Finished, so `kubectl wait` keeps waiting.
+    # Decided again when the SlurmJob is edited (a label; of the spec only suspend and the TTL
+    # can change): not Finished, so `kubectl wait` keeps waiting.
     finished = _condition(obj, "Finished")
     assert finished is not None
     assert (finished["status"], finished["reason"]) == ("False", "InvalidSpec")

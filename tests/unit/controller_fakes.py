@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from slurmjob_operator.api import patch
 from slurmjob_operator.api.resource import ObjectRef
+from slurmjob_operator.api.spec import MUTABLE_AFTER_CREATION
 from slurmjob_operator.api.status import SlurmJobStatus
 from slurmjob_operator.config import RuntimeProfile, Settings
 from slurmjob_operator.controller import Controller, RetryLater
@@ -140,7 +141,12 @@ class MemoryStore(MemoryConfigMaps):
         return SlurmJobStatus.parse(self.body(ref).get("status"))
 
     def update(self, ref: ObjectRef, **metadata_or_spec: Any) -> None:
-        """Change the spec (generation + 1) or set annotations, as `kubectl` would."""
+        """Change the spec (generation + 1) or set annotations, as `kubectl` would: only the
+        spec's mutable fields, as the CRD's transition rules allow (a test of what an older
+        CRD let through changes the body itself)."""
+        immutable = set(metadata_or_spec) - {"annotations", *MUTABLE_AFTER_CREATION}
+        if immutable:
+            raise AssertionError(f"the apiserver refuses a change of spec.{sorted(immutable)}")
         body = self.body(ref)
         if "annotations" in metadata_or_spec:
             body["metadata"]["annotations"] = metadata_or_spec.pop("annotations")

@@ -112,12 +112,28 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
-def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+#: No old value at a node: a creation, or a node the old object did not have.
+NO_OLD: Any = object()
+
+
+def is_transition_rule(rule: dict[str, str]) -> bool:
+    return "oldSelf" in rule["rule"]
+
+
+def cel_errors(schema: dict[str, Any], value: Any, path: str, old: Any = NO_OLD) -> list[str]:
+    """The CEL rules' refusals; a transition rule (one that names `oldSelf`) only where the
+    old object has the node too, as the apiserver evaluates them (on an update, for properties
+    of an object; list items are not correlated here)."""
     celpy = pytest.importorskip("celpy")
     errors: list[str] = []
     for rule in schema.get("x-kubernetes-validations", []):
+        bound = {"self": celpy.json_to_cel(value)}
+        if is_transition_rule(rule):
+            if old is NO_OLD:
+                continue
+            bound["oldSelf"] = celpy.json_to_cel(old)
         try:
-            ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            ok = _program(rule["rule"]).evaluate(bound)
         except Exception as exc:
             ok = False
             rule = {**rule, "message": f"{rule['message']} (evaluation failed: {exc})"}
@@ -126,7 +142,8 @@ def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
-                errors += cel_errors(sub, value[name], f"{path}.{name}")
+                was = old.get(name, NO_OLD) if isinstance(old, dict) else NO_OLD
+                errors += cel_errors(sub, value[name], f"{path}.{name}", was)
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
             errors += cel_errors(schema["items"], item, f"{path}[{index}]")
@@ -150,7 +167,9 @@ def list_map_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
     return errors
 
 
-def apiserver_errors(obj: dict[str, Any]) -> list[str]:
+def apiserver_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """What the apiserver refuses in a creation of `obj`, or in an update of `old` (as stored,
+    defaulted on read) to `obj`."""
     schema = crd_schema()
     obj = apply_defaults(schema, obj)
     validator = jsonschema.Draft7Validator(strip_extensions(schema))
@@ -160,7 +179,8 @@ def apiserver_errors(obj: dict[str, Any]) -> list[str]:
     ]
     if errors:  # the apiserver stops before CEL when the object does not fit the schema
         return errors
-    return list_map_errors(schema, obj, "") + cel_errors(schema, obj, "")
+    was = NO_OLD if old is None else apply_defaults(schema, old)
+    return list_map_errors(schema, obj, "") + cel_errors(schema, obj, "", was)
 
 
 # -- the file and the shape -------------------------------------------------------------------
@@ -283,7 +303,9 @@ def test_special_nodes() -> None:
 
 def test_descriptions_come_from_the_models() -> None:
     spec = crd_schema()["properties"]["spec"]
-    assert spec["description"] == "Desired state of a SlurmJob."
+    assert spec["description"] == (
+        "Desired state of a SlurmJob; only suspend and ttlSecondsAfterFinished change once created."
+    )
     assert spec["properties"]["timeLimit"]["description"].startswith("Minutes")
     assert (
         "runtime registry"

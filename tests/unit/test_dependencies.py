@@ -400,7 +400,7 @@ async def test_an_attempt_after_a_lost_submit_waits_on_the_upstream_too(bed: Bed
     assert [d.job_id for d in second.dependencies or []] == [100]
 
 
-async def test_a_dependency_failure_stands_until_the_spec_changes(bed: Bed) -> None:
+async def test_a_dependency_failure_stands_until_the_generation_changes(bed: Bed) -> None:
     pre = bed.store.create("pre", cpu_spec())
     await _reconcile(bed, pre)
     bed.slurm.set_state(100, "FAILED", 1)
@@ -415,8 +415,8 @@ async def test_a_dependency_failure_stands_until_the_spec_changes(bed: Bed) -> N
     await _reconcile(bed, post)
     assert bed.store.status(post).phase is Phase.FAILED
     assert bed.slurm.calls.count("submit") == 1
-    # A new generation is judged anew.
-    bed.store.update(post, command=["echo", "again"])
+    # A new generation is judged anew: the spec is immutable but for suspend and the TTL.
+    bed.store.update(post, ttlSecondsAfterFinished=600)
     assert await _reconcile(bed, post) is not None  # the new pre is not queued yet
     assert bed.store.status(post).phase is Phase.PENDING
 

@@ -94,7 +94,8 @@ def test_the_operators_own_status_writes_are_nothing_new() -> None:
 def test_a_spec_change_is_an_update_of_the_spec_only() -> None:
     memory = EssenceMemory()
     handled(memory, body())
-    edited = body(spec={"command": ["python", "other.py"]}, metadata__generation=2)
+    # suspend: one of the fields the CRD lets change once the SlurmJob exists.
+    edited = body(spec__suspend=True, metadata__generation=2)
     assert cause(memory, edited) is causes.Reason.UPDATE
     assert changed_fields(memory, edited) == {("spec",)}
 
@@ -120,7 +121,7 @@ def test_a_part_added_since_is_a_change_of_that_part() -> None:
 def test_after_handling_a_change_it_is_nothing_new_again() -> None:
     memory = EssenceMemory()
     handled(memory, body())
-    edited = body(spec={"command": ["x"]})
+    edited = body(spec__ttlSecondsAfterFinished=60)
     handled(memory, edited)
     assert cause(memory, copy.deepcopy(edited)) is causes.Reason.NOOP
 

@@ -278,10 +278,12 @@ async def test_an_over_long_time_limit_is_refused_with_nothing_staged_or_sent(be
     assert bed.slurm.calls == []
     assert not (bed.settings.storage_root / "team-a").exists()
     assert "LimitExceeded" in bed.store.reasons()
-    # Fixed in the spec: submitted.
-    bed.store.update(ref, timeLimit="5m")
-    await bed.controller.reconcile(ref)
-    assert bed.store.status(ref).phase is Phase.QUEUED
+    # The spec cannot change (the CRD refuses it): fixed in a new SlurmJob of the same name,
+    # made once the refused one is deleted, it is submitted.
+    del bed.store.objects[("team-a", "train")]
+    again = bed.store.create("train", cpu_spec(timeLimit="5m"))
+    await bed.controller.reconcile(again)
+    assert bed.store.status(again).phase is Phase.QUEUED
 
 
 async def test_a_partition_that_is_down_waits_and_submits_once_it_is_up(tmp_path: Path) -> None:

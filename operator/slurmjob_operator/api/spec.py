@@ -84,6 +84,24 @@ CLUSTER_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # = config.CLUSTER_NA
 #: The longest spec.ttlSecondsAfterFinished: a year (a longer wait is no clean-up).
 MAX_TTL_SECONDS = 366 * 24 * 3600
 
+#: The spec fields (by their names in the CRD) that may change after the SlurmJob is created,
+#: each with why. Every other field is immutable, as a batch/v1 Job's pod template: the CRD
+#: has a transition rule for each (`gen.crd`), docs/crd.md ("What can change after creation")
+#: lists these reasons. Nothing here or in the operator relies on that rule.
+MUTABLE_AFTER_CREATION: dict[str, str] = {
+    "suspend": (
+        "It says when the job may be submitted or leave the queue, never what runs: the gate "
+        "people (`kubectl slurmjob suspend` and `resume`), pipelines and GitOps tools open and "
+        "close on a live SlurmJob, as on a batch/v1 Job. True holds a queued job in Slurm (with "
+        "Kueue: makes its Workload inactive), false submits or releases it."
+    ),
+    "ttlSecondsAfterFinished": (
+        "It says when the finished SlurmJob is deleted, never what ran: as on a batch/v1 Job it "
+        "may be set or changed later (keep a failed job for a look, or drop one at once); the "
+        "operator reads it again at every event, and never past the site's maximum."
+    ),
+}
+
 
 _WALLTIME_TEXT = (
     "A run longer than the partition allows, as a chain of segments: each one job with its "
@@ -108,7 +126,7 @@ def _walltime_problem(spec: SlurmJobSpec) -> str | None:
 
 
 class SlurmJobSpec(_Model):
-    """Desired state of a SlurmJob."""
+    """Desired state of a SlurmJob; only suspend and ttlSecondsAfterFinished change once created."""
 
     framework: Framework
     command: list[str] = Field(
@@ -139,7 +157,7 @@ class SlurmJobSpec(_Model):
         pattern=CLUSTER_NAME_RE,
         description=(
             "Slurm cluster to run on, by its name in the site's clusters file (default: the "
-            "tenant's default cluster, else the first). Cannot change once set."
+            "tenant's default cluster, else the first)."
         ),
     )
     partition: str | None = Field(
@@ -173,8 +191,7 @@ class SlurmJobSpec(_Model):
             "SlurmJobs of the same namespace this one runs after (each with the final phase it "
             "needs, counted after the upstream's retries). Nothing is submitted until every "
             "one can be satisfied; one that cannot ends this SlurmJob Failed "
-            "(DependencyFailed). Read before the first attempt only: a change after it has "
-            "no effect."
+            "(DependencyFailed)."
         ),
     )
     suspend: bool = Field(

@@ -175,7 +175,8 @@ def failed_step(
 
 #: Refusals that stand until the spec changes, though what they were judged on may change
 #: (the cluster's limits, an upstream SlurmJob deleted or recreated): not judged again on a
-#: restart or a resume, only for a new generation.
+#: restart, a resume or a label edit, only for a new generation (which, the spec being
+#: immutable but for suspend and ttlSecondsAfterFinished, only an edit of those makes).
 STANDING_REFUSALS = frozenset({Reason.LIMIT_EXCEEDED, Reason.DEPENDENCY_FAILED})
 
 

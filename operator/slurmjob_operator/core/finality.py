@@ -3,9 +3,13 @@
 Final means nothing will change the job's outcome any more: a terminal phase (Succeeded,
 Failed, Cancelled) with no next attempt due, or Unknown because Slurm forgot the job without a
 trace (reason JobLost, never resubmitted; any other Unknown may still be resolved). A refusal
-made before anything was submitted whose cause a user fixes by editing the SlurmJob (an
-invalid spec, a limit exceeded, a failed dependency) is not final: the edit wakes it and it is
-decided again, so `kubectl wait --for=condition=Finished` must not return on it. An attempt
+made before anything was submitted (an invalid spec, a limit exceeded, a failed dependency) is
+not final: an edit wakes it and it is decided again, so `kubectl wait --for=condition=Finished`
+must not return on it. Since the spec is immutable but for suspend and ttlSecondsAfterFinished
+(the CRD's transition rules), the edits left are a label (a tenant's required Kueue queue) and
+those two fields, which make a new generation; a spec is fixed by a new SlurmJob. Nothing
+here relies on the CRD's rule: a spec changed under an older CRD is decided again as before.
+An attempt
 followed by another (a retry, a probe's new attempt, a walltime segment) is written as Pending
 with its next due time, so nothing keyed on "final" fires in between.
 
@@ -28,7 +32,8 @@ from slurmjob_operator.core.reasons import ConditionType, Reason
 
 FINISHED = ConditionType.FINISHED
 
-#: Refusals decided again when the spec or a label is edited (while nothing was submitted).
+#: Refusals decided again when the SlurmJob is edited (while nothing was submitted): a label,
+#: or a new generation (suspend, ttlSecondsAfterFinished; the rest of the spec is immutable).
 REDECIDED = frozenset({Reason.INVALID_SPEC, Reason.LIMIT_EXCEEDED, Reason.DEPENDENCY_FAILED})
 
 

@@ -205,7 +205,7 @@ REASON_MEANINGS: dict[Reason, str] = {
     Reason.INVALID_SPEC: "The spec cannot run on this site; the message names the field.",
     Reason.TENANT_UNKNOWN: (
         "The site has a tenants file and the SlurmJob's namespace belongs to no tenant: "
-        "nothing is submitted (checked again when the spec changes or the operator restarts)."
+        "nothing is submitted (checked again when the SlurmJob is edited or the operator restarts)."
     ),
     Reason.RUNTIME_ARTIFACT_INVALID: "The runtime artifact is missing or its checksum is wrong.",
     Reason.SECRET_NOT_FOUND: "A referenced Secret or key does not exist (yet).",
@@ -213,7 +213,7 @@ REASON_MEANINGS: dict[Reason, str] = {
         "The request cannot fit the cluster: a partition that does not exist, a timeLimit over "
         "the partition's MaxTime, more nodes, CPUs, memory or GPUs than its nodes have, an "
         "account or QOS accounting does not know. The message names the field and the limit; "
-        "nothing was staged or submitted (checked again when the spec changes)."
+        "nothing was staged or submitted; one that fits is a new SlurmJob (the spec is immutable)."
     ),
     Reason.PARTITION_UNAVAILABLE: (
         "The partition is down, drained or inactive, or its MaxTime (which a walltime "

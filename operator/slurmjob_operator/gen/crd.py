@@ -25,6 +25,7 @@ from slurmjob_operator.api.scriptwords import RESERVED_ENV_NAMES, RESERVED_ENV_P
 from slurmjob_operator.api.spec import (
     CUSTOM,
     CUSTOM_RUNTIME_PREFIX,
+    MUTABLE_AFTER_CREATION,
     DataSpec,
     EnvVar,
     Framework,
@@ -63,8 +64,39 @@ _DOT_PARTS = r"(^|/)[.][.]?(/|$)"
 _ROOT_ITSELF = r"^([.]?/)*[.]?$"
 _DURATION = r"^\s*([0-9]+|[0-9]+d([0-9]+h)?([0-9]+m)?|[0-9]+h([0-9]+m)?|[0-9]+m)\s*$"
 
+
+def _unchanged(name: str, required: bool) -> str:
+    """CEL: the spec's field `name` is as it was (added or removed counts as a change)."""
+    if required:
+        return f"self.{name} == oldSelf.{name}"
+    return (
+        f"has(self.{name}) == has(oldSelf.{name}) && "
+        f"(!has(self.{name}) || self.{name} == oldSelf.{name})"
+    )
+
+
+def immutable_rules() -> tuple[Rule, ...]:
+    """One transition rule per spec field but those of `MUTABLE_AFTER_CREATION`, as a batch/v1
+    Job's pod template: on the spec's node (so that a field added or removed is seen), reported
+    at the field. The apiserver evaluates them on updates only, comparing with the stored
+    object: no status is asked."""
+    mutable = " and ".join(MUTABLE_AFTER_CREATION)
+    rules = []
+    for name, info in SlurmJobSpec.model_fields.items():
+        alias = info.alias or name
+        if alias in MUTABLE_AFTER_CREATION:
+            continue
+        message = (
+            f"spec.{alias} is immutable: create a new SlurmJob (a SlurmJob's spec cannot change "
+            f"once created; only {mutable} can)"
+        )
+        rules.append(Rule(_unchanged(alias, info.is_required()), message, f".{alias}", _INVALID))
+    return tuple(rules)
+
+
 # CEL for the rules of api.spec, keyed by the model whose node they sit on. Each mirrors a
-# pydantic validator; test_crd checks both refuse the same manifests.
+# pydantic validator (but the transition rules, which only the apiserver can check); test_crd
+# checks both refuse the same manifests.
 MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
     RetryRule: (
         Rule(
@@ -150,14 +182,7 @@ MODEL_RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
         ),
     ),
     SlurmJobSpec: (
-        # A transition rule (on updates only): the cluster a job was placed on stays its own.
-        Rule(
-            "has(self.cluster) == has(oldSelf.cluster) && "
-            "(!has(self.cluster) || self.cluster == oldSelf.cluster)",
-            "spec.cluster cannot change: delete the SlurmJob and create it again",
-            ".cluster",
-            _INVALID,
-        ),
+        *immutable_rules(),
         *LAYOUT_RULES,
         Rule(
             "!has(self.walltime) || !has(self.timeLimit)",

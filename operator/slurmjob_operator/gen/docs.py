@@ -1,10 +1,12 @@
 """The SlurmJob reference (`docs/crd.md`), generated from the CRD and the operator's sources.
 
 Everything on the page comes from code: the fields, types, defaults and validations from the
-`openAPIV3Schema` of `gen.crd.build_crd()`, the CEL rules with their messages, the printer
-columns, and the conditions with every reason the operator can write, from the declared table
-in `core/reasons.py`. `tests/unit/test_docs.py` keeps the file equal
-to this output; regenerate it with `python -m slurmjob_operator.gen.docs > docs/crd.md`.
+`openAPIV3Schema` of `gen.crd.build_crd()`, the CEL rules with their messages (the spec's
+transition rules in a section of their own, with the reasons of `api.spec`'s
+`MUTABLE_AFTER_CREATION`), the printer columns, and the conditions with every reason the
+operator can write, from the declared table in `core/reasons.py`. `tests/unit/test_docs.py`
+keeps the file equal to this output; regenerate it with
+`python -m slurmjob_operator.gen.docs > docs/crd.md`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmjob_operator.api.spec import MUTABLE_AFTER_CREATION
 from slurmjob_operator.core.reasons import (
     CONDITION_MEANINGS,
     FROM_PHASE,
@@ -149,6 +152,11 @@ def objects(node: dict[str, Any], path: str) -> Iterator[ObjectDoc]:
     yield from children
 
 
+def is_transition(rule: dict[str, str]) -> bool:
+    """A rule that compares with the stored object (`oldSelf`): evaluated on updates only."""
+    return "oldSelf" in rule["rule"]
+
+
 def _object_section(doc: ObjectDoc) -> list[str]:
     node = doc.node
     out = [f"### `{doc.path}`", ""]
@@ -165,7 +173,14 @@ def _object_section(doc: ObjectDoc) -> list[str]:
             f"| `{name}` | {_cell(type_of(sub))} | {'yes' if name in required else ''} | "
             f"{default} | {_cell(str(sub.get('description', '')))} | {validation_of(sub)} |"
         )
-    if doc.rules:
+    rules = [(where, rule) for where, rule in doc.rules if not is_transition(rule)]
+    if len(rules) < len(doc.rules):
+        out += [
+            "",
+            "Its rules on updates are under [What can change after creation]"
+            "(#what-can-change-after-creation).",
+        ]
+    if rules:
         out += [
             "",
             "CEL rules (checked by the API server at `kubectl apply`):",
@@ -173,7 +188,7 @@ def _object_section(doc: ObjectDoc) -> list[str]:
             "| on | rule | message | reason |",
             "|---|---|---|---|",
         ]
-        for where, rule in doc.rules:
+        for where, rule in rules:
             target = where if where != "self" else "the object"
             if rule.get("fieldPath"):
                 target += f" (reported at `{rule['fieldPath']}`)"
@@ -181,6 +196,59 @@ def _object_section(doc: ObjectDoc) -> list[str]:
                 f"| {target} | {_code(rule['rule'])} | {_cell(rule['message'])} | "
                 f"{rule.get('reason', '')} |"
             )
+    out.append("")
+    return out
+
+
+# -- what can change after creation -------------------------------------------------------------
+
+
+def _mutability_section(spec: dict[str, Any]) -> list[str]:
+    """The spec's transition rules (one per immutable field, on the spec's node) and the
+    fields that may change, with why."""
+    rules = [
+        (str(rule["fieldPath"]).removeprefix("."), rule)
+        for rule in spec.get("x-kubernetes-validations", [])
+        if is_transition(rule)
+    ]
+    messages = {
+        rule["message"].replace(f"spec.{name} ", "spec.<field> ", 1) for name, rule in rules
+    }
+    out = [
+        "## What can change after creation",
+        "",
+        "A SlurmJob's spec is fixed when it is created, as a batch/v1 Job's pod template is: the "
+        "API server refuses an update (`kubectl apply`, `edit`, `patch`, `replace`, a GitOps "
+        "sync) that adds, removes or changes any field but those below, and the operator never "
+        "sees it. To run something else, create a new SlurmJob: under another name, or under "
+        "the same one once the old is deleted, which cancels its job (what this means for "
+        "GitOps: [user-guide.md](user-guide.md#changing-a-slurmjob)). The rules compare the new "
+        "spec with the stored one only: they are transition rules, evaluated on updates and "
+        "never on a creation, and no status is consulted. Labels, annotations and the status "
+        "subresource are not the spec: a Kueue queue label can still be added or removed.",
+        "",
+        "| field | why it can change |",
+        "|---|---|",
+    ]
+    out += [f"| `{name}` | {_cell(why)} |" for name, why in MUTABLE_AFTER_CREATION.items()]
+    reasons = sorted({rule.get("reason", "FieldValueInvalid") for _, rule in rules})
+    out += [
+        "",
+        "Every other field has its rule on the `spec` object, reported at the field (reason "
+        f"{', '.join(f'`{r}`' for r in reasons)}). A field added or removed counts as a "
+        "change; one with a default (`mode`) is defaulted again when left out, so leaving it "
+        "out changes nothing.",
+        "",
+    ]
+    if len(messages) == 1:
+        out += [f"The message: {_code(messages.pop())}.", "", "| field | rule |", "|---|---|"]
+        out += [f"| `{name}` | {_code(rule['rule'])} |" for name, rule in rules]
+    else:
+        out += ["| field | rule | message |", "|---|---|---|"]
+        out += [
+            f"| `{name}` | {_code(rule['rule'])} | {_cell(rule['message'])} |"
+            for name, rule in rules
+        ]
     out.append("")
     return out
 
@@ -274,6 +342,7 @@ def render() -> str:
     lines += ["", "## Spec", ""]
     for doc in objects(schema["properties"]["spec"], "spec"):
         lines += _object_section(doc)
+    lines += _mutability_section(schema["properties"]["spec"])
     lines += [
         "## Status",
         "",

@@ -38,6 +38,8 @@ async def resumed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)
 
 
+# spec.suspend or spec.ttlSecondsAfterFinished: the CRD lets no other field change (a spec
+# changed under an older CRD is reconciled all the same).
 @kopf.on.update(*RESOURCE, field="spec")
 async def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _reconcile(memo, body)

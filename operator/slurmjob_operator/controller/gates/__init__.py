@@ -55,8 +55,8 @@ class Wait:
 
 @dataclass(frozen=True)
 class Fail:
-    """Not submitted, and nothing to wait for: `write` (if any) says why. A spec change (or
-    the gate's own wake) tries again."""
+    """Not submitted, and nothing to wait for: `write` (if any) says why. An edit of the
+    SlurmJob (or the gate's own wake) tries again."""
 
     write: Transition | None = None
 

@@ -1,5 +1,6 @@
-"""A refusal settled for this generation (a standing one: tenancy, the spec, a limit) is final
-until the spec changes: nothing is tried again, and nothing written again."""
+"""A refusal settled for this generation (a standing one: a limit, a failed dependency) is final
+until the generation changes (an edit of suspend or ttlSecondsAfterFinished, the spec's only
+mutable fields): nothing is tried again, and nothing written again."""
 
 from __future__ import annotations
 
