@@ -344,6 +344,45 @@ async def test_the_reload_counts_a_refused_edit_and_clears_staleness_on_a_good_o
     assert watch.current.gpu_series.get("a100") is not None
 
 
+async def test_a_refused_edit_posts_one_warning_event_on_the_operators_pod(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "gpu-series.yaml"
+    path.write_bytes(H100)
+    watch = CatalogWatch.load(Settings(gpu_series_file=path))
+    posted: list[tuple[str, str, str]] = []
+
+    async def event(type_: str, reason: str, message: str) -> None:
+        posted.append((type_, reason, message))
+
+    reload = CatalogReload([("west", watch)], Metrics().catalogs, event=event)
+    rewrite(path, NO_GPUS)
+    await reload.once()
+    await reload.once()  # the same bad content: said once
+    [(type_, reason, message)] = posted
+    assert (type_, reason) == ("Warning", "CatalogEditRefused")
+    assert "gpu-series of cluster west: the edit is refused" in message
+    rewrite(path, A100)
+    await reload.once()
+    assert len(posted) == 1
+
+
+async def test_an_event_that_cannot_be_posted_changes_nothing_else(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-series.yaml"
+    path.write_bytes(H100)
+    watch = CatalogWatch.load(Settings(gpu_series_file=path))
+
+    async def refused(type_: str, reason: str, message: str) -> None:
+        raise RuntimeError("events are forbidden here")
+
+    metrics = Metrics()
+    reload = CatalogReload([("west", watch)], metrics.catalogs, event=refused)
+    rewrite(path, NO_GPUS)
+    await reload.once()
+    labels = {"cluster": "west", "catalog": "gpu-series"}
+    assert metrics.sample("slurmjob_operator_catalog_stale", labels) == 1
+
+
 def test_doctor_says_the_file_is_bad_and_the_running_operator_keeps_its_copy(
     tmp_path: Path,
 ) -> None:

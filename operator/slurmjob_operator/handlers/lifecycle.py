@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 from typing import Any
 
 import aiohttp
@@ -27,6 +29,7 @@ from slurmjob_operator.listeners import Limits, Listener, serve_metrics
 from slurmjob_operator.logserver import serve_logs
 from slurmjob_operator.memtrim import resident_bytes, trim_periodically
 from slurmjob_operator.metrics import Metrics
+from slurmjob_operator.servingcert import operator_namespace
 from slurmjob_operator.site.clusters import cluster_names, load_clusters
 from slurmjob_operator.slurm.connect import open_transport
 from slurmjob_operator.storage.executors import close_pools, open_pools
@@ -149,7 +152,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         member.sweep_removals_with(sweep)
     memo.removal_sweep = asyncio.create_task(sweep.run(), name="slurmjob-removals")
     # Every cluster's runtime registry and GPU series catalog, re-read when their files change.
-    reload = CatalogReload([(m.name, m.site.catalogs) for m in members], metrics.catalogs)
+    pod = os.environ.get("HOSTNAME")
+    event = (
+        functools.partial(kube.post_pod_event, operator_namespace(config), pod)
+        if pod and isinstance(kube, KubeApi)
+        else None
+    )
+    reload = CatalogReload(
+        [(m.name, m.site.catalogs) for m in members], metrics.catalogs, event=event
+    )
     memo.catalog_reload = asyncio.create_task(reload.run(), name="slurmjob-catalogs")
     memo.pollers = [
         asyncio.create_task(

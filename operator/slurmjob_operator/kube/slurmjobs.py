@@ -97,19 +97,38 @@ class SlurmJobs(Edge):
 
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the SlurmJob (`kubectl describe` shows it)."""
+        involved = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+        }
+        await self._post_event(ref.namespace, ref.name, involved, type_, reason, message)
+
+    async def post_pod_event(
+        self, namespace: str, pod: str, type_: str, reason: str, message: str
+    ) -> None:
+        """A core/v1 Event on a Pod (the operator's own: what concerns no SlurmJob)."""
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace}
+        await self._post_event(namespace, pod, involved, type_, reason, message)
+
+    async def _post_event(
+        self,
+        namespace: str,
+        name: str,
+        involved: Mapping[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+    ) -> None:
         now = datetime.now(tz=UTC)
         body = {
             "metadata": {
-                "name": f"{ref.name}.{int(now.timestamp() * 1e6):x}{next(_counter):x}",
-                "namespace": ref.namespace,
+                "name": f"{name}.{int(now.timestamp() * 1e6):x}{next(_counter):x}",
+                "namespace": namespace,
             },
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "uid": ref.uid,
-            },
+            "involvedObject": dict(involved),
             "type": type_,
             "reason": reason,
             "message": message[:1024],
@@ -121,9 +140,7 @@ class SlurmJobs(Edge):
             "count": 1,
         }
         # The answer read but not made into a V1Event (its timestamps parsed): nothing uses it.
-        answer = await self._core.create_namespaced_event(
-            ref.namespace, body, _preload_content=False
-        )
+        answer = await self._core.create_namespaced_event(namespace, body, _preload_content=False)
         data = await answer.read()  # read whole: the connection goes back to the pool
         if not 200 <= answer.status <= 299:
             refused = ApiException(status=answer.status, reason=answer.reason)
