@@ -239,3 +239,73 @@ def test_invalid_slurmjob_is_rejected(
     assert message in proc.stderr
     gone = kube.kubectl("get", "slurmjob", doc["metadata"]["name"], check=False)
     assert gone.returncode != 0
+
+
+IMMUTABLE = "is immutable: create a new SlurmJob"
+
+
+def _patched(kube: KubeTestbed, name: str, patch: dict[str, Any]) -> Any:
+    return kube.kubectl(
+        "patch",
+        "slurmjob",
+        name,
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+        check=False,
+    )
+
+
+#: Edits the apiserver refuses, each with the field its message names.
+REFUSED_EDITS = [
+    ({"spec": {"command": ["echo", "other"]}}, "command"),
+    ({"spec": {"timeLimit": "45m"}}, "timeLimit"),
+    ({"spec": {"env": [{"name": "A", "value": "1"}]}}, "env"),
+    ({"spec": {"qos": "high"}}, "qos"),  # a field added
+    ({"spec": {"framework": {"runtimeId": "custom-other"}}}, "framework"),
+]
+
+
+def test_a_spec_is_immutable_but_suspend_and_ttl(
+    kube: KubeTestbed, slurmjob_crd: dict[str, Any]
+) -> None:
+    """Issue 45: the apiserver refuses a spec edit, naming the field and saying to create a new
+    SlurmJob; suspend and ttlSecondsAfterFinished change; the same manifest applies again, and
+    labels and the status still change."""
+    doc = load_example("cpu-job.yaml")
+    doc["metadata"] = {"name": unique("immutable"), "namespace": "default"}
+    name = doc["metadata"]["name"]
+    kube.kubectl("create", "-f", "-", input=yaml.safe_dump(doc))
+    try:
+        for patch, field in REFUSED_EDITS:
+            refused = _patched(kube, name, patch)
+            assert refused.returncode != 0, refused.stdout
+            assert f"spec.{field} {IMMUTABLE}" in refused.stderr, refused.stderr
+        for allowed in ({"spec": {"suspend": True}}, {"spec": {"ttlSecondsAfterFinished": 60}}):
+            done = _patched(kube, name, allowed)
+            assert done.returncode == 0, done.stderr
+        kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))  # suspend back, TTL kept
+        labelled = kube.kubectl("label", "slurmjob", name, "-n", "default", "team=a", check=False)
+        assert labelled.returncode == 0, labelled.stderr
+        status = kube.kubectl(
+            "patch",
+            "slurmjob",
+            name,
+            "-n",
+            "default",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Pending"}}),
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        stored = json.loads(
+            kube.kubectl("get", "slurmjob", name, "-n", "default", "-o", "json").stdout
+        )
+        assert stored["spec"]["command"] == doc["spec"]["command"]
+        assert stored["spec"]["ttlSecondsAfterFinished"] == 60
+    finally:
+        kube.kubectl("delete", "slurmjob", name, "-n", "default", "--wait=false", check=False)
