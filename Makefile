@@ -67,6 +67,7 @@ crd: venv
 	$(BIN)/slurmjob-operator crd > crds/slurmjob.io_slurmjobs.yaml
 	$(BIN)/python -m slurmjob_operator.gen.chartcrd < crds/slurmjob.io_slurmjobs.yaml \
 		> charts/slurmjob-operator/templates/crd.yaml
+	$(BIN)/python -m slurmjob_operator.gen.admission > charts/slurmjob-operator/templates/admission.yaml
 
 docs: venv
 	$(BIN)/python -m slurmjob_operator.gen.docs > docs/crd.md

@@ -21,6 +21,7 @@ import yaml
 from slurmjob_operator import GROUP, KIND, VERSION, __version__
 from slurmjob_operator.api.errors import SpecError
 from slurmjob_operator.config import ConfigError, Settings
+from slurmjob_operator.site.admission import params_from_env, values_yaml
 from slurmjob_operator.site.catalogs import CatalogError
 from slurmjob_operator.site.templating import RenderError
 from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
@@ -28,7 +29,6 @@ from slurmjob_operator.versions import NEWEST, SUPPORTED_VERSIONS
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INVALID = 2
-# `run` lost the Lease: the process ends at once (nothing it started may go on).
 
 
 class InputError(ValueError):
@@ -75,6 +75,11 @@ def _cmd_crd(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_admission_params(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    out.write(values_yaml(params_from_env()))
+    return EXIT_OK
+
+
 def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     from slurmjob_operator.doctor import run_doctor
 
@@ -87,9 +92,7 @@ def _cmd_doctor(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
         )
     report = asyncio.run(run_doctor(probe=not args.no_probe))
     out.write(report.render(json_output=args.json))
-    if report.invalid:
-        return EXIT_INVALID
-    return EXIT_OK if report.ok else EXIT_ERROR
+    return EXIT_INVALID if report.invalid else EXIT_OK if report.ok else EXIT_ERROR
 
 
 class _QuietWatchHandler(logging.Filter):
@@ -255,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd = sub.add_parser("crd", help="print the SlurmJob CustomResourceDefinition")
     crd.set_defaults(handler=_cmd_crd)
+
+    sub.add_parser(
+        "admission-params", help="print the admission policy's rules (chart value admission.params)"
+    ).set_defaults(handler=_cmd_admission_params)
 
     doctor = sub.add_parser(
         "doctor",

@@ -502,10 +502,24 @@ def test_namespaced_install_has_no_cluster_wide_rbac(kube: KubeTestbed) -> None:
         ("ClusterRoleBinding", "ci-slurmjob-operator-apiservice"),
         ("ClusterRoleBinding", "ci-slurmjob-operator-reviews"),
     ]
+    # The admission policies are cluster-scoped too: with them on, their bindings judge the
+    # watched namespaces only.
+    admission = render(
+        kube, "-f", str(CHART / "ci/namespaced-values.yaml"), "--set", "admission.enabled=true"
+    )
+    bindings = of_kind(admission, "ValidatingAdmissionPolicyBinding")
+    assert sorted(b["metadata"]["name"] for b in bindings) == [
+        "ci-slurmjob-operator-slurmjobs",
+        "ci-slurmjob-operator-status",
+    ]
+    for binding in bindings:
+        (expression,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert expression["values"] == list(CI_WATCHED)
     docs = render(kube, "-f", str(CHART / "ci/namespaced-values.yaml"))
     assert not of_kind(docs, "ClusterRole")
     assert not of_kind(docs, "ClusterRoleBinding")
     assert not of_kind(docs, "APIService")
+    assert not of_kind(docs, "ValidatingAdmissionPolicy")
     assert env_of(docs)["SLURMJOB_LOGS_PORT"] == "0"
     # Besides the Lease's Role and the probe cache's in the release namespace.
     election = [d for d in docs if d["metadata"]["name"].endswith("-leader-election")]
@@ -856,6 +870,11 @@ def test_monitoring_objects_use_only_the_operators_metrics(kube: KubeTestbed) ->
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
     assert not of_kind(docs, "ConfigMap")  # catalogs and templates are the user's
+    # The admission policy's rules for those tenants: admission.params, as given.
+    values = yaml.safe_load((CHART / "ci/monitoring-values.yaml").read_text())
+    for policy in of_kind(docs, "ValidatingAdmissionPolicy"):
+        (site,) = [v for v in policy["spec"]["variables"] if v["name"] == "site"]
+        assert json.loads(site["expression"]) == values["admission"]["params"]
 
 
 def test_pull_secrets_spread_pod_monitor_and_the_helm_test(kube: KubeTestbed) -> None:
@@ -1055,7 +1074,14 @@ def test_rendered_manifests_pass_server_dry_run(
     text = kube.helm("template", "ci", str(CHART), "-n", CI_NAMESPACE, "-f", str(values)).stdout
     docs = [d for d in yaml.safe_load_all(text) if d]
     # Every namespaced object names its namespace, so no `-n` here.
-    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "APIService", "CustomResourceDefinition")
+    cluster_scoped = (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "APIService",
+        "CustomResourceDefinition",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
     assert all(d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped)
     proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
     assert proc.returncode == 0, proc.stderr

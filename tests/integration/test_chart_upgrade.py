@@ -90,9 +90,13 @@ def test_helm_upgrade_takes_over_and_upgrades_the_crd(kube: KubeTestbed, tmp_pat
             "install", release, str(old), "-n", namespace, "--create-namespace",
             "-f", str(old / "ci" / "default-values.yaml"), *QUIET,
         )  # fmt: skip
+        # No admission policies: this install is cluster-wide, and its status policy would
+        # refuse every other module's status writes (tests/integration/test_admission_e2e.py
+        # installs them limited to its own namespaces).
         upgrade = [
             "upgrade", release, str(CHART), "-n", namespace,
-            "-f", str(CHART / "ci" / "default-values.yaml"), *QUIET,
+            "-f", str(CHART / "ci" / "default-values.yaml"), "--set", "admission.enabled=false",
+            *QUIET,
         ]  # fmt: skip
         refused = kube.helm(*upgrade, check=False)
         assert refused.returncode != 0

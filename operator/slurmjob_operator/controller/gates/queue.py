@@ -4,7 +4,7 @@ suspended before anything ran, the Workload is kept inactive so that it holds no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from slurmjob_operator.api.resource import ObjectRef, ResourceView
 from slurmjob_operator.controller.evictions import Evictions
@@ -18,7 +18,21 @@ from slurmjob_operator.core.reasons import Reason
 from slurmjob_operator.core.reconcile import invalid_spec, waiting
 from slurmjob_operator.core.transition import Transition
 from slurmjob_operator.kube import WorkloadError
+from slurmjob_operator.site.tenantentry import Tenant
 from slurmjob_operator.times import utc_now
+
+
+def required_queue_refusal(
+    tenant: Tenant | None, namespace: str, labels: Mapping[str, str]
+) -> str | None:
+    """Why a SlurmJob with these labels is refused for want of the queue its tenant requires
+    (`requireQueue`), or None (the chart's admission policy says the same words)."""
+    if tenant is None or not tenant.require_queue or queue_of(labels) is not None:
+        return None
+    return (
+        f"metadata.labels: the tenant of namespace {namespace} requires a "
+        f"Kueue LocalQueue (label {QUEUE_LABEL}); nothing was submitted"
+    )
 
 
 class RequiredQueueGate:
@@ -30,12 +44,9 @@ class RequiredQueueGate:
     async def check(self, pending: Pending) -> Outcome:
         view = pending.view
         tenant = self.site.tenant_of(view.ref.namespace)
-        if tenant is None or not tenant.require_queue or queue_of(view.labels) is not None:
+        text = required_queue_refusal(tenant, view.ref.namespace, view.labels)
+        if text is None:
             return Go()
-        text = (
-            f"metadata.labels: the tenant of namespace {view.ref.namespace} requires a "
-            f"Kueue LocalQueue (label {QUEUE_LABEL}); nothing was submitted"
-        )
         return Fail(
             invalid_spec(view.status, [text], view.generation, utc_now(), Reason.INVALID_SPEC)
         )
