@@ -96,6 +96,15 @@ def _reading(environ: Mapping[str, str]) -> Iterator[None]:
 
 # pydantic orders the fields base-most first (the MRO reversed), so the parts are listed last
 # to first: the fields keep the order the docs, the chart and the JSON schema list them in.
+#: What a job of the image cache's user (an import, a housekeeping or verification job) needs.
+CACHE_USER_JOB_SETTINGS = (
+    "image_cache_root",
+    "image_cache_user",
+    "image_cache_uid",
+    "image_import_partition",
+)
+
+
 class Settings(
     CoordinationSettings,
     ServingSettings,
@@ -141,20 +150,15 @@ class Settings(
             )
         return self
 
+    def _unset(self, *names: str) -> list[str]:
+        """The environment names of the settings among `names` that are not set."""
+        return [self.env_name(name) for name in names if getattr(self, name) is None]
+
     @model_validator(mode="after")
     def _image_cache(self) -> Settings:
         if not self.images_enabled:
             return self
-        missing = [
-            self.env_name(name)
-            for name in (
-                "image_cache_root",
-                "image_cache_user",
-                "image_cache_uid",
-                "image_import_partition",
-            )
-            if getattr(self, name) is None
-        ]
+        missing = self._unset(*CACHE_USER_JOB_SETTINGS)
         if missing:
             raise ValueError(f"SLURMJOB_IMAGES_ENABLED needs {', '.join(missing)}")
         return self
@@ -165,17 +169,7 @@ class Settings(
             return self
         # Its jobs run as the cache user (a minted token: with a token file every job is one
         # user, who could then forge a result) and write under the cache.
-        missing = [
-            self.env_name(name)
-            for name in (
-                "image_cache_root",
-                "image_cache_user",
-                "image_cache_uid",
-                "image_import_partition",
-                "slurm_jwt_key_file",
-            )
-            if getattr(self, name) is None
-        ]
+        missing = self._unset(*CACHE_USER_JOB_SETTINGS, "slurm_jwt_key_file")
         if missing:
             raise ValueError(
                 f"SLURMJOB_ARTIFACT_VERIFY_JOBS needs {', '.join(missing)}: the verification "
