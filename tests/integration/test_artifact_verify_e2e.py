@@ -28,6 +28,12 @@ from typing import Any
 
 import pytest
 from tests.integration.helpers import cpu_spec
+from tests.integration.test_image_cache_e2e import (
+    CACHE_USER,
+    cache_user_env,
+    condition,
+    new_cache_root,
+)
 from tests.integration.test_operator_e2e import Operator, _operator
 from tests.k8s.kube import KubeTestbed
 from tests.testbed import images
@@ -35,8 +41,6 @@ from tests.testbed.slurm import SlurmTestbed
 
 pytestmark = [pytest.mark.integration]
 
-CACHE_USER = "slurmimg"
-CACHE_PARENT = Path("/srv/slurmjob-testbed/imagecache")
 MARKER = "/etc/slurmjob-testbed-image"
 RUNTIME_ID = "custom-verified-sqsh"
 VERIFY_WITHIN = 240
@@ -44,15 +48,7 @@ VERIFY_WITHIN = 240
 
 @pytest.fixture(scope="module")
 def cache_root() -> Iterator[Path]:
-    """A cache root of this module's own, the cache user's, with its `logs/` (what the site
-    prepares: docs/images.md)."""
-    user = pwd.getpwnam(CACHE_USER)
-    root = CACHE_PARENT / f"verify-{uuid.uuid4().hex[:8]}"
-    for path in (root, root / "logs"):
-        path.mkdir(mode=0o755)
-        os.chown(path, user.pw_uid, user.pw_gid)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    yield from new_cache_root("verify")
 
 
 @pytest.fixture(scope="module")
@@ -97,27 +93,13 @@ def op(
         "enroot-pyxis",
         SLURMJOB_RUNTIME_REGISTRY_FILE=str(registry),
         SLURMJOB_ARTIFACT_VERIFY_JOBS="1",
-        SLURMJOB_IMAGE_CACHE_ROOT=str(cache_root),
-        SLURMJOB_IMAGE_CACHE_USER=CACHE_USER,
-        SLURMJOB_IMAGE_CACHE_UID=str(pwd.getpwnam(CACHE_USER).pw_uid),
-        SLURMJOB_IMAGE_IMPORT_PARTITION=slurm_2205.partition,
-        SLURMJOB_IMAGE_IMPORT_CPUS="1",
-        SLURMJOB_IMAGE_IMPORT_MEMORY_MB="512",
-        SLURMJOB_IMAGE_IMPORT_TIME_MINUTES="10",
-        SLURMJOB_POD_NAMESPACE="default",
+        **cache_user_env(slurm_2205, cache_root),
     )
     # The records are the operator's, in `default`: this module's go with it.
     for record in _records(kube, slurm_2205.storage_root / runtime["path"]):
         kube.kubectl(
             "delete", "configmap", f"slurmjob-{record['key']}", "-n", "default", check=False
         )
-
-
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == type_:
-            return dict(cond)
-    return {}
 
 
 def _records(kube: KubeTestbed, node_path: Path) -> list[dict[str, Any]]:
@@ -150,7 +132,7 @@ def test_a_runtime_verified_once_runs_its_jobs_on_the_stat_check(
     op.wait_for(
         "verified-a",
         lambda o: (
-            _condition(o, "ImageReady").get("reason") in ("ArtifactVerifying", "ArtifactVerified")
+            condition(o, "ImageReady").get("reason") in ("ArtifactVerifying", "ArtifactVerified")
         ),
         within=60,
         what="ImageReady",
@@ -180,7 +162,7 @@ def test_a_runtime_verified_once_runs_its_jobs_on_the_stat_check(
         info.st_ctime_ns,
     )
     assert (verified["ownerUid"], verified["mode"]) == (0, 0o444)
-    ready = _condition(first, "ImageReady")
+    ready = condition(first, "ImageReady")
     assert (ready["status"], ready["reason"]) == ("True", "ArtifactVerified"), ready
     assert ready["message"].endswith(f"verified by {name}"), ready
 
@@ -196,7 +178,7 @@ def test_a_runtime_verified_once_runs_its_jobs_on_the_stat_check(
     op.apply("verified-b", _spec(command))
     second = op.wait_phase("verified-b", "Succeeded", "Failed", within=VERIFY_WITHIN)
     assert second["status"]["phase"] == "Succeeded", json.dumps(second["status"], indent=1)
-    ready_b = _condition(second, "ImageReady")
+    ready_b = condition(second, "ImageReady")
     assert (ready_b["status"], ready_b["reason"]) == ("True", "ArtifactVerified"), ready_b
     (again,) = _records(op.kube, path)
     assert again["attempt"] == record["attempt"], again  # the same, only job

@@ -42,17 +42,36 @@ MARKER = "/etc/slurmjob-testbed-image"
 IMPORT_WITHIN = 240
 
 
-@pytest.fixture(scope="module")
-def cache_root() -> Iterator[Path]:
-    """A cache root of this module's own, the cache user's, with its `logs/` (what the site
-    prepares: docs/images.md)."""
+def new_cache_root(prefix: str) -> Iterator[Path]:
+    """A cache root of a module's own, the cache user's, with its `logs/` (what the site
+    prepares: docs/images.md); removed after."""
     user = pwd.getpwnam(CACHE_USER)
-    root = CACHE_PARENT / f"e2e-{uuid.uuid4().hex[:8]}"
+    root = CACHE_PARENT / f"{prefix}-{uuid.uuid4().hex[:8]}"
     for path in (root, root / "logs"):
         path.mkdir(mode=0o755)
         os.chown(path, user.pw_uid, user.pw_gid)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+def cache_user_env(testbed: SlurmTestbed, cache_root: Path) -> dict[str, str]:
+    """The cache user's settings as the test bed provides them: its own partition, small
+    jobs; records in `default`."""
+    return {
+        "SLURMJOB_IMAGE_CACHE_ROOT": str(cache_root),
+        "SLURMJOB_IMAGE_CACHE_USER": CACHE_USER,
+        "SLURMJOB_IMAGE_CACHE_UID": str(pwd.getpwnam(CACHE_USER).pw_uid),
+        "SLURMJOB_IMAGE_IMPORT_PARTITION": testbed.partition,
+        "SLURMJOB_IMAGE_IMPORT_CPUS": "1",
+        "SLURMJOB_IMAGE_IMPORT_MEMORY_MB": "512",
+        "SLURMJOB_IMAGE_IMPORT_TIME_MINUTES": "10",
+        "SLURMJOB_POD_NAMESPACE": "default",
+    }
+
+
+@pytest.fixture(scope="module")
+def cache_root() -> Iterator[Path]:
+    yield from new_cache_root("e2e")
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +94,11 @@ def op(
 
 
 def _image_env(testbed: SlurmTestbed, registry: Registries, cache_root: Path) -> dict[str, str]:
-    """The image cache's settings as the test bed provides it: the cache user, the cluster's
-    own partition, small imports, the registries' CA; records in `default`."""
+    """The image cache on, the cache user's settings and the registries' CA."""
     return {
         "SLURMJOB_IMAGES_ENABLED": "1",
-        "SLURMJOB_IMAGE_CACHE_ROOT": str(cache_root),
-        "SLURMJOB_IMAGE_CACHE_USER": CACHE_USER,
-        "SLURMJOB_IMAGE_CACHE_UID": str(pwd.getpwnam(CACHE_USER).pw_uid),
-        "SLURMJOB_IMAGE_IMPORT_PARTITION": testbed.partition,
-        "SLURMJOB_IMAGE_IMPORT_CPUS": "1",
-        "SLURMJOB_IMAGE_IMPORT_MEMORY_MB": "512",
-        "SLURMJOB_IMAGE_IMPORT_TIME_MINUTES": "10",
+        **cache_user_env(testbed, cache_root),
         "SLURMJOB_IMAGE_IMPORT_CA_FILE": str(registry.ca_bundle),
-        "SLURMJOB_POD_NAMESPACE": "default",
     }
 
 
@@ -97,7 +108,7 @@ def _image_spec(image: str, command: list[str], profile: str = "enroot-pyxis") -
     return spec
 
 
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond["type"] == type_:
             return dict(cond)
@@ -127,7 +138,7 @@ def test_two_slurmjobs_naming_one_tag_share_one_import_and_run_in_it(
         op.apply(name, _image_spec(image.ref, command))
     pulling = op.wait_for(
         "img-a",
-        lambda o: _condition(o, "ImageReady").get("reason") in ("ImagePulling", "ImageCached"),
+        lambda o: condition(o, "ImageReady").get("reason") in ("ImagePulling", "ImageCached"),
         within=60,
         what="ImageReady",
     )
@@ -145,7 +156,7 @@ def test_two_slurmjobs_naming_one_tag_share_one_import_and_run_in_it(
     for obj in done.values():
         status = obj["status"]
         assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
-        ready = _condition(obj, "ImageReady")
+        ready = condition(obj, "ImageReady")
         assert (ready["status"], ready["reason"]) == ("True", "ImageCached"), ready
         assert ready["message"] == f"runs {image.ref}@{image.digest}"
         stdout = (status.get("logs") or {}).get("stdout") or {}
@@ -187,7 +198,7 @@ def test_a_corrupted_blob_fails_the_slurmjob_with_nothing_of_it_submitted(
         obj = op.wait_phase("img-bad", "Failed", "Succeeded", within=IMPORT_WITHIN)
     status = obj["status"]
     assert status["phase"] == "Failed", json.dumps(status, indent=1)
-    ready = _condition(obj, "ImageReady")
+    ready = condition(obj, "ImageReady")
     assert (ready["status"], ready["reason"]) == ("False", "ImagePullFailed"), ready
     assert "BadImage" in ready["message"], ready
     assert not status.get("attempts")  # no job of its own was ever submitted
@@ -270,7 +281,7 @@ def test_a_private_image_is_its_tenants_alone(
     op.apply("img-team-a", _image_spec(private.ref, command, "apptainer"))
     obj = op.wait_phase("img-team-a", "Succeeded", "Failed", within=IMPORT_WITHIN)
     assert obj["status"]["phase"] == "Succeeded", json.dumps(obj["status"], indent=1)
-    ready = _condition(obj, "ImageReady")
+    ready = condition(obj, "ImageReady")
     assert ready["message"] == f"runs {private.ref}@{private.digest}"
     (record,) = _records(op, private.ref)
     assert record["scope"] == "tenant-team-a"
@@ -288,7 +299,7 @@ def test_a_private_image_is_its_tenants_alone(
     }
     op.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     failed = _wait_in(op, namespace_b, "img-team-b")
-    ready_b = _condition(failed, "ImageReady")
+    ready_b = condition(failed, "ImageReady")
     assert (ready_b["status"], ready_b["reason"]) == ("False", "ImagePullFailed"), ready_b
     assert "AccessDenied" in ready_b["message"], ready_b
     assert not failed["status"].get("attempts")

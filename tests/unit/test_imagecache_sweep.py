@@ -15,6 +15,7 @@ import pytest
 from tests.unit.test_imagecache_evict import LAYOUT, NOW, digest, ready
 from tests.unit.test_imagecache_script import _settings
 
+from slurmjob_operator.imagecache.decide import new_record
 from slurmjob_operator.imagecache.evict import cached_files, plan_sweep
 from slurmjob_operator.imagecache.housekeeping import (
     MAX_MISSING,
@@ -25,7 +26,9 @@ from slurmjob_operator.imagecache.housekeeping import (
 )
 from slurmjob_operator.imagecache.layout import CacheLayout
 from slurmjob_operator.imagecache.record import ImageRecord
+from slurmjob_operator.imagecache.request import image_request
 from slurmjob_operator.imagecache.script import render_sweep
+from slurmjob_operator.site.catalogs import ArtifactFormat
 
 GIB = 1024**3
 
@@ -267,3 +270,48 @@ def test_a_running_imports_directory_stays(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (running / "image.sqsh").exists()
     assert "leftovers=0" in text
+
+
+def test_one_tenants_anonymous_pulls_cannot_flush_anothers() -> None:
+    """Shared entries count in the share of the tenant whose SlurmJob made them: team-a
+    pulling many public images evicts its own, never team-b's older idle one."""
+
+    def shared(image: str, n: int, tenant: str) -> ImageRecord:
+        return ready(image, n, size=GIB).model_copy(update={"charged": f"tenant-{tenant}"})
+
+    theirs = shared("r.io/b/old:1", 1, "b")
+    mine = [shared(f"r.io/a/x{i}:1", 10 + i, "a") for i in range(3)]
+    for record in mine:
+        assert record.entry is not None
+    plan = plan_sweep([theirs, *mine], live=set(), capacity=2 * GIB, floor=0)
+    assert theirs.entry is not None
+    assert theirs.entry.path not in plan.paths
+    assert len(plan.paths) == 2
+    # Without the charge the shared entries are one owner: the oldest (team-b's) went first.
+    plain = [r.model_copy(update={"charged": None}) for r in (theirs, *mine)]
+    assert theirs.entry.path in plan_sweep(plain, live=set(), capacity=2 * GIB, floor=0).paths
+
+
+def test_a_tenants_request_charges_its_share_and_a_private_one_its_scope() -> None:
+    shared_request = image_request(
+        "r.io/a/x:1",
+        tenant="a",
+        allowed_registries=["r.io"],
+        with_credentials=False,
+        fmt=ArtifactFormat.SQSH,
+    )
+    private_request = image_request(
+        "r.io/a/x:1",
+        tenant="a",
+        allowed_registries=["r.io"],
+        with_credentials=True,
+        fmt=ArtifactFormat.SQSH,
+    )
+    assert (shared_request.scope, new_record(shared_request, NOW).charged) == (
+        "public",
+        "tenant-a",
+    )
+    assert (private_request.scope, new_record(private_request, NOW).charged) == (
+        "tenant-a",
+        None,
+    )

@@ -133,6 +133,7 @@ def new_record(request: ImageRequest, now: datetime) -> ImageRecord:
         reference=request.reference.canonical,
         format=request.format,
         state=RecordState.IMPORTING if request.reference.is_digest else RecordState.RESOLVING,
+        charged=request.charged if request.charged != request.scope else None,
     )
 
 

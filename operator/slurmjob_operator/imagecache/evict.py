@@ -1,8 +1,10 @@
 """Which cache files go when the image cache is over its size cap, and whether a scope may
 start another import.
 
-The owners of the share rule (`core.shares`) are the scopes: each tenant (`tenant-<name>`)
-and the shared entries (`public`) together as one owner. Files go by the last use the
+The owners of the share rule (`core.shares`) are the tenants (`tenant-<name>`): a tenant's
+private entries and the shared entries its SlurmJobs made (the record's `charged`), so one
+tenant's anonymous pulls cannot flush another's; without tenants the shared entries are one
+owner (`public`). Files go by the last use the
 operator recorded (never file times, which a job's reads or a backup can change), the owner
 furthest over its share first. A file a non-final SlurmJob uses is pinned: it goes only while
 its owner is over its share, so a tenant cannot pin the cache past its share.
@@ -32,6 +34,12 @@ class CachedFile:
     last_use: datetime
     pinned: bool
     records: tuple[str, ...]
+    #: The share it counts in (the record's `charged`); '' for its scope's own.
+    owner: str = ""
+
+    @property
+    def share_owner(self) -> str:
+        return self.owner or self.scope
 
 
 def _uses(record: ImageRecord) -> Iterable[tuple[Entry, datetime]]:
@@ -51,7 +59,13 @@ def cached_files(records: Iterable[ImageRecord]) -> list[CachedFile]:
             pinned = entry.digest in pins
             if seen is None:
                 files[entry.path] = CachedFile(
-                    entry.path, record.scope, entry.size, used, pinned, (record.key,)
+                    entry.path,
+                    record.scope,
+                    entry.size,
+                    used,
+                    pinned,
+                    (record.key,),
+                    record.charged or "",
                 )
                 continue
             files[entry.path] = CachedFile(
@@ -61,6 +75,7 @@ def cached_files(records: Iterable[ImageRecord]) -> list[CachedFile]:
                 max(seen.last_use, used),
                 seen.pinned or pinned,
                 (*seen.records, record.key) if record.key not in seen.records else seen.records,
+                seen.owner,
             )
     return [files[path] for path in sorted(files)]
 
@@ -71,7 +86,7 @@ def to_evict(
     """The paths to delete, in order, so that what stays fits `capacity` bytes where it
     can; `floor` is each scope's least share (`core.shares.share`), `keep` a file being
     published now."""
-    held = [Held(f.path, f.scope, f.size, f.last_use.timestamp(), f.pinned) for f in files]
+    held = [Held(f.path, f.share_owner, f.size, f.last_use.timestamp(), f.pinned) for f in files]
     gone: list[Hashable] = evictions(held, capacity, floor, keep=keep)
     return [str(path) for path in gone]
 

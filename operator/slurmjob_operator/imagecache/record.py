@@ -180,6 +180,9 @@ class ImageRecord(Model):
     failure: Failure | None = None
     retries: int = Field(default=0, ge=0)
     last_use: AwareDatetime | None = None
+    #: The share the entry counts in (`ImageRequest.charged`): the tenant whose SlurmJob made
+    #: the record; None: the scope's own (a record of an earlier build, or no tenants).
+    charged: str | None = Field(default=None, max_length=80)
     users: list[ImageUser] = Field(default_factory=list, max_length=MAX_USERS)
 
     @field_validator("key")
@@ -199,6 +202,13 @@ class ImageRecord(Model):
     @classmethod
     def _reference(cls, value: str) -> str:
         return _checked_canonical(value)
+
+    @field_validator("charged")
+    @classmethod
+    def _charged(cls, value: str | None) -> str | None:
+        if value is not None:
+            scope_tenant(value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> ImageRecord:

@@ -25,6 +25,10 @@ class ImageRequest:
     scope: str
     reference: ImageReference
     format: ArtifactFormat
+    #: Whose share of the cache the entry counts in: the asking tenant's scope (a shared
+    #: entry too, so one tenant's anonymous pulls cannot flush another's), None without
+    #: tenants. From the tenants file, never from a status.
+    charged: str | None = None
 
     @property
     def key(self) -> str:
@@ -55,7 +59,8 @@ def image_request(
             f"image {reference.canonical}: registry {reference.registry} (with this path) is "
             "not among the registries listed for the tenant"
         )
-    return ImageRequest(image_scope(tenant, with_credentials), reference, fmt)
+    charged = scope_word(tenant) if tenant is not None else None
+    return ImageRequest(image_scope(tenant, with_credentials), reference, fmt, charged)
 
 
 def may_use(record: ImageRecord, tenant: str | None, allowed_registries: Sequence[str]) -> str:

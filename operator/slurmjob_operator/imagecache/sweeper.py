@@ -113,7 +113,7 @@ class CacheSweeper:
             self.settings.image_cache_floor,
             missing,
         )
-        paths = await self._apply(plan, {r.key: r for r in records})
+        paths, after = await self._apply(plan, {r.key: r for r in records})
         if missing and state.report is not None:
             # Forgotten once: the same path may be published again by a later import.
             state = state.model_copy(
@@ -122,7 +122,6 @@ class CacheSweeper:
         if paths:
             state = state.model_copy(update={"evicted": state.evicted + len(paths)})
             log.info("image cache: %d entries evicted over the cap: %s", len(paths), paths)
-        after = await self._store.read_all()
         if self._on_records is not None:
             self._on_records(after)
         if paths or check_due(state, now, self.settings.image_cache_check_seconds):
@@ -130,10 +129,13 @@ class CacheSweeper:
         await self._write_state(state)
         return state
 
-    async def _apply(self, plan: SweepPlan, listed: dict[str, ImageRecord]) -> list[str]:
-        """Write the plan's records, each only if it is still what was listed; the paths
-        no written record names any more (those the job deletes)."""
-        skipped: list[ImageRecord] = []
+    async def _apply(
+        self, plan: SweepPlan, listed: dict[str, ImageRecord]
+    ) -> tuple[list[str], list[ImageRecord]]:
+        """Write the plan's records, each only if it is still what was listed. The paths no
+        record names any more (those the job deletes), and the records as they now are (a
+        record made since the listing is not among them: the next pass sees it)."""
+        now = dict(listed)
         changes: list[tuple[str, ImageRecord | None]] = [
             *((r.key, r) for r in plan.write),
             *((key, None) for key in plan.delete),
@@ -142,14 +144,18 @@ class CacheSweeper:
             async with self._store.lock(key):
                 current = await self._store.read(key)
                 if current != listed.get(key):
-                    skipped.append(listed[key])
-                    continue
-                if wanted is None:
+                    wanted = current  # changed meanwhile: left as it is
+                elif wanted is None:
                     await self._store.delete(key)
                 else:
                     await self._store.write(wanted)
-        still = {f.path for f in cached_files(skipped)}
-        return [p for p in plan.paths if p not in still]
+            if wanted is None:
+                now.pop(key, None)
+            else:
+                now[key] = wanted
+        records = list(now.values())
+        still = {f.path for f in cached_files(records)}
+        return [p for p in plan.paths if p not in still], records
 
     async def _submit(
         self, state: SweepState, now: datetime, paths: list[str], records: list[ImageRecord]
