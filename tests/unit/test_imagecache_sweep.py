@@ -16,7 +16,7 @@ from tests.unit.test_imagecache_evict import LAYOUT, NOW, digest, ready
 from tests.unit.test_imagecache_script import _settings
 
 from slurmjob_operator.imagecache.decide import new_record
-from slurmjob_operator.imagecache.evict import cached_files, plan_sweep
+from slurmjob_operator.imagecache.evict import FAILURE_KEPT, cached_files, plan_sweep
 from slurmjob_operator.imagecache.housekeeping import (
     MAX_MISSING,
     ReportError,
@@ -25,7 +25,13 @@ from slurmjob_operator.imagecache.housekeeping import (
     parse_report,
 )
 from slurmjob_operator.imagecache.layout import CacheLayout
-from slurmjob_operator.imagecache.record import ImageRecord
+from slurmjob_operator.imagecache.record import (
+    Failure,
+    FailureKind,
+    ImageRecord,
+    ImageUser,
+    RecordState,
+)
 from slurmjob_operator.imagecache.request import image_request
 from slurmjob_operator.imagecache.script import render_sweep
 from slurmjob_operator.site.catalogs import ArtifactFormat
@@ -315,3 +321,25 @@ def test_a_tenants_request_charges_its_share_and_a_private_one_its_scope() -> No
         "tenant-a",
         None,
     )
+
+
+def _failed(image: str) -> ImageRecord:
+    record = ready(image, 7)
+    failure = Failure(kind=FailureKind.PERMANENT, reason="BadImage", message="bad", at=NOW)
+    return record.model_copy(
+        update={"state": RecordState.FAILED, "entry": None, "failure": failure}
+    )
+
+
+def test_a_failure_nobody_waits_on_is_forgotten_after_it_has_answered_for_a_while() -> None:
+    """A tenant naming images that do not exist makes one record (a ConfigMap) each: they go
+    FAILURE_KEPT after their failure, so they cannot pile up in the apiserver."""
+    failed = _failed("r.io/a/missing:1")
+    early = plan_sweep([failed], set(), 10 * GIB, 0, now=NOW + timedelta(minutes=30))
+    assert early.delete == ()
+    late = plan_sweep([failed], set(), 10 * GIB, 0, now=NOW + FAILURE_KEPT + timedelta(seconds=1))
+    assert late.delete == (failed.key,)
+    assert late.paths == ()
+    waited = failed.model_copy(update={"users": [ImageUser(uid="u1", digest=digest(7))]})
+    kept = plan_sweep([waited], {"u1"}, 10 * GIB, 0, now=NOW + 2 * FAILURE_KEPT)
+    assert kept.delete == ()

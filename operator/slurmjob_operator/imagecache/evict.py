@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from slurmjob_operator.core.shares import Held, evictions, share
 from slurmjob_operator.imagecache.record import Entry, ImageRecord, RecordState
@@ -141,6 +141,25 @@ def may_start_import(
     return Slot(True)
 
 
+#: How long a failed import with no file keeps answering the SlurmJobs that name it (they
+#: fail at once) before the next one tries again; it also bounds the records a tenant makes
+#: by naming images that do not exist (one ConfigMap each).
+FAILURE_KEPT = timedelta(hours=1)
+
+
+def _spent_failure(record: ImageRecord, now: datetime) -> bool:
+    """A failure with no file, nothing in flight and nobody bound, older than FAILURE_KEPT."""
+    failure = record.failure
+    return (
+        failure is not None
+        and record.entry is None
+        and not record.retired
+        and not record.in_flight
+        and not record.users
+        and now - failure.at > FAILURE_KEPT
+    )
+
+
 @dataclass(frozen=True)
 class SweepPlan:
     """What one sweep of the cache changes: the records to write (users released, entries
@@ -166,10 +185,12 @@ def plan_sweep(
     capacity: int,
     floor: int,
     missing: Collection[str] = (),
+    now: datetime | None = None,
 ) -> SweepPlan:
     """One sweep: the users the `live` SlurmJobs no longer include are released, the
     entries the last check found `missing` are forgotten (the next use imports again rather
-    than fail on the node), then the files over `capacity` go (`to_evict`)."""
+    than fail on the node), a failure nobody waits on is forgotten `FAILURE_KEPT` after it
+    (`now`), then the files over `capacity` go (`to_evict`)."""
     before = {record.key: record for record in records}
     after: dict[str, ImageRecord | None] = {}
     for key, record in before.items():
@@ -177,6 +198,8 @@ def plan_sweep(
         for path in missing:
             if current is not None:
                 current = without_entry(current, path)
+        if current is not None and now is not None and _spent_failure(current, now):
+            current = None
         after[key] = current
     files = cached_files(r for r in after.values() if r is not None)
     # A scope with an import in flight keeps its files this pass: that import may be about

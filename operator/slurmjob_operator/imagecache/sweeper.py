@@ -112,6 +112,7 @@ class CacheSweeper:
             self.settings.image_cache_max_bytes,
             self.settings.image_cache_floor,
             missing,
+            now,
         )
         paths, after = await self._apply(plan, {r.key: r for r in records})
         if missing and state.report is not None:
